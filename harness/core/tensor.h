@@ -1,0 +1,117 @@
+// Host tensor: dtype, shape, strides (in elements) and an element offset into shared storage.
+// Views (slice, select, permute, as_strided) share storage, so a test can build exactly the strided
+// or interleaved layout a kernel receives. No HIP, no Eigen here.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dtype.h"
+
+namespace attncheck {
+
+using Shape = std::vector<int64_t>;
+using Index = std::vector<int64_t>;
+
+struct Storage {
+  std::vector<std::byte> bytes;
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  static Tensor empty(DType dtype, Shape shape);
+  static Tensor zeros(DType dtype, Shape shape) { return empty(dtype, std::move(shape)); }
+  static Tensor full(DType dtype, Shape shape, double value);
+  // Fills every storage byte (not only the view) with `byte`: sentinels, poison for raw buffers.
+  static Tensor filled_bytes(DType dtype, Shape shape, std::byte byte);
+  static Shape contiguous_strides(const Shape& shape);
+
+  bool defined() const { return storage_ != nullptr; }
+  DType dtype() const { return dtype_; }
+  const Shape& shape() const { return shape_; }
+  const Shape& strides() const { return strides_; }
+  int64_t offset() const { return offset_; }
+  int64_t ndim() const { return static_cast<int64_t>(shape_.size()); }
+  int64_t size(int64_t dim) const { return shape_.at(norm_dim(dim)); }
+  int64_t stride(int64_t dim) const { return strides_.at(norm_dim(dim)); }
+  int64_t numel() const;
+  size_t element_size() const { return dtype_size(dtype_); }
+  bool is_contiguous() const;
+  std::string describe() const;  // "bf16[4,16,576] strides [9216,576,1] +0"
+
+  // Storage access. data() points at element (0,...,0) of the view.
+  const std::shared_ptr<Storage>& storage() const { return storage_; }
+  std::byte* data() const { return storage_->bytes.data() + offset_ * element_size(); }
+  std::byte* element_ptr(std::span<const int64_t> idx) const;
+  int64_t element_offset(std::span<const int64_t> idx) const;  // in elements, from storage start
+  // Smallest and one-past-largest element offset the view touches (for device copies).
+  std::pair<int64_t, int64_t> extent() const;
+
+  // Views.
+  Tensor slice(int64_t dim, int64_t start, int64_t stop, int64_t step = 1) const;
+  Tensor select(int64_t dim, int64_t i) const;
+  Tensor permute(const std::vector<int64_t>& order) const;
+  Tensor as_strided(Shape shape, Shape strides, int64_t offset) const;
+  Tensor reshape(Shape shape) const;  // contiguous tensors only: a view with new shape
+  Tensor unsqueeze(int64_t dim) const;
+  // Reinterprets the bytes of a contiguous tensor as another dtype (last dim rescaled).
+  Tensor view_as(DType dtype) const;
+  // The same view over another storage of the same size (e.g. bytes read back from a device).
+  Tensor rebased(std::shared_ptr<Storage> storage) const;
+
+  // Copies.
+  Tensor contiguous() const;  // same dtype, new contiguous storage
+  Tensor clone() const { return contiguous(); }
+  Tensor to(DType dtype) const;       // converting copy, round to nearest even
+  void copy_from(const Tensor& src);  // element-wise, converting, same shape
+
+  // Element access by multi-index, converting through double.
+  double get(std::span<const int64_t> idx) const;
+  void set(std::span<const int64_t> idx, double v) const;
+  double get(std::initializer_list<int64_t> idx) const {
+    return get(std::span(idx.begin(), idx.size()));
+  }
+  void set(std::initializer_list<int64_t> idx, double v) const {
+    set(std::span(idx.begin(), idx.size()), v);
+  }
+  // Raw bits of an element (fp8: 1 byte, bf16: 2 bytes ...), zero-extended.
+  uint64_t get_bits(std::span<const int64_t> idx) const;
+  void set_bits(std::span<const int64_t> idx, uint64_t bits) const;
+
+  template <class T>
+  T& at(std::span<const int64_t> idx) const {
+    check_access(sizeof(T));
+    return *reinterpret_cast<T*>(element_ptr(idx));
+  }
+  template <class T>
+  T& at(std::initializer_list<int64_t> idx) const {
+    return at<T>(std::span(idx.begin(), idx.size()));
+  }
+
+  // Calls fn(index, linear_position) for every element in row-major logical order.
+  void for_each_index(const std::function<void(const Index&, int64_t)>& fn) const;
+  // All elements as doubles, row-major logical order.
+  std::vector<double> to_vector() const;
+
+ private:
+  int64_t norm_dim(int64_t d) const;
+  void check_access(size_t bytes) const;
+
+  std::shared_ptr<Storage> storage_;
+  DType dtype_ = DType::f32;
+  Shape shape_;
+  Shape strides_;
+  int64_t offset_ = 0;
+};
+
+// Encode a double into the bits of `t` (round to nearest even; fp8 saturates, like the quantizers
+// the kernels use; f16/bf16 follow IEEE overflow to inf).
+uint64_t encode_value(double v, DType t);
+double decode_value(uint64_t bits, DType t);
+
+}  // namespace attncheck

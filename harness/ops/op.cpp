@@ -1,0 +1,130 @@
+#include "op.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "core/dtype.h"
+
+namespace attncheck {
+
+namespace {
+std::vector<std::unique_ptr<Op>>& registry() {
+  static std::vector<std::unique_ptr<Op>> ops;
+  return ops;
+}
+std::string value_text(const nlohmann::json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_boolean()) return v.get<bool>() ? "1" : "0";
+  return v.dump();
+}
+}  // namespace
+
+void register_op(std::unique_ptr<Op> op) {
+  if (find_op(op->name())) throw std::logic_error("op registered twice: " + op->name());
+  registry().push_back(std::move(op));
+}
+
+const Op* find_op(std::string_view name) {
+  for (const auto& op : registry())
+    if (op->name() == name) return op.get();
+  return nullptr;
+}
+
+std::vector<const Op*> all_ops() {
+  std::vector<const Op*> v;
+  for (const auto& op : registry()) v.push_back(op.get());
+  std::sort(v.begin(), v.end(), [](const Op* a, const Op* b) { return a->name() < b->name(); });
+  return v;
+}
+
+const Tensor& Problem::arg(std::string_view name) const {
+  for (const auto& a : args)
+    if (a.name == name) return a.tensor;
+  throw std::out_of_range("problem has no argument '" + std::string(name) + "'");
+}
+Tensor& Problem::arg(std::string_view name) {
+  for (auto& a : args)
+    if (a.name == name) return a.tensor;
+  throw std::out_of_range("problem has no argument '" + std::string(name) + "'");
+}
+bool Problem::has_arg(std::string_view name) const {
+  return std::any_of(args.begin(), args.end(), [&](const Arg& a) { return a.name == name; });
+}
+
+std::string Op::vars(const Params& p) const {
+  std::ostringstream os;
+  bool first = true;
+  for (const auto& ax : axes()) {
+    os << (first ? "" : "-") << ax.prefix << value_text(p.at(ax.name));
+    first = false;
+  }
+  return os.str();
+}
+
+Params Op::complete(const Params& given) const {
+  if (!given.is_object()) throw std::invalid_argument(name() + ": case parameters must be a table");
+  const auto ax = axes();
+  for (const auto& [k, v] : given.items()) {
+    if (std::none_of(ax.begin(), ax.end(), [&](const Axis& a) { return a.name == k; })) {
+      std::string known;
+      for (const auto& a : ax) known += (known.empty() ? "" : ", ") + a.name;
+      throw std::invalid_argument(name() + ": unknown axis '" + k + "' (known: " + known + ")");
+    }
+  }
+  Params p = Params::object();
+  for (const auto& a : ax) {
+    nlohmann::json v = given.contains(a.name) ? given.at(a.name) : a.default_value;
+    const bool num_ok = v.is_number() && a.default_value.is_number();
+    if (v.type() != a.default_value.type() && !num_ok)
+      throw std::invalid_argument(name() + ": axis '" + a.name + "' expects a " +
+                                  a.default_value.type_name() + ", got " + v.dump());
+    if (a.default_value.is_number_integer() && !v.is_number_integer())
+      throw std::invalid_argument(name() + ": axis '" + a.name + "' expects an integer, got " +
+                                  v.dump());
+    if (!a.allowed.empty() && std::find(a.allowed.begin(), a.allowed.end(), v) == a.allowed.end()) {
+      std::string ok;
+      for (const auto& x : a.allowed) ok += (ok.empty() ? "" : ", ") + x.dump();
+      throw std::invalid_argument(name() + ": axis '" + a.name + "' value " + v.dump() +
+                                  " is not one of " + ok);
+    }
+    p[a.name] = v;
+  }
+  return p;
+}
+
+Case Op::make_case(const Params& given, std::vector<std::string> tiers) const {
+  Case c;
+  c.op = name();
+  c.params = complete(given);
+  c.id = name() + "/" + vars(c.params);
+  c.tiers = std::move(tiers);
+  return c;
+}
+
+namespace {
+const nlohmann::json& field(const Params& p, const char* key) {
+  if (!p.contains(key)) throw std::invalid_argument(std::string("missing parameter '") + key + "'");
+  return p.at(key);
+}
+}  // namespace
+int64_t param_int(const Params& p, const char* key) {
+  return field(p, key).get<int64_t>();
+}
+double param_double(const Params& p, const char* key) {
+  return field(p, key).get<double>();
+}
+std::string param_str(const Params& p, const char* key) {
+  return field(p, key).get<std::string>();
+}
+bool param_bool(const Params& p, const char* key) {
+  return field(p, key).get<bool>();
+}
+DType param_dtype(const Params& p, const char* key) {
+  const auto s = param_str(p, key);
+  const auto t = parse_dtype(s);
+  if (!t)
+    throw std::invalid_argument(std::string("parameter '") + key + "': unknown dtype '" + s + "'");
+  return *t;
+}
+
+}  // namespace attncheck

@@ -1,0 +1,284 @@
+#include "device.h"
+
+#include <dlfcn.h>
+
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+
+#include "core/numeric.h"
+
+namespace attncheck {
+
+namespace {
+constexpr size_t kMsg = 2048;
+
+std::vector<std::string> split_csv(const char* s) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (const char* p = s ? s : ""; *p; ++p) {
+    if (*p == ',') {
+      if (!cur.empty()) out.push_back(cur);
+      cur.clear();
+    } else if (*p != ' ') {
+      cur += *p;
+    }
+  }
+  if (!cur.empty()) out.push_back(cur);
+  return out;
+}
+
+DLDataType dl_dtype(DType t) {
+  switch (t) {
+    case DType::f64:
+      return {kDLFloat, 64, 1};
+    case DType::f32:
+      return {kDLFloat, 32, 1};
+    case DType::f16:
+      return {kDLFloat, 16, 1};
+    case DType::bf16:
+      return {kDLBfloat, 16, 1};
+    // DLPack 0.6 has no fp8 codes: fp8 travels as uint8 and its format is a named parameter.
+    case DType::e4m3fn:
+    case DType::e4m3fnuz:
+    case DType::e5m2:
+    case DType::e5m2fnuz:
+    case DType::u8:
+      return {kDLUInt, 8, 1};
+    case DType::i8:
+      return {kDLInt, 8, 1};
+    case DType::i32:
+      return {kDLInt, 32, 1};
+    case DType::i64:
+      return {kDLInt, 64, 1};
+  }
+  return {kDLUInt, 8, 1};
+}
+
+// One device buffer per host storage, so views that share bytes on the host share them on the
+// device.
+struct DeviceStorage {
+  std::shared_ptr<Storage> host;
+  void* device = nullptr;
+  size_t bytes = 0;  // storage bytes (guards excluded)
+  std::vector<std::string> arg_names;
+};
+
+class DeviceBuffers {
+ public:
+  explicit DeviceBuffers(const attncheck_plugin_v1& api) : api_(api) {}
+  ~DeviceBuffers() {
+    for (auto& s : storages_)
+      if (s.device) api_.release(s.device);
+  }
+  DeviceStorage& get(const std::shared_ptr<Storage>& host, const std::string& arg) {
+    for (auto& s : storages_)
+      if (s.host == host) {
+        s.arg_names.push_back(arg);
+        return s;
+      }
+    DeviceStorage s;
+    s.host = host;
+    s.bytes = host->bytes.size();
+    s.arg_names.push_back(arg);
+    const size_t total = s.bytes + 2 * DeviceRunner::kGuardBytes;
+    char msg[kMsg] = {0};
+    if (api_.alloc(total, &s.device, msg, kMsg) != ATTNCHECK_OK)
+      throw std::runtime_error("device allocation of " + std::to_string(total) + " bytes for '" +
+                               arg + "' failed: " + msg);
+    std::vector<std::byte> staging(total);
+    for (size_t i = 0; i < DeviceRunner::kGuardBytes; ++i) {
+      staging[i] = guard_byte(i);
+      staging[total - DeviceRunner::kGuardBytes + i] = guard_byte(i + 1);
+    }
+    std::memcpy(staging.data() + DeviceRunner::kGuardBytes, host->bytes.data(), s.bytes);
+    if (api_.copy_to_device(s.device, staging.data(), total, msg, kMsg) != ATTNCHECK_OK) {
+      api_.release(s.device);
+      throw std::runtime_error("copy to device for '" + arg + "' failed: " + msg);
+    }
+    storages_.push_back(std::move(s));
+    return storages_.back();
+  }
+  std::vector<std::byte> read_back(const DeviceStorage& s) const {
+    const size_t total = s.bytes + 2 * DeviceRunner::kGuardBytes;
+    std::vector<std::byte> staging(total);
+    char msg[kMsg] = {0};
+    if (api_.copy_to_host(staging.data(), s.device, total, msg, kMsg) != ATTNCHECK_OK)
+      throw std::runtime_error(std::string("copy to host failed: ") + msg);
+    return staging;
+  }
+  std::vector<DeviceStorage>& all() { return storages_; }
+
+ private:
+  const attncheck_plugin_v1& api_;
+  std::vector<DeviceStorage> storages_;
+};
+
+struct Marshalled {
+  std::vector<attncheck_arg> args;
+  std::vector<std::vector<int64_t>> shapes, strides;  // keep DLTensor arrays alive
+};
+
+Marshalled marshal(const Problem& p, DeviceBuffers& bufs, bool rocm) {
+  Marshalled m;
+  m.args.reserve(p.args.size());
+  m.shapes.reserve(p.args.size());
+  m.strides.reserve(p.args.size());
+  for (const auto& a : p.args) {
+    auto& s = bufs.get(a.tensor.storage(), a.name);
+    m.shapes.push_back(a.tensor.shape());
+    m.strides.push_back(a.tensor.strides());
+    attncheck_arg arg{};
+    arg.name = a.name.c_str();
+    arg.tensor.data = static_cast<std::byte*>(s.device) + DeviceRunner::kGuardBytes;
+    arg.tensor.device = {rocm ? kDLROCM : kDLCUDA, 0};
+    arg.tensor.ndim = static_cast<int32_t>(a.tensor.ndim());
+    arg.tensor.dtype = dl_dtype(a.tensor.dtype());
+    arg.tensor.shape = m.shapes.back().data();
+    arg.tensor.strides = m.strides.back().data();
+    arg.tensor.byte_offset = static_cast<uint64_t>(a.tensor.offset()) * a.tensor.element_size();
+    m.args.push_back(arg);
+  }
+  return m;
+}
+}  // namespace
+
+std::byte guard_byte(size_t i) {
+  return static_cast<std::byte>((0xA5u ^ (i * 0x3Bu) ^ (i >> 8)) & 0xFFu);
+}
+
+std::unique_ptr<KernelLibrary> KernelLibrary::open(const std::string& path) {
+  std::unique_ptr<KernelLibrary> lib(new KernelLibrary());
+  lib->path_ = path;
+  lib->handle_ = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!lib->handle_)
+    throw std::runtime_error("cannot load kernel library '" + path + "': " + dlerror());
+  auto get =
+      reinterpret_cast<attncheck_plugin_v1_get_fn>(dlsym(lib->handle_, "attncheck_plugin_v1_get"));
+  if (!get)
+    throw std::runtime_error("kernel library '" + path + "' has no symbol attncheck_plugin_v1_get");
+  lib->api_ = get();
+  if (!lib->api_ || lib->api_->abi_version != ATTNCHECK_ABI_VERSION)
+    throw std::runtime_error("kernel library '" + path + "' speaks ABI version " +
+                             (lib->api_ ? std::to_string(lib->api_->abi_version) : "?") +
+                             ", harness " + std::to_string(ATTNCHECK_ABI_VERSION));
+  lib->ops_ = split_csv(lib->api_->ops());
+  return lib;
+}
+
+KernelLibrary::~KernelLibrary() {
+  // Never dlclose: GPU runtimes register atexit handlers inside the library.
+}
+
+bool KernelLibrary::has_op(const std::string& op) const {
+  for (const auto& o : ops_)
+    if (o == op) return true;
+  return false;
+}
+
+std::optional<DeviceInfo> KernelLibrary::device(std::string* why) const {
+  char name[256] = {0}, arch[64] = {0}, msg[kMsg] = {0};
+  if (api_->device_info(name, sizeof name, arch, sizeof arch, msg, kMsg) != ATTNCHECK_OK) {
+    if (why) *why = msg;
+    return std::nullopt;
+  }
+  return DeviceInfo{name, arch};
+}
+
+DeviceRunner::DeviceRunner(const KernelLibrary& lib, std::string arch)
+    : lib_(lib), arch_(std::move(arch)) {}
+
+DeviceOutcome DeviceRunner::run(const Problem& p) const {
+  const auto& api = lib_.api();
+  DeviceOutcome out;
+  DeviceBuffers bufs(api);
+  const bool rocm = arch_.rfind("gfx", 0) == 0;
+  Marshalled m = marshal(p, bufs, rocm);
+  const std::string params = p.kernel_params.dump();
+  const std::string kernel = p.kernel;
+  char msg[kMsg] = {0};
+  const auto t0 = std::chrono::steady_clock::now();
+  out.status = api.run(kernel.c_str(), params.c_str(), m.args.data(),
+                       static_cast<int>(m.args.size()), msg, kMsg);
+  out.wall_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  out.message = msg;
+  if (out.status == ATTNCHECK_ERROR || out.status == ATTNCHECK_UNKNOWN_OP) return out;
+
+  for (auto& s : bufs.all()) {
+    const auto back = bufs.read_back(s);
+    const size_t G = kGuardBytes;
+    std::string who;
+    for (const auto& n : s.arg_names) who += (who.empty() ? "'" : ", '") + n + "'";
+    for (size_t i = 0; i < G; ++i) {
+      if (back[i] != guard_byte(i)) {
+        out.violations.push_back("guard before buffer of " + who + " overwritten at byte -" +
+                                 std::to_string(G - i));
+        break;
+      }
+    }
+    for (size_t i = 0; i < G; ++i) {
+      if (back[G + s.bytes + i] != guard_byte(i + 1)) {
+        out.violations.push_back("guard after buffer of " + who + " overwritten at byte +" +
+                                 std::to_string(i));
+        break;
+      }
+    }
+    // Bytes the kernel may write: the elements of output and inout views on this storage.
+    std::vector<bool> writable(s.bytes, false);
+    auto restored = std::make_shared<Storage>();
+    restored->bytes.assign(back.begin() + static_cast<std::ptrdiff_t>(G),
+                           back.begin() + static_cast<std::ptrdiff_t>(G + s.bytes));
+    for (const auto& a : p.args) {
+      if (a.tensor.storage() != s.host || a.role == Role::input) continue;
+      const size_t es = a.tensor.element_size();
+      a.tensor.for_each_index([&](const Index& idx, int64_t) {
+        const auto off = static_cast<size_t>(a.tensor.element_offset(idx)) * es;
+        for (size_t b = 0; b < es; ++b) writable[off + b] = true;
+      });
+    }
+    for (size_t b = 0; b < s.bytes; ++b) {
+      if (!writable[b] && restored->bytes[b] != s.host->bytes[b]) {
+        // Name the argument whose element this byte belongs to, if any.
+        std::string owner = "outside every argument's view";
+        for (const auto& a : p.args) {
+          if (a.tensor.storage() != s.host) continue;
+          const auto [lo, hi] = a.tensor.extent();
+          const auto es = static_cast<int64_t>(a.tensor.element_size());
+          const auto bb = static_cast<int64_t>(b);
+          if (bb >= lo * es && bb < hi * es) {
+            owner = (a.role == Role::input ? "input '" : "gap inside view of '") + a.name + "'";
+            break;
+          }
+        }
+        out.violations.push_back("byte " + std::to_string(b) + " of buffer " + who + " changed (" +
+                                 owner + "): the kernel must not write there");
+        break;
+      }
+    }
+    for (const auto& a : p.args) {
+      if (a.tensor.storage() != s.host || a.role == Role::input) continue;
+      out.outputs[a.name] = a.tensor.rebased(restored);
+    }
+  }
+  return out;
+}
+
+double DeviceRunner::time(const Problem& p, int warmup, int iters, std::string* err) const {
+  const auto& api = lib_.api();
+  DeviceBuffers bufs(api);
+  Marshalled m = marshal(p, bufs, arch_.rfind("gfx", 0) == 0);
+  const std::string params = p.kernel_params.dump();
+  char msg[kMsg] = {0};
+  double ms = -1;
+  if (api.time(p.kernel.c_str(), params.c_str(), m.args.data(), static_cast<int>(m.args.size()),
+               warmup, iters, &ms, msg, kMsg) != ATTNCHECK_OK) {
+    if (err) *err = msg;
+    return -1;
+  }
+  return ms;
+}
+
+}  // namespace attncheck

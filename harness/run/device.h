@@ -1,0 +1,72 @@
+// The GPU side of a run, seen from a harness that never includes HIP: a kernel library loaded at
+// run time (kernels_under_test/attncheck_abi.h) and a runner that gives each host storage a device
+// buffer with guard bytes on both sides, launches, copies everything back and reports what the
+// kernel touched that it must not have.
+#pragma once
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "attncheck_abi.h"
+#include "ops/op.h"
+
+namespace attncheck {
+
+struct DeviceInfo {
+  std::string name;
+  std::string arch;  // "gfx942", "sm_90"
+};
+
+class KernelLibrary {
+ public:
+  // Throws std::runtime_error naming the path (missing file, missing symbol, ABI mismatch).
+  static std::unique_ptr<KernelLibrary> open(const std::string& path);
+  ~KernelLibrary();
+  KernelLibrary(const KernelLibrary&) = delete;
+  KernelLibrary& operator=(const KernelLibrary&) = delete;
+
+  const attncheck_plugin_v1& api() const { return *api_; }
+  const std::string& path() const { return path_; }
+  std::string library() const { return api_->library ? api_->library : "?"; }
+  bool has_op(const std::string& op) const;
+  // nullopt when there is no usable device; `why` gets the library's message.
+  std::optional<DeviceInfo> device(std::string* why = nullptr) const;
+
+ private:
+  KernelLibrary() = default;
+  void* handle_ = nullptr;
+  const attncheck_plugin_v1* api_ = nullptr;
+  std::string path_;
+  std::vector<std::string> ops_;
+};
+
+struct DeviceOutcome {
+  int status = ATTNCHECK_OK;
+  std::string message;                  // the kernel's message on refusal or error
+  TensorMap outputs;                    // output and inout views, read back
+  std::vector<std::string> violations;  // guards, untouched bytes, modified inputs
+  double wall_ms = 0;
+};
+
+class DeviceRunner {
+ public:
+  explicit DeviceRunner(const KernelLibrary& lib, std::string arch = "");
+  // One launch of the problem's kernel.
+  DeviceOutcome run(const Problem& p) const;
+  // Mean device time per launch (ms), via the library's timer.
+  double time(const Problem& p, int warmup, int iters, std::string* err) const;
+  const KernelLibrary& library() const { return lib_; }
+  const std::string& arch() const { return arch_; }
+
+  static constexpr size_t kGuardBytes = 4096;
+
+ private:
+  const KernelLibrary& lib_;
+  std::string arch_;
+};
+
+// The byte the guard region holds at position i (a pattern no plausible kernel write reproduces).
+std::byte guard_byte(size_t i);
+
+}  // namespace attncheck

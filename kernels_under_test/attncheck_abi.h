@@ -1,0 +1,70 @@
+/* attncheck kernel plugin ABI, version 1 (C, no HIP or CUDA types).
+ *
+ * A kernel library is a shared object exporting one symbol:
+ *     const attncheck_plugin_v1* attncheck_plugin_v1_get(void);
+ * The harness dlopen()s it, checks abi_version, and from then on only calls through the table.
+ * Device memory is owned by the harness but allocated through the plugin (alloc/free/copy), so the
+ * harness can surround every buffer with guard bytes and poison outputs without linking HIP.
+ *
+ * Tensors are DLPack DLTensors (dlpack/dlpack.h, v0.6): data = device pointer of the buffer,
+ * byte_offset = where element 0 of the view starts, strides in elements (never NULL). Arguments
+ * are passed by name; which names an op expects, and which JSON parameters, is documented per op
+ * in docs/abi.md. A vendor adapter (e.g. around AITER) implements this table and nothing else.
+ */
+#ifndef ATTNCHECK_ABI_H
+#define ATTNCHECK_ABI_H
+
+#include <dlpack/dlpack.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ATTNCHECK_ABI_VERSION 1u
+
+/* Status codes returned by every entry. */
+enum attncheck_status {
+  ATTNCHECK_OK = 0,
+  ATTNCHECK_REFUSED = 1,    /* the kernel cannot serve this configuration; msg says why */
+  ATTNCHECK_ERROR = 2,      /* launch or runtime failure; msg says what */
+  ATTNCHECK_UNKNOWN_OP = 3, /* the library has no kernel for this op */
+  ATTNCHECK_NO_DEVICE = 4,  /* no usable GPU */
+};
+
+typedef struct attncheck_arg {
+  const char* name; /* "q", "kv_cache", "out", ... */
+  DLTensor tensor;
+} attncheck_arg;
+
+typedef struct attncheck_plugin_v1 {
+  uint32_t abi_version; /* ATTNCHECK_ABI_VERSION */
+  const char* library;  /* e.g. "attncheck-kernels 0.1.0 (cuda sm_90)" */
+  /* Comma-separated op names this library implements. */
+  const char* (*ops)(void);
+  /* Device name and arch ("gfx942", "sm_90"); returns ATTNCHECK_NO_DEVICE without a GPU. */
+  int (*device_info)(char* name, size_t name_len, char* arch, size_t arch_len, char* msg,
+                     size_t msg_len);
+  int (*alloc)(size_t bytes, void** ptr, char* msg, size_t msg_len);
+  int (*release)(void* ptr);
+  int (*copy_to_device)(void* dst, const void* src, size_t bytes, char* msg, size_t msg_len);
+  int (*copy_to_host)(void* dst, const void* src, size_t bytes, char* msg, size_t msg_len);
+  /* Runs op once and waits for it. params_json: a JSON object of scalar parameters. */
+  int (*run)(const char* op, const char* params_json, const attncheck_arg* args, int n_args,
+             char* msg, size_t msg_len);
+  /* Runs op `iters` times after `warmup` runs; *ms = mean device time per run (events). */
+  int (*time)(const char* op, const char* params_json, const attncheck_arg* args, int n_args,
+              int warmup, int iters, double* ms, char* msg, size_t msg_len);
+  /* Measures the device's copy bandwidth (GB/s, bytes read + written) and dense 16-bit matrix rate
+     (TFLOP/s) with the library's own kernels, for roofline floors. */
+  int (*roofline)(double* copy_gbps, double* matrix_tflops, char* msg, size_t msg_len);
+} attncheck_plugin_v1;
+
+typedef const attncheck_plugin_v1* (*attncheck_plugin_v1_get_fn)(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ATTNCHECK_ABI_H */

@@ -1,0 +1,44 @@
+// page_indices: one workgroup per request, lanes stride over the request's tokens (the Triton
+// original loops over chunks of 1024 lanes with a t < seq_len mask). Reads the block table through
+// its real row stride and never past the request's last block.
+#include "gpu_compat.h"
+#include "kernel_api.h"
+
+namespace {
+
+__global__ void expand_page_indices(int32_t* out, const int32_t* block_table,
+                                    int64_t table_row_stride, int64_t table_col_stride,
+                                    const int32_t* seq_lens, const int32_t* cu, int32_t K) {
+  const int r = blockIdx.x;
+  const int32_t len = seq_lens[r];
+  const int32_t base = cu[r];
+  for (int32_t t = threadIdx.x; t < len; t += blockDim.x) {
+    const int32_t blk = block_table[r * table_row_stride + (t / K) * table_col_stride];
+    out[base + t] = blk * K + t % K;
+  }
+}
+
+void run_page_indices(const ack::KParams& p, const ack::KArgs& a) {
+  const auto& table = a.get("block_table");
+  const auto& lens = a.get("seq_lens");
+  const auto& cu = a.get("cu_seq_lens");
+  const auto& out = a.get("page_indices");
+  ack::expect_dtype(table, "block_table", kDLInt, 32);
+  ack::expect_dtype(lens, "seq_lens", kDLInt, 32);
+  ack::expect_dtype(cu, "cu_seq_lens", kDLInt, 32);
+  ack::expect_dtype(out, "page_indices", kDLInt, 32);
+  ack::expect_ndim(table, "block_table", 2);
+  const int64_t K = p.i("kernel_block_size");
+  if (K < 1) throw ack::Refusal("kernel_block_size must be >= 1, got " + std::to_string(K));
+  if (lens.stride(0) != 1 || cu.stride(0) != 1 || out.stride(0) != 1)
+    throw ack::Refusal("seq_lens, cu_seq_lens and page_indices must be contiguous");
+  const int B = static_cast<int>(lens.size(0));
+  if (B == 0) return;
+  hipLaunchKernelGGL(expand_page_indices, dim3(B), dim3(256), 0, 0, out.ptr<int32_t>(),
+                     table.ptr<int32_t>(), table.stride(0), table.stride(1), lens.ptr<int32_t>(),
+                     cu.ptr<int32_t>(), static_cast<int32_t>(K));
+}
+
+const ack::KernelRegistrar kRegister("page_indices", run_page_indices);
+
+}  // namespace

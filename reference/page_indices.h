@@ -1,0 +1,16 @@
+// Page-index expansion (spec/mla_decode_and_kv_gather.md §A.5): block table -> per-token flat slots
+// for the flattened page-size-1 view the MLA decode kernels see.
+#pragma once
+#include "core/tensor.h"
+
+namespace attncheck::ref {
+
+// block_table [B, W] int32 (any strides), seq_lens [B] int32. Returns int32 [sum(seq_lens)]:
+// out[cu[r] + t] = block_table[r, t / K] * K + t % K for t < seq_lens[r]. Entries of the table past
+// ceil(seq_lens[r] / K) are never read.
+Tensor page_indices(const Tensor& block_table, const Tensor& seq_lens, int64_t kernel_block_size);
+
+// [0, cumsum(seq_lens)] as int32 [B + 1].
+Tensor cumulative_lengths(const Tensor& seq_lens);
+
+}  // namespace attncheck::ref
