@@ -68,29 +68,43 @@ CheckResult compare_topk(const std::string& name, const Tensor& expected, const 
     const auto e = valid_prefix(expected, false);
     const auto a = valid_prefix(actual, true);
     m.count += static_cast<int64_t>(e.size());
-    if (a.size() != e.size()) {
-      const auto diff = static_cast<int64_t>(e.size()) - static_cast<int64_t>(a.size());
-      if (diff > 0)
-        m.topk_missing += diff;
-      else
-        m.topk_invalid += -diff;
+    if (a.size() > e.size()) {
+      m.topk_invalid += static_cast<int64_t>(a.size() - e.size());
       note(i, std::to_string(a.size()) + " valid indices, expected " + std::to_string(e.size()));
-      continue;
     }
-    // Same size: value multisets must agree within tie_tol (equal sets trivially do).
+    // The reference values of the chosen indices must match those of the expected ones within
+    // tie_tol (a tie at the k-th value may pick either index). Greedy matching of the two
+    // descending lists is a maximum matching for |x - y| <= tol, so each wrong index counts
+    // once, however far it shifts the ranks. NaN sorts last and matches nothing.
+    auto descending = [](double x, double y) { return std::isnan(y) ? !std::isnan(x) : x > y; };
     std::vector<double> ve, va;
     for (auto x : e) ve.push_back(value_of(x));
     for (auto x : a) va.push_back(value_of(x));
-    std::sort(ve.begin(), ve.end(), std::greater<>());
-    std::sort(va.begin(), va.end(), std::greater<>());
-    for (size_t j = 0; j < ve.size(); ++j) {
-      const bool same = ve[j] == va[j] || std::fabs(ve[j] - va[j]) <= budget.tie_tol;
-      if (!same) {
-        ++m.topk_missing;
-        std::ostringstream os;
-        os << "rank " << j << " value " << va[j] << ", reference " << ve[j];
-        note(i, os.str());
+    std::sort(ve.begin(), ve.end(), descending);
+    std::sort(va.begin(), va.end(), descending);
+    size_t ie = 0, ia = 0;
+    std::vector<double> missing, extra;
+    while (ie < ve.size() && ia < va.size()) {
+      if (ve[ie] == va[ia] || std::fabs(ve[ie] - va[ia]) <= budget.tie_tol) {
+        ++ie;
+        ++ia;
+      } else if (descending(ve[ie], va[ia])) {
+        missing.push_back(ve[ie++]);
+      } else {
+        extra.push_back(va[ia++]);
       }
+    }
+    missing.insert(missing.end(), ve.begin() + static_cast<std::ptrdiff_t>(ie), ve.end());
+    extra.insert(extra.end(), va.begin() + static_cast<std::ptrdiff_t>(ia), va.end());
+    if (!missing.empty()) {
+      m.topk_missing += static_cast<int64_t>(missing.size());
+      std::ostringstream os;
+      os << missing.size() << " of " << ve.size() << " reference values not chosen (first "
+         << missing.front() << ")";
+      if (!extra.empty()) os << ", chosen instead e.g. value " << extra.front();
+      if (a.size() < e.size()) os << "; " << a.size() << " valid indices, expected " << e.size();
+      os << " (tie_tol " << budget.tie_tol << ")";
+      note(i, os.str());
     }
   }
   m.mismatches = m.topk_missing + m.topk_invalid;

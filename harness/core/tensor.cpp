@@ -2,14 +2,35 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <sstream>
 #include <stdexcept>
+#include <type_traits>
 
 #include "numeric.h"
 
 namespace attncheck {
+
+namespace {
+// Integers: truncation toward zero (a C cast), but a value outside the type (or NaN) is an error,
+// not undefined behaviour that silently writes garbage test data.
+template <class I>
+uint64_t encode_integer(double v, DType t) {
+  constexpr int bits = static_cast<int>(sizeof(I) * 8);
+  const double lo = std::is_signed_v<I> ? -std::ldexp(1.0, bits - 1) : 0.0;
+  const double hi_excl = std::ldexp(1.0, std::is_signed_v<I> ? bits - 1 : bits);
+  const double x = std::trunc(v);
+  if (!(x >= lo && x < hi_excl)) {
+    std::ostringstream os;
+    os << v << " is not representable in " << dtype_name(t);
+    throw std::out_of_range(os.str());
+  }
+  using U = std::make_unsigned_t<I>;
+  return static_cast<U>(static_cast<I>(x));
+}
+}  // namespace
 
 uint64_t encode_value(double v, DType t) {
   switch (t) {
@@ -26,13 +47,13 @@ uint64_t encode_value(double v, DType t) {
     case DType::e5m2fnuz:
       return encode_minifloat(v, t, Saturation::saturate);
     case DType::i8:
-      return static_cast<uint8_t>(static_cast<int8_t>(v));
+      return encode_integer<int8_t>(v, t);
     case DType::u8:
-      return static_cast<uint8_t>(v);
+      return encode_integer<uint8_t>(v, t);
     case DType::i32:
-      return static_cast<uint32_t>(static_cast<int32_t>(v));
+      return encode_integer<int32_t>(v, t);
     case DType::i64:
-      return static_cast<uint64_t>(static_cast<int64_t>(v));
+      return encode_integer<int64_t>(v, t);
   }
   return 0;
 }

@@ -82,6 +82,12 @@ class Tensor {
   // Raw bits of an element (fp8: 1 byte, bf16: 2 bytes ...), zero-extended.
   uint64_t get_bits(std::span<const int64_t> idx) const;
   void set_bits(std::span<const int64_t> idx, uint64_t bits) const;
+  uint64_t get_bits(std::initializer_list<int64_t> idx) const {
+    return get_bits(std::span(idx.begin(), idx.size()));
+  }
+  void set_bits(std::initializer_list<int64_t> idx, uint64_t bits) const {
+    set_bits(std::span(idx.begin(), idx.size()), bits);
+  }
 
   template <class T>
   T& at(std::span<const int64_t> idx) const {

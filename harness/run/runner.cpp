@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <regex>
 
 namespace attncheck {
@@ -40,11 +41,10 @@ nlohmann::json metrics_json(const Metrics& m) {
                   {"ratio", m.worst.ratio}};
   // JSON has no NaN/inf: store them as strings so the record stays parseable.
   for (auto& [k, v] : j.items())
-    if (v.is_number_float() && !std::isfinite(v.get<double>())) v = std::to_string(v.get<double>());
+    if (v.is_number_float()) v = json_number(v.get<double>());
   if (j.contains("worst"))
     for (auto& [k, v] : j["worst"].items())
-      if (v.is_number_float() && !std::isfinite(v.get<double>()))
-        v = std::to_string(v.get<double>());
+      if (v.is_number_float()) v = json_number(v.get<double>());
   return j;
 }
 std::string_view kind_name(Budget::Kind k) {
@@ -59,6 +59,12 @@ std::string_view kind_name(Budget::Kind k) {
   return "?";
 }
 }  // namespace
+
+nlohmann::json json_number(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return v;
+}
 
 std::string_view verdict_name(Verdict v) {
   switch (v) {
@@ -87,10 +93,10 @@ nlohmann::json Result::to_json() const {
   nlohmann::json checks_j = nlohmann::json::array();
   for (const auto& c : checks) {
     nlohmann::json b = {{"kind", kind_name(c.budget.kind)},
-                        {"atol", c.budget.atol},
-                        {"rtol", c.budget.rtol},
-                        {"max_mismatch_frac", c.budget.max_mismatch_frac},
-                        {"max_calc_diff", c.budget.max_calc_diff},
+                        {"atol", json_number(c.budget.atol)},
+                        {"rtol", json_number(c.budget.rtol)},
+                        {"max_mismatch_frac", json_number(c.budget.max_mismatch_frac)},
+                        {"max_calc_diff", json_number(c.budget.max_calc_diff)},
                         {"why", c.budget.why}};
     checks_j.push_back({{"name", c.name},
                         {"passed", c.passed},
@@ -116,8 +122,47 @@ nlohmann::json Result::to_json() const {
 std::string repro_command(const Case& c, const RunOptions& opt) {
   std::string cmd = "attncheck repro '" + c.id + "'";
   if (!opt.kernels_path.empty()) cmd += " --kernels " + opt.kernels_path;
-  return cmd;
+  return cmd + opt.repro_extra;
 }
+
+Problem with_flipped_poison(const Problem& p) {
+  Problem q = p;
+  std::map<const Storage*, std::shared_ptr<Storage>> copies;
+  for (const auto& a : p.args)
+    if (a.role == Role::output && !copies.count(a.tensor.storage().get()))
+      copies[a.tensor.storage().get()] = std::make_shared<Storage>(*a.tensor.storage());
+  for (auto& a : q.args) {
+    const auto it = copies.find(a.tensor.storage().get());
+    if (it != copies.end()) a.tensor = a.tensor.rebased(it->second);
+  }
+  for (auto& a : q.args) {
+    if (a.role != Role::output) continue;
+    const int bits = static_cast<int>(a.tensor.element_size() * 8);
+    const uint64_t mask = bits == 64 ? ~0ull : (1ull << bits) - 1;
+    a.tensor.for_each_index(
+        [&](const Index& idx, int64_t) { a.tensor.set_bits(idx, ~a.tensor.get_bits(idx) & mask); });
+  }
+  return q;
+}
+
+namespace {
+// Elements of a pure output that hold their initial bytes after both launches (first from the
+// original poison, second from its complement): the kernel never wrote them.
+std::string unwritten_elements(const std::string& name, const Tensor& init1, const Tensor& out1,
+                               const Tensor& init2, const Tensor& out2) {
+  int64_t count = 0;
+  Index first;
+  out1.for_each_index([&](const Index& idx, int64_t) {
+    if (out1.get_bits(idx) == init1.get_bits(idx) && out2.get_bits(idx) == init2.get_bits(idx)) {
+      if (count++ == 0) first = idx;
+    }
+  });
+  if (count == 0) return "";
+  return std::to_string(count) + " of " + std::to_string(out1.numel()) + " elements of '" + name +
+         "' were never written (first at " + format_index(first) +
+         "): they keep whatever the buffer held before the launch";
+}
+}  // namespace
 
 std::vector<CheckResult> check_outputs(const std::vector<OutputCheck>& checks,
                                        const TensorMap& expected, const TensorMap& actual) {
@@ -143,8 +188,10 @@ std::vector<CheckResult> check_outputs(const std::vector<OutputCheck>& checks,
   return out;
 }
 
-Result run_case(const Op& op, const Case& c, const DeviceRunner* device, const RunOptions& opt,
-                const TensorMap* expected_override) {
+namespace {
+Result run_case_unmarked(const Op& op, const Case& c, const DeviceRunner* device,
+                         const RunOptions& opt, const TensorMap* expected_override,
+                         CaseArtifacts* artifacts) {
   Result r;
   r.id = c.id;
   r.op = c.op;
@@ -157,6 +204,7 @@ Result run_case(const Op& op, const Case& c, const DeviceRunner* device, const R
     Problem p = op.make(c);
     if (p.kernel.empty()) p.kernel = op.name();
     r.timings.generate_ms = ms_since(t0);
+    if (artifacts) artifacts->problem = p;
 
     if (!p.expect_refusal.empty()) {
       // Invalid configuration: the reference must refuse it, and so must the kernel.
@@ -188,6 +236,7 @@ Result run_case(const Op& op, const Case& c, const DeviceRunner* device, const R
     t0 = std::chrono::steady_clock::now();
     const TensorMap expected = expected_override ? *expected_override : op.reference(p);
     r.timings.reference_ms = ms_since(t0);
+    if (artifacts) artifacts->expected = expected;
     const auto checks = op.checks(p, expected);
 
     if (!device) {
@@ -197,6 +246,7 @@ Result run_case(const Op& op, const Case& c, const DeviceRunner* device, const R
     }
     const auto o = device->run(p);
     r.timings.kernel_ms = o.wall_ms;
+    if (artifacts) artifacts->actual = o.outputs;
     if (o.status != ATTNCHECK_OK) {
       r.verdict = Verdict::failed;
       r.message = (o.status == ATTNCHECK_REFUSED ? "kernel refused a valid configuration: "
@@ -204,27 +254,56 @@ Result run_case(const Op& op, const Case& c, const DeviceRunner* device, const R
                   o.message;
     } else {
       r.checks = check_outputs(checks, expected, o.outputs);
-      bool ok = o.violations.empty();
-      for (const auto& ch : r.checks) ok = ok && ch.passed;
-      std::string msg;
-      for (const auto& v : o.violations) msg += (msg.empty() ? "" : "; ") + v;
+      std::vector<std::string> problems = o.violations;
       for (const auto& ch : r.checks)
-        if (!ch.passed) msg += (msg.empty() ? "" : "; ") + ch.name + ": " + ch.message;
-      // Repeats: declared-deterministic kernels must give identical bytes.
-      for (int i = 1; ok && i < opt.repeat && op.deterministic(); ++i) {
+        if (!ch.passed) problems.push_back(ch.name + ": " + ch.message);
+      if (opt.repeat >= 2) {
+        // Second launch from the complemented poison: never-written elements and nondeterminism.
+        const Problem q = with_flipped_poison(p);
+        const auto o2 = device->run(q);
+        if (o2.status != ATTNCHECK_OK) {
+          problems.push_back("second launch: status " + std::to_string(o2.status) + ": " +
+                             o2.message);
+        } else {
+          for (const auto& v : o2.violations) problems.push_back("second launch: " + v);
+          bool unwritten = false;
+          for (const auto& a : p.args) {
+            if (a.role != Role::output || !o.outputs.count(a.name) || !o2.outputs.count(a.name))
+              continue;
+            const auto u = unwritten_elements(a.name, a.tensor, o.outputs.at(a.name),
+                                              q.arg(a.name), o2.outputs.at(a.name));
+            if (!u.empty()) problems.push_back(u);
+            unwritten = unwritten || !u.empty();
+          }
+          // Unwritten elements differ between the launches by construction: not nondeterminism.
+          if (!unwritten && op.deterministic()) {
+            for (const auto& [name, t] : o.outputs) {
+              const auto cmp = compare_exact(name, t, o2.outputs.at(name));
+              if (!cmp.passed)
+                problems.push_back("not deterministic: launch 2 of '" + name + "': " + cmp.message);
+            }
+          } else if (!unwritten) {
+            for (const auto& ch : check_outputs(checks, expected, o2.outputs))
+              if (!ch.passed) problems.push_back("launch 2: " + ch.name + ": " + ch.message);
+          }
+        }
+      }
+      // Launches 3..repeat start from the first poison and must repeat the first launch bitwise.
+      for (int i = 2; problems.empty() && i < opt.repeat && op.deterministic(); ++i) {
         const auto again = device->run(p);
         for (const auto& [name, t] : o.outputs) {
           const auto cmp = compare_exact(name, t, again.outputs.at(name));
           if (!cmp.passed) {
-            ok = false;
-            msg += "not deterministic: repeat " + std::to_string(i) + " of '" + name +
-                   "': " + cmp.message;
+            problems.push_back("not deterministic: launch " + std::to_string(i + 1) + " of '" +
+                               name + "': " + cmp.message);
             break;
           }
         }
       }
-      r.verdict = ok ? Verdict::passed : Verdict::failed;
-      r.message = ok ? "all checks within budget" : msg;
+      std::string msg;
+      for (const auto& m : problems) msg += (msg.empty() ? "" : "; ") + m;
+      r.verdict = problems.empty() ? Verdict::passed : Verdict::failed;
+      r.message = problems.empty() ? "all checks within budget" : msg;
     }
   } catch (const InvalidConfig& e) {
     r.verdict = Verdict::failed;
@@ -233,15 +312,26 @@ Result run_case(const Op& op, const Case& c, const DeviceRunner* device, const R
     r.verdict = Verdict::error;
     r.message = e.what();
   }
-  if (known_bug_applies(c, opt.arch)) {
-    if (r.verdict == Verdict::failed) {
-      r.verdict = Verdict::known_bug;
-      r.message = "known bug (" + c.known_bug->reason + "): " + r.message;
-    } else if (r.verdict == Verdict::passed) {
-      r.verdict = Verdict::unexpected_pass;
-      r.message = "passed although marked known bug: " + c.known_bug->reason;
-    }
+  return r;
+}
+}  // namespace
+
+void apply_known_bug(Result& r, const Case& c, const std::string& arch) {
+  if (!known_bug_applies(c, arch)) return;
+  if (r.verdict == Verdict::failed) {
+    r.verdict = Verdict::known_bug;
+    r.message = "known bug (" + c.known_bug->reason + "): " + r.message;
+  } else if (r.verdict == Verdict::passed || r.verdict == Verdict::refused_as_expected) {
+    r.verdict = Verdict::unexpected_pass;
+    r.message = "passed although marked known bug (" + c.known_bug->reason + "): " + r.message;
   }
+}
+
+Result run_case(const Op& op, const Case& c, const DeviceRunner* device, const RunOptions& opt,
+                const TensorMap* expected_override, CaseArtifacts* artifacts) {
+  Result r = run_case_unmarked(op, c, device, opt, expected_override, artifacts);
+  // Known bugs are kernel bugs: reference-only runs are not marked.
+  if (device) apply_known_bug(r, c, opt.arch);
   return r;
 }
 

@@ -44,14 +44,38 @@ struct Result {
 };
 
 struct RunOptions {
-  int repeat = 1;            // >1: declared-deterministic kernels must repeat bitwise
+  // >1: a second launch starts from flipped poison (~bytes) in every pure output, so elements the
+  // kernel never writes are found even where the poison equals the expected value; declared-
+  // deterministic kernels must also repeat bitwise (launches 3.. start from the first poison).
+  int repeat = 1;
   std::string arch;          // for known_bug scoping
   std::string kernels_path;  // for the repro line
+  std::string repro_extra;   // appended to the repro line (e.g. " --cases DIR")
+};
+
+// What a kernel-mode case saw, for repro bundles: the problem as handed to the kernel (initial
+// contents), the expected outputs and the first launch's outputs.
+struct CaseArtifacts {
+  Problem problem;
+  TensorMap expected;
+  TensorMap actual;
 };
 
 // expected_override: golden outputs to compare against instead of running the reference.
+// artifacts: filled as far as the case got (problem, expected, actual).
 Result run_case(const Op& op, const Case& c, const DeviceRunner* device, const RunOptions& opt,
-                const TensorMap* expected_override = nullptr);
+                const TensorMap* expected_override = nullptr, CaseArtifacts* artifacts = nullptr);
+
+// Turns failed into known_bug and passed into unexpected_pass when the case carries a known_bug
+// mark whose arch regex matches `arch`.
+void apply_known_bug(Result& r, const Case& c, const std::string& arch);
+
+// A copy of `p` whose pure outputs start from the bitwise complement of their initial bytes (other
+// arguments sharing those storages keep their bytes).
+Problem with_flipped_poison(const Problem& p);
+
+// JSON has no NaN or infinity: they are written as the strings "nan", "inf", "-inf".
+nlohmann::json json_number(double v);
 
 // Checks of `actual` outputs against `expected` per the op's checks (shared by kernel and golden
 // paths).

@@ -1,0 +1,401 @@
+// `attncheck list | repro | golden | bench | report`.
+#include "cli/commands.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <sstream>
+
+#include "run/cases.h"
+#include "run/golden.h"
+#include "run/provenance.h"
+#include "run/results.h"
+#include "run/worker.h"
+
+namespace attncheck::cli {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Case files or exit status 2 with the located error.
+bool load(const Paths& p, std::vector<CaseFile>& files) {
+  try {
+    files = load_case_dir(p.cases);
+    return true;
+  } catch (const CaseFileError& e) {
+    std::cerr << "attncheck: bad case file: " << e.what() << "\n";
+    return false;
+  }
+}
+
+std::string join(const std::vector<std::string>& v, const char* sep) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : sep) + x;
+  return s;
+}
+
+std::string num(double v, int precision = 4) {
+  std::ostringstream os;
+  os << std::setprecision(precision) << v;
+  return os.str();
+}
+
+}  // namespace
+
+int cmd_list(const Paths& p, const ListArgs& a) {
+  std::vector<CaseFile> files;
+  if (!load(p, files)) return 2;
+  Selection sel;
+  sel.tier = a.tier;
+  sel.ops = a.ops;
+  sel.filter = a.filter;
+  std::vector<Case> cases;
+  try {
+    cases = select_cases(files, sel);
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "attncheck: " << e.what() << "\n";
+    return 2;
+  }
+  std::map<std::string, std::map<std::string, int>> counts;  // op -> tier -> n (same op/filter)
+  for (std::string_view t : kTiers) {
+    Selection per_tier = sel;
+    per_tier.tier = std::string(t);
+    for (const auto& c : select_cases(files, per_tier)) ++counts[c.op][per_tier.tier];
+  }
+  for (const auto& c : cases) {
+    if (a.json) {
+      nlohmann::json j = {{"id", c.id},         {"op", c.op},
+                          {"tiers", c.tiers},   {"source", c.source},
+                          {"params", c.params}, {"known_bug", nullptr}};
+      if (c.known_bug) j["known_bug"] = {{"reason", c.known_bug->reason}, {"arch", c.known_bug->arch}};
+      std::cout << j.dump() << "\n";
+      continue;
+    }
+    std::cout << c.id << "  [" << join(c.tiers, ",") << "]";
+    if (c.known_bug)
+      std::cout << "  known bug" << (c.known_bug->arch.empty() ? "" : " on " + c.known_bug->arch)
+                << ": " << c.known_bug->reason;
+    std::cout << "\n";
+  }
+  if (a.json) return 0;
+  std::cout << "\n" << std::left << std::setw(22) << "op" << std::right;
+  for (std::string_view t : kTiers) std::cout << std::setw(8) << t;
+  std::cout << "   groups (file)\n";
+  for (const auto& f : files) {
+    if (!counts.count(f.op)) continue;
+    std::cout << std::left << std::setw(22) << f.op << std::right;
+    for (std::string_view t : kTiers) std::cout << std::setw(8) << counts[f.op][std::string(t)];
+    std::cout << "   " << f.groups.size() << " (" << f.path << ")\n";
+  }
+  std::cout << cases.size() << " cases listed (tier " << a.tier << ")\n";
+  return 0;
+}
+
+int cmd_repro(const Paths& p, const ReproArgs& a) {
+  WorkerConfig cfg;
+  cfg.cases_dir = p.cases;
+  cfg.golden_dir = p.golden;
+  cfg.kernels = a.kernels.empty() ? "" : fs::absolute(a.kernels).string();
+  cfg.arch = a.arch;
+  cfg.repeat = a.repeat;
+  cfg.repro_extra = path_flags(p);
+  if (!a.kernels.empty() && !fs::exists(a.kernels)) {
+    std::cerr << "attncheck: kernel library '" << a.kernels << "' does not exist\n";
+    return 2;
+  }
+  CaseContext ctx;
+  try {
+    ctx = make_context(cfg);
+  } catch (const CaseFileError& e) {
+    std::cerr << "attncheck: bad case file: " << e.what() << "\n";
+    return 2;
+  }
+  ctx.golden_as_expected = false;  // the reference is the authority when reproducing
+  const auto found = find_case(ctx.files, a.id);
+  if (!found) {
+    // Nearest ids: same op, longest common prefix.
+    std::vector<std::pair<size_t, std::string>> near;
+    for (const auto& f : ctx.files)
+      for (const auto& [tier, cs] : f.tiers)
+        for (const auto& c : cs) {
+          size_t k = 0;
+          while (k < c.id.size() && k < a.id.size() && c.id[k] == a.id[k]) ++k;
+          if (std::none_of(near.begin(), near.end(), [&](const auto& x) { return x.second == c.id; }))
+            near.emplace_back(k, c.id);
+        }
+    std::stable_sort(near.begin(), near.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
+    std::cerr << "attncheck: no case '" << a.id << "' in " << p.cases;
+    if (!near.empty() && near[0].first > 0) {
+      std::cerr << "; nearest:";
+      for (size_t i = 0; i < std::min<size_t>(5, near.size()); ++i) std::cerr << "\n  " << near[i].second;
+    }
+    std::cerr << "\n";
+    return 2;
+  }
+  const Case& c = *found;
+  std::cout << "case     " << c.id << "\n"
+            << "source   " << c.source << "  tiers [" << join(c.tiers, ",") << "]\n"
+            << "params   " << c.params.dump() << "\n";
+  if (c.known_bug)
+    std::cout << "known    " << c.known_bug->reason
+              << (c.known_bug->arch.empty() ? "" : " (arch " + c.known_bug->arch + ")") << "\n";
+  if (ctx.device)
+    std::cout << "kernels  " << ctx.lib->library() << " on " << ctx.device->name << " ("
+              << ctx.device->arch << ")\n";
+  else
+    std::cout << "kernels  none: " << ctx.no_device_reason << "\n";
+
+  CaseOutcome o = run_one(ctx, c);
+  const Result& r = o.result;
+  std::cout << "mode     " << r.mode
+            << (o.expected_from.empty() ? "" : " (expected from the " + o.expected_from + ")")
+            << "\n";
+  if (o.has_artifacts && !o.artifacts.problem.kernel_params.empty())
+    std::cout << "kernel   " << o.artifacts.problem.kernel << " " << o.artifacts.problem.kernel_params.dump()
+              << "\n";
+  std::cout << "timings  generate " << num(r.timings.generate_ms) << " ms, reference "
+            << num(r.timings.reference_ms) << " ms, kernel " << num(r.timings.kernel_ms) << " ms\n";
+  for (const auto& ch : r.checks) {
+    const auto& b = ch.budget;
+    const auto& m = ch.metrics;
+    std::cout << "\ncheck " << ch.name << ": " << (ch.passed ? "PASSED" : "FAILED") << "\n";
+    if (b.kind == Budget::Kind::numeric)
+      std::cout << "  budget   |a-e| <= " << num(b.atol) << " + " << num(b.rtol) << "*|e|"
+                << (b.max_mismatch_frac > 0 ? ", up to " + num(b.max_mismatch_frac) + " of elements beyond" : "")
+                << (b.max_calc_diff >= 0 ? ", calc_diff <= " + num(b.max_calc_diff) : "") << "\n";
+    else
+      std::cout << "  budget   " << (b.kind == Budget::Kind::exact ? "bitwise" : "top-k as sets")
+                << "\n";
+    if (!b.why.empty()) std::cout << "  why      " << b.why << "\n";
+    std::cout << "  measured count " << m.count << ", mismatches " << m.mismatches << " ("
+              << num(m.mismatch_frac) << "), max_abs " << num(m.max_abs) << ", max_rel "
+              << num(m.max_rel) << ", rel_l2 " << num(m.rel_l2) << ", calc_diff "
+              << num(m.calc_diff) << ", cosine " << num(m.cosine, 8);
+    if (m.nan_actual) std::cout << ", NaN " << m.nan_actual;
+    if (m.inf_actual) std::cout << ", inf " << m.inf_actual;
+    if (m.neginf_mask_mismatch) std::cout << ", -inf mask mismatches " << m.neginf_mask_mismatch;
+    if (b.kind == Budget::Kind::exact) std::cout << ", bit mismatches " << m.bit_mismatches;
+    if (b.kind == Budget::Kind::topk_set)
+      std::cout << ", missing " << m.topk_missing << ", invalid " << m.topk_invalid;
+    std::cout << "\n";
+    if (o.has_artifacts && o.artifacts.expected.count(ch.name) && o.artifacts.actual.count(ch.name)) {
+      const auto worst = worst_elements(o.artifacts.expected.at(ch.name),
+                                        o.artifacts.actual.at(ch.name), b,
+                                        static_cast<size_t>(a.worst));
+      if (!worst.empty()) {
+        std::cout << "  worst elements (index: expected, actual, |err|, err/allowed):\n";
+        for (const auto& w : worst)
+          std::cout << "    " << std::left << std::setw(18) << format_index(w.index) << std::right
+                    << " " << std::setw(14) << num(w.expected, 8) << " " << std::setw(14)
+                    << num(w.actual, 8) << " " << std::setw(11) << num(w.abs_err, 3) << " "
+                    << (std::isinf(w.ratio) ? std::string("inf") : num(w.ratio, 3)) << "\n";
+      }
+    }
+  }
+  std::cout << "\nverdict  " << verdict_name(r.verdict) << "\n";
+  std::string msg = r.message;
+  size_t pos;
+  std::cout << "  - ";
+  while ((pos = msg.find("; ")) != std::string::npos) {
+    std::cout << msg.substr(0, pos) << "\n  - ";
+    msg.erase(0, pos + 2);
+  }
+  std::cout << msg << "\n";
+
+  if (o.has_artifacts) {
+    const std::string bundle =
+        a.bundle.empty() ? (fs::path("repro") / (id_to_filename(c.id) + ".h5")).string() : a.bundle;
+    try {
+      write_repro_bundle(bundle, r, o.artifacts, context_hello(ctx));
+      std::cout << "bundle   " << fs::absolute(bundle).string()
+                << " (inputs/, expected/, actual/ + metadata; h5py reads it)\n";
+    } catch (const std::exception& e) {
+      std::cerr << "attncheck: cannot write the bundle: " << e.what() << "\n";
+    }
+  }
+  std::cout << "rerun    " << r.repro << "\n";
+  return verdict_is_failure(r.verdict) ? 1 : 0;
+}
+
+namespace {
+GoldenOptions golden_options(const Paths& p, const GoldenArgs& a) {
+  GoldenOptions o;
+  o.dir = p.golden;
+  o.root = p.root;
+  o.ops = a.ops;
+  o.against = a.against;
+  o.manifest_only = a.manifest_only;
+  return o;
+}
+}  // namespace
+
+int cmd_golden_generate(const Paths& p, const GoldenArgs& a) {
+  std::vector<CaseFile> files;
+  if (!load(p, files)) return 2;
+  std::cout << "golden generate -> " << p.golden << "\n";
+  try {
+    return golden_generate(files, golden_options(p, a), std::cout);
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "attncheck: " << e.what() << "\n";
+    return 2;
+  }
+}
+
+int cmd_golden_verify(const Paths& p, const GoldenArgs& a) {
+  std::vector<CaseFile> files;
+  if (!load(p, files)) return 2;
+  std::cout << "golden verify " << p.golden << "\n";
+  int problems = 0;
+  try {
+    problems = golden_verify(files, golden_options(p, a), std::cout);
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "attncheck: " << e.what() << "\n";
+    return 2;
+  }
+  if (problems) {
+    std::cout << problems << " problem(s). A golden is changed only by `attncheck golden generate`, "
+                             "and a change of expected values must be explained in its commit.\n";
+    return 1;
+  }
+  std::cout << "goldens verified\n";
+  return 0;
+}
+
+int cmd_golden_diff(const Paths& p, const GoldenArgs& a) {
+  std::vector<CaseFile> files;
+  if (!load(p, files)) return 2;
+  std::cout << "golden diff " << p.golden << " vs "
+            << (a.against.empty() ? std::string("the recomputed reference") : a.against) << "\n";
+  try {
+    return golden_diff(files, golden_options(p, a), std::cout) ? 1 : 0;
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "attncheck: " << e.what() << "\n";
+    return 2;
+  }
+}
+
+int cmd_bench(const Paths& p, const BenchArgs& a) {
+  std::vector<CaseFile> files;
+  if (!load(p, files)) return 2;
+  Selection sel;
+  sel.tier = a.tier;
+  sel.ops = a.ops;
+  sel.filter = a.filter;
+  std::vector<Case> cases;
+  try {
+    cases = select_cases(files, sel);
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "attncheck: " << e.what() << "\n";
+    return 2;
+  }
+  if (a.kernels.empty()) {
+    std::cerr << "attncheck: bench needs a kernel library (--kernels or ATTNCHECK_KERNELS)\n";
+    return 2;
+  }
+  if (!fs::exists(a.kernels)) {
+    std::cerr << "attncheck: kernel library '" << a.kernels << "' does not exist\n";
+    return 2;
+  }
+  // In-process: timing is for cases that already pass `run`; a crash here ends the bench.
+  const auto lib = KernelLibrary::open(fs::absolute(a.kernels).string());
+  std::string why;
+  const auto dev = lib->device(&why);
+  if (!dev) {
+    std::cerr << "attncheck: bench needs a GPU: " << why << "\n";
+    return 2;
+  }
+  double copy_gbps = 0, matrix_tflops = 0;
+  char msg[2048] = {0};
+  if (lib->api().roofline(&copy_gbps, &matrix_tflops, msg, sizeof msg) != ATTNCHECK_OK) {
+    std::cerr << "attncheck: roofline measurement failed: " << msg << "\n";
+    return 2;
+  }
+  std::cout << "bench on " << dev->name << " (" << dev->arch << "), " << lib->library()
+            << "\nroofline: copy " << num(copy_gbps) << " GB/s, matrix " << num(matrix_tflops)
+            << " TFLOP/s (measured now, same library)\n\n"
+            << std::left << std::setw(60) << "case" << std::right << std::setw(11) << "time_us"
+            << std::setw(10) << "GB/s" << std::setw(10) << "TFLOP/s" << std::setw(11) << "floor_us"
+            << std::setw(9) << "of_roof" << "\n";
+  DeviceRunner runner(*lib, dev->arch);
+  nlohmann::json rows = nlohmann::json::array();
+  int errors = 0;
+  for (const auto& c : cases) {
+    if (!lib->has_op(c.op)) continue;
+    const Op& op = *find_op(c.op);
+    Problem prob = op.make(c);
+    if (!prob.expect_refusal.empty()) continue;
+    if (prob.kernel.empty()) prob.kernel = op.name();
+    std::string err;
+    const double ms = runner.time(prob, a.warmup, a.iters, &err);
+    if (ms < 0) {
+      ++errors;
+      std::cout << std::left << std::setw(60) << c.id << "  error: " << err << "\n";
+      rows.push_back({{"id", c.id}, {"op", c.op}, {"error", err}});
+      continue;
+    }
+    const double s = ms / 1e3;
+    const double gbps = prob.bytes / s / 1e9, tflops = prob.flops / s / 1e12;
+    const double floor_s = std::max(copy_gbps > 0 ? prob.bytes / (copy_gbps * 1e9) : 0.0,
+                                    matrix_tflops > 0 ? prob.flops / (matrix_tflops * 1e12) : 0.0);
+    const double frac = s > 0 ? floor_s / s : 0;
+    std::cout << std::left << std::setw(60) << c.id << std::right << std::setw(11) << num(ms * 1e3)
+              << std::setw(10) << num(gbps) << std::setw(10) << num(tflops) << std::setw(11)
+              << num(floor_s * 1e6) << std::setw(8) << num(frac * 100, 3) << "%\n";
+    rows.push_back({{"id", c.id},
+                    {"op", c.op},
+                    {"params", c.params},
+                    {"time_ms", ms},
+                    {"bytes", prob.bytes},
+                    {"flops", prob.flops},
+                    {"gbps", gbps},
+                    {"tflops", tflops},
+                    {"roofline_floor_ms", floor_s * 1e3},
+                    {"roofline_fraction", frac}});
+  }
+  const nlohmann::json out = {{"attncheck_version", attncheck_version()},
+                              {"git_revision", git_revision(p.root)},
+                              {"device", dev->name},
+                              {"arch", dev->arch},
+                              {"kernels_library", lib->library()},
+                              {"started", utc_now_iso()},
+                              {"warmup", a.warmup},
+                              {"iters", a.iters},
+                              {"roofline", {{"copy_gbps", copy_gbps}, {"matrix_tflops", matrix_tflops}}},
+                              {"cases", rows}};
+  write_file_atomic(a.json, out.dump(2) + "\n");
+  std::cout << "\n" << rows.size() << " cases timed -> " << a.json << "\n";
+  return errors ? 1 : 0;
+}
+
+int cmd_report(const Paths& p, const std::vector<std::string>& args) {
+  const std::string python = "/usr/bin/python3";
+  if (::access(python.c_str(), X_OK) != 0) {
+    std::cerr << "attncheck: " << python
+              << " not found: the report needs Debian's python3 with python3-h5py, "
+                 "python3-numpy, python3-matplotlib, python3-jinja2 (ci/install-deps)\n";
+    return 2;
+  }
+  const std::string pkg = (fs::path(p.root) / "harness" / "report").string();
+  const char* old = std::getenv("PYTHONPATH");
+  const std::string pythonpath = pkg + (old && *old ? ":" + std::string(old) : "");
+  ::setenv("PYTHONPATH", pythonpath.c_str(), 1);
+  std::vector<std::string> argv_s = {python, "-m", "attncheck_report"};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& s : argv_s) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  std::cout << std::flush;
+  ::execv(python.c_str(), argv.data());
+  std::cerr << "attncheck: cannot run " << python << ": " << std::strerror(errno) << "\n";
+  return 2;
+}
+
+}  // namespace attncheck::cli

@@ -1,0 +1,81 @@
+// The attncheck subcommands (docs/cli.md). main.cpp parses arguments (CLI11) into these structs;
+// each command returns the process exit status: 0 success, 1 a case or check failed, 2 bad
+// arguments or inputs (unknown op, bad case file, missing library).
+#pragma once
+#include <string>
+#include <vector>
+
+namespace attncheck::cli {
+
+struct Paths {
+  std::string root;    // repository: cases/, golden/, harness/report
+  std::string cases;   // default <root>/cases
+  std::string golden;  // default <root>/golden
+  bool cases_given = false, golden_given = false;
+};
+
+struct ListArgs {
+  std::string tier = "all";
+  std::vector<std::string> ops;
+  std::string filter;
+  bool json = false;
+};
+
+struct RunArgs {
+  std::string tier = "smoke";
+  std::vector<std::string> ops;
+  std::string filter;
+  std::string kernels;  // default $ATTNCHECK_KERNELS
+  std::string arch;     // known-bug scope override
+  std::string shard = "0/1";
+  int repeat = 2;
+  int jobs = 1;
+  std::string out;
+  double timeout_s = 120;
+  bool in_process = false;
+};
+
+struct ReproArgs {
+  std::string id;
+  std::string kernels;
+  std::string arch;
+  std::string bundle;  // default repro/<id>.h5
+  int repeat = 2;
+  int worst = 10;
+};
+
+struct GoldenArgs {
+  std::vector<std::string> ops;
+  std::string against;
+  bool manifest_only = false;
+};
+
+struct BenchArgs {
+  std::string tier = "quick";
+  std::vector<std::string> ops;
+  std::string filter;
+  std::string kernels;
+  int warmup = 3;
+  int iters = 20;
+  std::string json = "bench.json";
+};
+
+struct WorkerArgs {
+  std::string kernels, arch, repro_dir, repro_extra;
+  int repeat = 2;
+};
+
+int cmd_list(const Paths& p, const ListArgs& a);
+int cmd_run(const Paths& p, const RunArgs& a);
+int cmd_repro(const Paths& p, const ReproArgs& a);
+int cmd_golden_generate(const Paths& p, const GoldenArgs& a);
+int cmd_golden_verify(const Paths& p, const GoldenArgs& a);
+int cmd_golden_diff(const Paths& p, const GoldenArgs& a);
+int cmd_bench(const Paths& p, const BenchArgs& a);
+int cmd_report(const Paths& p, const std::vector<std::string>& args);
+int cmd_worker(const Paths& p, const WorkerArgs& a);
+
+// " --cases X --golden Y" when they differ from the defaults, for repro lines.
+std::string path_flags(const Paths& p);
+
+}  // namespace attncheck::cli

@@ -1,0 +1,155 @@
+// attncheck: correctness harness for attention kernels (docs/cli.md).
+#include <CLI/CLI.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+
+#include "cli/commands.h"
+#include "run/provenance.h"
+
+namespace {
+
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : fallback;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace attncheck::cli;
+  CLI::App app{"attncheck: CPU reference vs kernels under test, over case matrices and goldens"};
+  app.require_subcommand(1);
+  app.fallthrough();
+  app.set_version_flag("--version", attncheck::attncheck_version());
+
+  Paths paths;
+  paths.root = attncheck::default_root();
+  app.add_option("--root", paths.root, "repository root (cases/, golden/, harness/report)")
+      ->envname("ATTNCHECK_ROOT");
+  auto* cases_opt = app.add_option("--cases", paths.cases, "case file directory [<root>/cases]");
+  auto* golden_opt = app.add_option("--golden", paths.golden, "golden directory [<root>/golden]");
+  const std::vector<std::string> tiers = {"smoke", "quick", "full", "all"};
+
+  ListArgs list;
+  auto* list_cmd = app.add_subcommand("list", "list case ids of a tier");
+  list_cmd->add_option("--tier", list.tier, "smoke, quick, full or all")
+      ->check(CLI::IsMember(tiers))
+      ->capture_default_str();
+  list_cmd->add_option("--op", list.ops, "only these ops (repeatable)");
+  list_cmd->add_option("--filter", list.filter, "regex searched in case ids");
+  list_cmd->add_flag("--json", list.json, "one JSON object per case");
+
+  RunArgs run;
+  run.kernels = env_or("ATTNCHECK_KERNELS", "");
+  auto* run_cmd = app.add_subcommand(
+      "run", "run cases: kernel vs reference/golden, or reference vs golden without a GPU");
+  run_cmd->add_option("--tier", run.tier, "smoke, quick, full or all")
+      ->check(CLI::IsMember(tiers))
+      ->capture_default_str();
+  run_cmd->add_option("--op", run.ops, "only these ops (repeatable)");
+  run_cmd->add_option("--filter", run.filter, "regex searched in case ids");
+  run_cmd->add_option("--kernels", run.kernels, "kernel library (.so) [$ATTNCHECK_KERNELS]");
+  run_cmd->add_option("--arch", run.arch, "arch for known-bug marks [the device's]");
+  run_cmd->add_option("--shard", run.shard, "i/n: run every n-th case from the i-th (0-based)")
+      ->capture_default_str();
+  run_cmd->add_option("--repeat", run.repeat,
+                      "launches per case (>=2: never-written elements, determinism)")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  run_cmd->add_option("--jobs", run.jobs, "worker processes")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  run_cmd->add_option("--out", run.out, "results directory (run.json, results.jsonl, junit.xml, repro/)");
+  run_cmd->add_option("--timeout", run.timeout_s, "seconds per case before it counts as hung")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  run_cmd->add_flag("--in-process", run.in_process,
+                    "no worker processes (for a debugger; a crash ends the run)");
+
+  ReproArgs repro;
+  repro.kernels = env_or("ATTNCHECK_KERNELS", "");
+  auto* repro_cmd = app.add_subcommand("repro", "one case, verbosely, with an HDF5 bundle");
+  repro_cmd->add_option("id", repro.id, "case id (see `attncheck list`)")->required();
+  repro_cmd->add_option("--kernels", repro.kernels, "kernel library (.so) [$ATTNCHECK_KERNELS]");
+  repro_cmd->add_option("--arch", repro.arch, "arch for known-bug marks [the device's]");
+  repro_cmd->add_option("--bundle", repro.bundle, "bundle path [repro/<id>.h5]");
+  repro_cmd->add_option("--repeat", repro.repeat, "launches")->check(CLI::Range(1, 1000));
+  repro_cmd->add_option("--worst", repro.worst, "worst elements shown per output")
+      ->check(CLI::Range(0, 10000));
+
+  GoldenArgs golden;
+  auto* golden_cmd = app.add_subcommand("golden", "generate, verify or diff the golden tensors");
+  golden_cmd->require_subcommand(1);
+  auto* gen_cmd = golden_cmd->add_subcommand("generate", "write golden/<op>.h5 and MANIFEST");
+  auto* verify_cmd = golden_cmd->add_subcommand("verify", "recompute and compare; check MANIFEST");
+  auto* diff_cmd = golden_cmd->add_subcommand("diff", "which cases would change, by how much");
+  for (auto* c : {gen_cmd, verify_cmd, diff_cmd})
+    c->add_option("--op", golden.ops, "only these ops (repeatable)");
+  verify_cmd->add_flag("--manifest-only", golden.manifest_only,
+                       "only MANIFEST against the files (sha256, size, nothing missing or extra)");
+  diff_cmd->add_option("--against", golden.against,
+                       "another golden directory (default: the recomputed reference)");
+
+  BenchArgs bench;
+  bench.kernels = env_or("ATTNCHECK_KERNELS", "");
+  auto* bench_cmd = app.add_subcommand("bench", "kernel time, GB/s, TFLOP/s against the roofline");
+  bench_cmd->add_option("--tier", bench.tier, "smoke, quick, full or all")
+      ->check(CLI::IsMember(tiers))
+      ->capture_default_str();
+  bench_cmd->add_option("--op", bench.ops, "only these ops (repeatable)");
+  bench_cmd->add_option("--filter", bench.filter, "regex searched in case ids");
+  bench_cmd->add_option("--kernels", bench.kernels, "kernel library (.so) [$ATTNCHECK_KERNELS]");
+  bench_cmd->add_option("--warmup", bench.warmup, "untimed launches")->check(CLI::Range(0, 10000));
+  bench_cmd->add_option("--iters", bench.iters, "timed launches")->check(CLI::Range(1, 100000));
+  bench_cmd->add_option("--json", bench.json, "output file")->capture_default_str();
+
+  std::vector<std::string> report_args;
+  auto* report_cmd = app.add_subcommand(
+      "report", "HTML + Markdown report: python3 -m attncheck_report RESULTS_DIR... [options]");
+  report_cmd->prefix_command()->allow_extras()->fallthrough(false);
+  report_cmd->set_help_flag();  // --help goes to the report tool
+
+  WorkerArgs worker;
+  auto* worker_cmd = app.add_subcommand("worker", "");  // internal: runs cases for `run`
+  worker_cmd->group("");
+  worker_cmd->add_option("--kernels", worker.kernels);
+  worker_cmd->add_option("--arch", worker.arch);
+  worker_cmd->add_option("--repeat", worker.repeat);
+  worker_cmd->add_option("--repro-dir", worker.repro_dir);
+  worker_cmd->add_option("--repro-extra", worker.repro_extra);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // "attncheck frobnicate": say which word was not understood, not only that a command is needed.
+    if (app.get_subcommands().empty() && !app.remaining().empty() &&
+        app.remaining().front().rfind("-", 0) != 0) {
+      std::cerr << "attncheck: unknown command '" << app.remaining().front()
+                << "' (commands: list, run, repro, golden, bench, report)\n";
+      return 2;
+    }
+    return app.exit(e);
+  }
+  paths.cases_given = cases_opt->count() > 0;
+  paths.golden_given = golden_opt->count() > 0;
+  if (!paths.cases_given) paths.cases = (std::filesystem::path(paths.root) / "cases").string();
+  if (!paths.golden_given) paths.golden = (std::filesystem::path(paths.root) / "golden").string();
+
+  try {
+    if (*list_cmd) return cmd_list(paths, list);
+    if (*run_cmd) return cmd_run(paths, run);
+    if (*repro_cmd) return cmd_repro(paths, repro);
+    if (*gen_cmd) return cmd_golden_generate(paths, golden);
+    if (*verify_cmd) return cmd_golden_verify(paths, golden);
+    if (*diff_cmd) return cmd_golden_diff(paths, golden);
+    if (*bench_cmd) return cmd_bench(paths, bench);
+    if (*report_cmd) return cmd_report(paths, report_cmd->remaining());
+    if (*worker_cmd) return cmd_worker(paths, worker);
+  } catch (const std::exception& e) {
+    std::cerr << "attncheck: " << e.what() << "\n";
+    return 2;
+  }
+  return 2;
+}

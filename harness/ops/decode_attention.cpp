@@ -1,0 +1,238 @@
+// decode_attention: vLLM's Triton grouped split-KV decode attention
+// (spec/mla_decode_and_kv_gather.md §B): one query token per request over a paged cache,
+// MHA/GQA/MQA/MLA, fp8 KV with per-tensor scales, logit soft-cap, any split count. What it guards
+// against: tiles sized from Lk while the MLA path reuses the K tile as V (320/256, vLLM #40966),
+// split bounds that drop or repeat tokens (more splits than tokens), page tables read past a
+// request's pages or through the wrong stride, caches whose page stride is not P * token stride
+// (cross-layer views), heads mapped to the wrong KV head, fp8 scales applied twice or not at all,
+// and writes outside o / lse.
+#include <cmath>
+#include <stdexcept>
+
+#include "core/numeric.h"
+#include "core/policy.h"
+#include "core/rng.h"
+#include "ops/op.h"
+#include "ops/paged.h"
+#include "reference/decode_attention.h"
+
+namespace attncheck {
+namespace {
+
+std::pair<int64_t, int64_t> parse_dims(const std::string& s) {
+  const auto x = s.find('x');
+  if (x == std::string::npos) throw std::invalid_argument("lk_lv must look like 576x512: " + s);
+  return {std::stoll(s.substr(0, x)), std::stoll(s.substr(x + 1))};
+}
+
+double to_f32(double v) {
+  return static_cast<double>(static_cast<float>(v));
+}
+
+// Why the kernel must refuse this configuration ("" when valid).
+std::string invalid_reason(int64_t hq, int64_t hkv, int64_t lk, int64_t lv, bool is_mla) {
+  if (hkv < 1 || hq % hkv != 0)
+    return "heads " + std::to_string(hq) + " is not a multiple of kv_heads " + std::to_string(hkv);
+  if (is_mla && lv >= lk)
+    return "is_mla needs Lv < Lk (V is the latent prefix of K), got " + std::to_string(lk) + "/" +
+           std::to_string(lv);
+  return "";
+}
+
+ref::DecodeAttentionInputs inputs_of(const Problem& p) {
+  ref::DecodeAttentionInputs in;
+  in.q = p.arg("q");
+  in.k_buffer = p.arg("k_buffer");
+  in.v_buffer = p.arg("v_buffer");
+  in.req_to_token = p.arg("req_to_token");
+  in.seq_lens = p.arg("b_seq_len");
+  const auto& kp = p.kernel_params;
+  in.sm_scale = kp.at("sm_scale").get<double>();
+  in.logit_cap = kp.at("logit_cap").get<double>();
+  in.k_scale = kp.at("k_scale").get<double>();
+  in.v_scale = kp.at("v_scale").get<double>();
+  return in;
+}
+
+class DecodeAttentionOp final : public Op {
+ public:
+  std::string name() const override { return "decode_attention"; }
+  std::vector<Axis> axes() const override {
+    return {
+        {"lk_lv",
+         "d",
+         "576x512",
+         {"576x512", "576x128", "320x256", "288x256", "192x128", "128x128"},
+         "QK head dim x V head dim (spec §B.6)"},
+        {"is_mla", "mla", true, {}, "V is the first Lv dims of K (same storage); needs Lv < Lk"},
+        {"heads", "h", 16, {}, "query heads Hq"},
+        {"kv_heads", "hkv", 1, {}, "KV heads Hkv (kv_group_num = Hq / Hkv; 1 = MHA kernel)"},
+        {"page_size", "p", 16, {1, 16, 64}, "tokens per page; 1 uses a 3-D cache + token table"},
+        {"splits", "sp", 4, {}, "num_kv_splits (may exceed the tokens of a request)"},
+        {"logit_cap", "cap", 0, {}, "soft-cap cap * tanh(s / cap); 0 = off"},
+        {"dtype", "", "bf16", {"bf16", "f16"}, "q and o dtype"},
+        {"kv_dtype", "kv", "same", {"same", "e4m3fn", "e4m3fnuz"}, "cache dtype; fp8 has scales"},
+        {"batch", "b", 4, {}, "requests; lengths 1, 1, P-1, P, P+1, 2P+1 first, the last max_ctx"},
+        {"max_ctx", "ctx", 70, {}, "longest request"},
+        {"layout",
+         "",
+         "contiguous",
+         {"contiguous", "strided", "cross_layer"},
+         "strided: q, o, lse and the page table are padded views; cross_layer: pages of two "
+         "layers interleave (page stride 2 P Hkv D') and head rows are padded"},
+        {"seed", "s", 0, {}, "input seed"},
+    };
+  }
+
+  Problem make(const Case& c) const override {
+    const auto& p = c.params;
+    const auto [lk, lv] = parse_dims(param_str(p, "lk_lv"));
+    const bool mla = param_bool(p, "is_mla");
+    const int64_t hq = param_int(p, "heads"), hkv = param_int(p, "kv_heads");
+    const int64_t P = param_int(p, "page_size"), S = param_int(p, "splits");
+    const int64_t cap = param_int(p, "logit_cap"), B = param_int(p, "batch");
+    const int64_t seed = param_int(p, "seed");
+    const std::string layout = param_str(p, "layout"), kv = param_str(p, "kv_dtype");
+    if (S < 1 || hq < 1 || hkv < 1 || cap < 0 || B < 1)
+      throw std::invalid_argument(
+          "decode_attention: splits, heads, kv_heads, batch must be >= 1 "
+          "and logit_cap >= 0");
+    const DType qt = param_dtype(p, "dtype");
+    const DType kt = kv == "same" ? qt : kv == "e4m3fn" ? DType::e4m3fn : DType::e4m3fnuz;
+    const bool fp8 = is_fp8(kt);
+    const auto u64 = static_cast<uint64_t>(seed);
+
+    Problem prob;
+    prob.expect_refusal = invalid_reason(hq, hkv, lk, lv, mla);
+    const auto pl = paged_layout(c.id, B, param_int(p, "max_ctx"), P, layout == "strided", seed,
+                                 /*min_len=*/1);  // L = 0 is undefined upstream (0 / 0)
+    const int64_t pages = pl.num_blocks;
+
+    // q: N(0, 1); with a soft-cap, scores reach the cap's non-linear range.
+    Tensor q;
+    if (layout == "strided") {
+      q = Tensor::full(qt, {B, hq, lk + 48}, 3.0).slice(2, 16, 16 + lk);
+    } else {
+      q = Tensor::empty(qt, {B, hq, lk});
+    }
+    fill_normal(q, Rng(c.id, "q", u64), 0.0, cap > 0 ? 4.0 : 1.0);
+
+    // Caches: every byte random (spare pages and the other layer too), so a read of the wrong
+    // page, layer or head shows. fp8 codes span the format like a per-tensor amax scale does.
+    const double kv_std = fp8 ? max_finite(kt) / 5 : 1.0;
+    auto cache = [&](const char* name, int64_t D) {
+      Shape shape = P == 1 ? Shape{pages, hkv, D} : Shape{pages, P, hkv, D};
+      if (layout != "cross_layer") {
+        Tensor t = Tensor::empty(kt, shape);
+        fill_normal(t, Rng(c.id, name, u64), 0.0, kv_std);
+        return t;
+      }
+      Shape wide = shape;
+      wide.back() = D + 16;
+      wide.insert(wide.begin() + 1, 2);
+      Tensor storage = Tensor::empty(kt, wide);
+      fill_normal(storage, Rng(c.id, name, u64), 0.0, kv_std);
+      return storage.select(1, 1).slice(-1, 0, D);
+    };
+    const Tensor k = cache("k_buffer", lk);
+    const Tensor v = mla ? k.slice(-1, 0, std::min(lv, lk)) : cache("v_buffer", lv);
+    const double k_scale = fp8 ? to_f32(1.1 / kv_std) : 1.0;
+    const double v_scale = fp8 ? (mla ? k_scale : to_f32(0.9 / kv_std)) : 1.0;
+
+    // Outputs: NaN everywhere in their storages; the gaps of strided views must stay NaN.
+    Tensor o, lse;
+    if (layout == "strided") {
+      o = Tensor::empty(qt, {B, hq + 2, lv + 24}).slice(1, 1, 1 + hq).slice(2, 8, 8 + lv);
+      lse = Tensor::empty(DType::f32, {B, hq + 5}).slice(1, 2, 2 + hq);
+    } else {
+      o = Tensor::empty(qt, {B, hq, lv});
+      lse = Tensor::empty(DType::f32, {B, hq});
+    }
+    poison(o);
+    poison(lse);
+
+    prob.args = {{"q", q, Role::input},
+                 {"k_buffer", k, Role::input},
+                 {"v_buffer", v, Role::input},
+                 {"req_to_token", pl.block_table, Role::input},
+                 {"b_seq_len", pl.seq_lens, Role::input},
+                 {"o", o, Role::output},
+                 {"lse", lse, Role::output}};
+    prob.kernel_params = {
+        {"num_kv_splits", S}, {"sm_scale", to_f32(1.0 / std::sqrt(static_cast<double>(lk)))},
+        {"page_size", P},     {"logit_cap", static_cast<double>(cap)},
+        {"k_scale", k_scale}, {"v_scale", v_scale},
+        {"is_mla", mla}};
+    if (fp8) prob.kernel_params["fp8_format"] = kv;
+    int64_t tokens = 0;
+    for (int64_t b = 0; b < B; ++b) tokens += pl.seq_lens.at<int32_t>({b});
+    const auto kv_row = static_cast<double>(hkv * (lk + (mla ? 0 : lv)) * dtype_size(kt));
+    prob.flops = 2.0 * static_cast<double>(tokens * hq * (lk + lv));
+    prob.bytes = static_cast<double>(tokens) * kv_row +
+                 static_cast<double>(B * hq * (lk + lv) * dtype_size(qt));
+    return prob;
+  }
+
+  TensorMap reference(const Problem& p) const override {
+    const Tensor &q = p.arg("q"), &k = p.arg("k_buffer"), &v = p.arg("v_buffer");
+    const std::string why = invalid_reason(q.size(1), k.size(-2), q.size(2), v.size(-1),
+                                           p.kernel_params.at("is_mla").get<bool>());
+    if (!why.empty()) throw InvalidConfig(why);
+    auto r = ref::decode_attention(inputs_of(p));
+    return {{"o", r.o}, {"lse", r.lse}};
+  }
+
+  // Error model (docs/ops/decode_attention.md): per (request, head), with u = 2^-24 (fp32),
+  // A = max_n sum_i |q_i k_ni| * sm_scale * k_scale, W1 = max_j sum_n w_n |v_nj|, L tokens, S
+  // splits. Score error ds = gamma_Lk A + 2uA (+ 12u cap). Every softmax weight (through p, l,
+  // the split lse and the merge) has relative error eta = 4 (2 ds + (2A + 2) u) + (2L + 2S + 16) u.
+  // The grouped kernel casts p to the q dtype before P.V: u_p W1. The output is rounded once.
+  std::vector<OutputCheck> checks(const Problem& p, const TensorMap& expected) const override {
+    const auto in = inputs_of(p);
+    const auto terms = ref::decode_error_terms(in);
+    const DType qt = p.arg("q").dtype();
+    const int64_t lk = in.q.size(2), hq = in.q.size(1), hkv = in.k_buffer.size(-2);
+    const int64_t S = p.kernel_params.at("num_kv_splits").get<int64_t>();
+    const double u = unit_roundoff(DType::f32);
+    const double up = hq / hkv > 1 ? unit_roundoff(qt) : 0.0;  // the MHA kernel keeps p in fp32
+    const double gamma_lk = gamma_n(lk, u);                    // T3: worst case for head-dim sums
+    double worst_o = 0, worst_lse = 0, worst_a = 0, worst_w1 = 0;
+    for (int64_t b = 0; b < in.q.size(0); ++b) {
+      const auto L = static_cast<double>(in.seq_lens.at<int32_t>({b}));
+      for (int64_t h = 0; h < hq; ++h) {
+        const double A = terms.score_abs.get({b, h}), W1 = terms.weighted_abs_v.get({b, h});
+        const double ds = gamma_lk * A + 2 * u * A + 12 * u * in.logit_cap;
+        const double ep = 2 * ds + (2 * A + 2) * u;
+        const double eta = 4 * ep + (2 * L + 2 * static_cast<double>(S) + 16) * u;
+        // p below the q dtype's normal range rounds with absolute error (f16: 2^-25); l >= 1.
+        const double sub =
+            up > 0 ? L * subnormal_half_spacing(qt) * terms.v_abs_max.get({b, h}) : 0;
+        worst_o = std::max(worst_o, W1 * (up + eta) + sub);
+        worst_lse = std::max(worst_lse, ds + ep + (L + 2 * static_cast<double>(S) + 8) * u);
+        worst_a = std::max(worst_a, A);
+        worst_w1 = std::max(worst_w1, W1);
+      }
+    }
+    (void)expected;
+    const std::string data = "A = max sum|q k| sm_scale k_scale = " + format_number(worst_a) +
+                             ", W1 = max sum_n w_n |v_n| = " + format_number(worst_w1);
+    const Budget o = BudgetBuilder("o")
+                         .output_rounding(qt)
+                         .absolute((1 + unit_roundoff(qt)) * worst_o,
+                                   "W1 (u_p " + format_number(up) +
+                                       " p cast + eta softmax-weight error: fp32 q.k over Lk " +
+                                       "(worst-case gamma), exp, sums over L and S) + L h_sub " +
+                                       "max|v| (subnormal p); " + data)
+                         .build();
+    const Budget l = BudgetBuilder("lse")
+                         .relative((static_cast<double>(S) + 2) * u, "fp32 merge steps and store")
+                         .absolute(worst_lse, "score error + relative error of sum exp; " + data)
+                         .build();
+    return {{"o", o, {}, {}}, {"lse", l, {}, {}}};
+  }
+};
+
+const OpRegistrar kRegister(std::make_unique<DecodeAttentionOp>());
+
+}  // namespace
+}  // namespace attncheck

@@ -1,0 +1,384 @@
+// Indexer ops, part 1 (spec/indexer.md §2, §3, §1.3): the K quantize + paged cache write, the
+// prefill gather and the q quantizer; plus the input generators every indexer op shares.
+// Part 2 (logits, top-k) is indexer_scores.cpp.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/numeric.h"
+#include "core/rng.h"
+#include "ops/indexer_inputs.h"
+#include "reference/page_indices.h"
+
+namespace attncheck::indexer_ops {
+
+Axis fp8_axis() {
+  return {"fp8", "", "e4m3fn", {"e4m3fn", "e4m3fnuz"}, "fp8 format of q and the K cache"};
+}
+Axis quant_max_axis() {
+  return {"quant_max",
+          "m",
+          "vllm",
+          {"vllm", "aiter"},
+          "amax divisor on e4m3fnuz: vllm 224, aiter 240 (e4m3fn: 448 either way)"};
+}
+DType fp8_of(const Params& p) {
+  return param_str(p, "fp8") == "e4m3fnuz" ? DType::e4m3fnuz : DType::e4m3fn;
+}
+float quant_max_of(const Params& p) {
+  const bool aiter = p.contains("quant_max") && param_str(p, "quant_max") == "aiter";
+  return ix::quant_max(fp8_of(p), aiter ? ix::QuantMaxVariant::aiter : ix::QuantMaxVariant::vllm);
+}
+std::string block_size_problem(int64_t bs) {
+  if (bs == 1 || (bs > 1 && bs % ix::kTile == 0)) return "";
+  return "block size " + std::to_string(bs) +
+         " is neither 1 (NORMAL) nor a multiple of 16 (SHUFFLE)";
+}
+
+Tensor i32_tensor(const std::vector<int64_t>& v) {
+  Tensor t = Tensor::empty(DType::i32, {static_cast<int64_t>(v.size())});
+  for (size_t i = 0; i < v.size(); ++i)
+    t.at<int32_t>({static_cast<int64_t>(i)}) = static_cast<int32_t>(v[i]);
+  return t;
+}
+
+int64_t padded_stride(int64_t width) {
+  return (width + 15) / 16 * 16 + 16;
+}
+Tensor padded_rows(DType dtype, const Shape& shape, int64_t row_stride) {
+  Shape full = shape;
+  full.back() = row_stride;
+  return Tensor::empty(dtype, full).slice(static_cast<int64_t>(shape.size()) - 1, 0, shape.back());
+}
+
+void fill_quant_rows(const Tensor& rows, const std::string& case_id, const std::string& name,
+                     int64_t seed, float qmax) {
+  const auto s = static_cast<uint64_t>(seed);
+  fill_normal(rows, Rng(case_id, name, s));
+  Rng rng(case_id, name + "/rows", s);
+  const int64_t R = rows.size(0), D = rows.size(1);
+  for (int64_t r = 0; r < R; ++r) {
+    const int e = static_cast<int>(rng.uniform_int(-12, 4));
+    const double sign = rng.uniform() < 0.5 ? -1.0 : 1.0;
+    const int64_t at = rng.uniform_int(0, D - 1);
+    switch (r % 16) {
+      case 0:  // all zero: the amax floor decides the scale
+        for (int64_t d = 0; d < D; ++d) rows.set({r, d}, 0.0);
+        break;
+      case 1:  // peak exactly M * 2^e: scale 2^e, the peak encodes to the largest code used
+      case 2:  // the next bf16 above: the scale doubles
+        for (int64_t d = 0; d < D; ++d) rows.set({r, d}, rows.get({r, d}) * std::ldexp(1.0, e));
+        rows.set({r, at}, sign * std::ldexp(static_cast<double>(qmax), e));
+        if (r % 16 == 2)
+          rows.set_bits(Index{r, at}, rows.get_bits(Index{r, at}) + 1);  // magnitude up one ulp
+        break;
+      case 3:  // a sweep over 2^-21 .. 1 of the peak: fp8 subnormals and values that flush to 0
+        for (int64_t d = 0; d < D; ++d)
+          rows.set({r, d}, (d % 2 ? -1.0 : 1.0) * std::ldexp(1.0, e - static_cast<int>(d % 22)));
+        break;
+      default:  // ordinary rows at magnitudes 2^-12 .. 2^12
+        for (int64_t d = 0; d < D; ++d)
+          rows.set({r, d}, rows.get({r, d}) * std::ldexp(1.0, static_cast<int>(3 * e / 2)));
+    }
+  }
+}
+
+Tensor paged_cache(const std::string& case_id, const PagedLayout& layout, int64_t bs, int64_t pad,
+                   DType fp8, int64_t seed) {
+  const int64_t stride = bs * ix::kTokenBytes + pad, blocks = layout.num_blocks;
+  Tensor storage = Tensor::empty(DType::u8, {blocks * stride});
+  fill_uniform_int(storage, Rng(case_id, "kv_cache/stale", static_cast<uint64_t>(seed)), 0, 255);
+  Tensor cache = storage.as_strided({blocks, bs, ix::kTokenBytes}, {stride, ix::kTokenBytes, 1}, 0);
+  if (!block_size_problem(bs).empty()) return cache;
+  std::vector<int64_t> slots;
+  for (int64_t r = 0; r < layout.seq_lens.size(0); ++r)
+    for (int64_t p = 0; p < layout.seq_lens.at<int32_t>({r}); ++p)
+      slots.push_back(int64_t{layout.block_table.at<int32_t>({r, p / bs})} * bs + p % bs);
+  const auto T = static_cast<int64_t>(slots.size());
+  Tensor slot = Tensor::empty(DType::i64, {T});
+  for (int64_t i = 0; i < T; ++i) slot.at<int64_t>({i}) = slots[static_cast<size_t>(i)];
+  Tensor k = Tensor::empty(DType::bf16, {T, ix::kHeadDim});
+  const float qmax = ix::quant_max(fp8, ix::QuantMaxVariant::vllm);
+  fill_quant_rows(k, case_id, "k", seed, qmax);
+  return ix::write_k_cache(cache, k, slot, ix::layout_for_block_size(bs), fp8, qmax);
+}
+
+PrefillWindows prefill_windows(const std::string& case_id, int64_t batch, int64_t max_ctx,
+                               int64_t qlen, const std::string& mask, int64_t seed) {
+  if (batch < 1 || max_ctx < 1 || qlen < 1)
+    throw std::invalid_argument("prefill windows need batch, max_ctx, qlen >= 1");
+  Rng rng(case_id, "prefill_windows", static_cast<uint64_t>(seed));
+  std::vector<int64_t> len(batch), q(batch);
+  PrefillWindows w;
+  for (int64_t r = 0; r < batch; ++r) {
+    len[r] = r + 1 == batch ? max_ctx : rng.uniform_int(1, max_ctx);
+    q[r] = std::min(qlen, len[r]);
+    w.N += len[r];
+    w.M += q[r];
+  }
+  std::vector<int64_t> ks, ke;
+  int64_t cu = 0;
+  for (int64_t r = 0; r < batch; ++r) {
+    for (int64_t i = 0; i < q[r]; ++i) {
+      if (mask == "causal") {
+        ks.push_back(cu);
+        ke.push_back(cu + len[r] - q[r] + 1 + i);
+      } else {
+        const auto row = static_cast<int64_t>(ks.size());
+        int64_t a = rng.uniform_int(0, w.N), b = rng.uniform_int(0, w.N);
+        if (row == 0) a = 0, b = w.N;  // the full range
+        if (row == 1) b = a;           // empty
+        ks.push_back(std::min(a, b));
+        ke.push_back(std::max(a, b));
+      }
+    }
+    cu += len[r];
+  }
+  if (mask != "causal" && mask != "random")
+    throw std::invalid_argument("mask must be causal or random, got " + mask);
+  w.ks = i32_tensor(ks);
+  w.ke = i32_tensor(ke);
+  return w;
+}
+
+double key_factor(const Tensor& k_fp8, const Tensor& k_scale) {
+  double best = 0;
+  for (int64_t j = 0; j < k_fp8.size(0); ++j) {
+    double m = 0;
+    for (int64_t d = 0; d < ix::kHeadDim; ++d) m = std::max(m, std::fabs(k_fp8.get({j, d})));
+    best = std::max(best, m * k_scale.get({j}));
+  }
+  return best;
+}
+
+Budget logits_budget(const Tensor& q, const Tensor& weights, double max_key_factor) {
+  const int64_t H = q.size(-2), rows = weights.size(0);
+  const Tensor qr = q.reshape({rows, H, ix::kHeadDim});
+  double max_row = 0;
+  for (int64_t i = 0; i < rows; ++i) {
+    double r = 0;
+    for (int64_t h = 0; h < H; ++h) {
+      double l1 = 0;
+      for (int64_t d = 0; d < ix::kHeadDim; ++d) l1 += std::fabs(qr.get({i, h, d}));
+      r += std::fabs(weights.get({i, h})) * l1;
+    }
+    max_row = std::max(max_row, r);
+  }
+  const double u = unit_roundoff(DType::f32);
+  const double eps = static_cast<double>(2 * ix::kHeadDim + H + 2) * u;
+  Budget b;
+  b.atol = eps * max_row * max_key_factor;
+  b.rtol = 2 * u;
+  b.why =
+      "fp32 logits: q.k of 128 exact fp8 products accumulated in fp32 (2u per add, any "
+      "order), weight product and " +
+      std::to_string(H) +
+      "-head sum (u each): atol = (2*128 + H + 2) u * max_i sum_h |w| sum_d |q| * max_j "
+      "k_scale max_d |k|; rtol 2u for the fp32 output; -inf outside the window exactly";
+  return b;
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// indexer_k_cache: per-token K quantization + paged cache write (spec §2).
+class IndexerKCacheOp final : public Op {
+ public:
+  std::string name() const override { return "indexer_k_cache"; }
+  std::vector<Axis> axes() const override {
+    return {
+        {"block_size", "bs", 64, {}, "cache block size: 1 (NORMAL) or a multiple of 16 (SHUFFLE)"},
+        {"tokens", "t", 40, {}, "slot_mapping entries (k has 3 more rows)"},
+        fp8_axis(),
+        quant_max_axis(),
+        {"pad", "pad", 0, {}, "bytes of padding after each page (page stride BS*132 + pad)"},
+        {"k_stride",
+         "ks",
+         128,
+         {},
+         "row stride of k in elements (192: k inside the fused wk|weights output)"},
+        {"seed", "s", 0, {}, "input seed"}};
+  }
+
+  Problem make(const Case& c) const override {
+    const int64_t bs = param_int(c.params, "block_size"), T = param_int(c.params, "tokens");
+    const int64_t pad = param_int(c.params, "pad"), k_stride = param_int(c.params, "k_stride");
+    const int64_t seed = param_int(c.params, "seed");
+    if (bs < 1 || T < 1 || pad < 0 || k_stride < ix::kHeadDim)
+      throw std::invalid_argument(c.id + ": block_size, tokens >= 1, pad >= 0, k_stride >= 128");
+    Problem p;
+    p.expect_refusal = block_size_problem(bs);
+    if (pad % 4)
+      p.expect_refusal = "page stride " + std::to_string(bs * ix::kTokenBytes + pad) +
+                         " is not a multiple of 4 (fp32 scales would be misaligned)";
+    // Half the pages are mapped, in a random order; the others must keep their 0xFF sentinels.
+    const int64_t pages = (T + bs - 1) / bs, blocks = 2 * pages + 2;
+    Rng rng(c.id, "slots", static_cast<uint64_t>(seed));
+    const auto page_ids = permutation(blocks, rng);
+    auto order = permutation(T, rng);
+    Tensor slot = Tensor::empty(DType::i64, {T});
+    for (int64_t i = 0; i < T; ++i) {
+      const int64_t j = order[static_cast<size_t>(i)];  // tokens arrive in a shuffled slot order
+      const bool skipped = rng.uniform() < 0.15;        // padding tokens: slot -1
+      slot.at<int64_t>({i}) = skipped ? -1 : page_ids[static_cast<size_t>(j / bs)] * bs + j % bs;
+    }
+    Tensor k_storage = Tensor::empty(DType::bf16, {T + 3, k_stride});
+    fill_normal(k_storage, Rng(c.id, "k_storage", static_cast<uint64_t>(seed)));
+    Tensor k = k_storage.slice(1, 0, ix::kHeadDim);
+    fill_quant_rows(k, c.id, "k", seed, quant_max_of(c.params));
+    const int64_t stride = bs * ix::kTokenBytes + pad;
+    Tensor cache = Tensor::filled_bytes(DType::u8, {blocks * stride}, std::byte{0xFF})
+                       .as_strided({blocks, bs, ix::kTokenBytes}, {stride, ix::kTokenBytes, 1}, 0);
+    p.args = {{"k", k, Role::input},
+              {"slot_mapping", slot, Role::input},
+              {"kv_cache", cache, Role::inout}};
+    p.kernel_params = {{"fp8_format", param_str(c.params, "fp8")},
+                       {"quant_max", static_cast<double>(quant_max_of(c.params))}};
+    p.bytes = static_cast<double>(T) * (2 * ix::kHeadDim + ix::kTokenBytes);
+    return p;
+  }
+
+  TensorMap reference(const Problem& p) const override {
+    if (!p.expect_refusal.empty()) throw InvalidConfig(p.expect_refusal);
+    const Tensor& cache = p.arg("kv_cache");
+    const DType fp8 = *parse_dtype(p.kernel_params.at("fp8_format").get<std::string>());
+    const auto qmax = static_cast<float>(p.kernel_params.at("quant_max").get<double>());
+    return {{"kv_cache", ix::write_k_cache(cache, p.arg("k"), p.arg("slot_mapping"),
+                                           ix::layout_for_block_size(cache.size(1)), fp8, qmax)}};
+  }
+
+  std::vector<OutputCheck> checks(const Problem&, const TensorMap&) const override {
+    Budget b;
+    b.kind = Budget::Kind::exact;
+    b.why =
+        "cache bytes compared bitwise over every page, unmapped 0xFF pages included (fp32 "
+        "amax, exact power-of-two ue8m0 scale, RNE fp8: deterministic)";
+    return {{"kv_cache", b, {}, {}}};
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// indexer_gather: paged cache -> contiguous k_fp8 + k_scale for prefill (spec §3).
+class IndexerGatherOp final : public Op {
+ public:
+  std::string name() const override { return "indexer_gather"; }
+  std::vector<Axis> axes() const override {
+    return {{"block_size", "bs", 64, {}, "cache block size"},
+            {"batch", "b", 4, {}, "requests"},
+            {"max_ctx", "ctx", 300, {}, "longest request; ragged lengths with block-edge cases"},
+            fp8_axis(),
+            {"pad", "pad", 0, {}, "bytes of padding after each page"},
+            {"table", "", "contiguous", {"contiguous", "strided"}, "strided: table row stride > W"},
+            {"seed", "s", 0, {}, "input seed"}};
+  }
+
+  Problem make(const Case& c) const override {
+    const int64_t bs = param_int(c.params, "block_size"), pad = param_int(c.params, "pad");
+    const int64_t seed = param_int(c.params, "seed");
+    if (bs < 1 || pad < 0) throw std::invalid_argument(c.id + ": block_size >= 1, pad >= 0");
+    const auto layout =
+        paged_layout(c.id, param_int(c.params, "batch"), param_int(c.params, "max_ctx"), bs,
+                     param_str(c.params, "table") == "strided", seed);
+    Problem p;
+    p.expect_refusal = block_size_problem(bs);
+    if (pad % 4) p.expect_refusal = "page stride is not a multiple of 4";
+    const Tensor cu = ref::cumulative_lengths(layout.seq_lens);
+    const int64_t N = cu.at<int32_t>({cu.size(0) - 1});
+    // Outputs sit at the front of longer poisoned buffers: rows past N must stay untouched.
+    Tensor values = Tensor::empty(fp8_of(c.params), {N + 2, ix::kHeadDim});
+    Tensor scales = Tensor::empty(DType::f32, {N + 2});
+    poison(values);
+    poison(scales);
+    p.args = {{"kv_cache", paged_cache(c.id, layout, bs, pad, fp8_of(c.params), seed), Role::input},
+              {"block_table", layout.block_table, Role::input},
+              {"cu_seq_lens", cu, Role::input},
+              {"k_fp8", values.slice(0, 0, N), Role::output},
+              {"k_scale", scales.slice(0, 0, N), Role::output}};
+    p.bytes = static_cast<double>(N) * 2 * ix::kTokenBytes;
+    return p;
+  }
+
+  TensorMap reference(const Problem& p) const override {
+    if (!p.expect_refusal.empty()) throw InvalidConfig(p.expect_refusal);
+    const Tensor& cache = p.arg("kv_cache");
+    const int64_t bs = cache.size(1);
+    const auto g =
+        ix::gather_k_cache({cache, bs, ix::layout_for_block_size(bs)}, p.arg("block_table"),
+                           p.arg("cu_seq_lens"), p.arg("k_fp8").dtype());
+    return {{"k_fp8", g.values}, {"k_scale", g.scales}};
+  }
+
+  std::vector<OutputCheck> checks(const Problem&, const TensorMap&) const override {
+    Budget b;
+    b.kind = Budget::Kind::exact;
+    b.why = "gather copies cache bytes: bitwise";
+    return {{"k_fp8", b, {}, {}}, {"k_scale", b, {}, {}}};
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// indexer_q_quant: per (token, head) fp8 quantization of q and the head weights (spec §1.3).
+class IndexerQQuantOp final : public Op {
+ public:
+  std::string name() const override { return "indexer_q_quant"; }
+  std::vector<Axis> axes() const override {
+    return {
+        {"tokens", "t", 16, {}, "tokens"},
+        {"heads", "h", 64, {}, "index heads (64 DSv3.2, 32 GLM-5, fewer per rank when sharded)"},
+        fp8_axis(),
+        quant_max_axis(),
+        {"seed", "s", 0, {}, "input seed"}};
+  }
+
+  Problem make(const Case& c) const override {
+    const int64_t T = param_int(c.params, "tokens"), H = param_int(c.params, "heads");
+    const int64_t seed = param_int(c.params, "seed");
+    if (T < 1 || H < 1) throw std::invalid_argument(c.id + ": tokens and heads must be >= 1");
+    const DType fp8 = fp8_of(c.params);
+    Tensor q = Tensor::empty(DType::bf16, {T, H, ix::kHeadDim});
+    fill_quant_rows(q.reshape({T * H, ix::kHeadDim}), c.id, "q", seed, quant_max_of(c.params));
+    // weights_raw is the tail of the fused wk|weights_proj GEMM output [T, 128 + H].
+    Tensor kw = Tensor::empty(DType::bf16, {T, ix::kHeadDim + H});
+    fill_normal(kw, Rng(c.id, "kw", static_cast<uint64_t>(seed)));
+    Tensor q_fp8 = Tensor::empty(fp8, {T, H, ix::kHeadDim});
+    Tensor q_scale = Tensor::empty(DType::f32, {T, H});
+    Tensor weights = Tensor::empty(DType::f32, {T, H});
+    for (const Tensor* t : {&q_fp8, &q_scale, &weights}) poison(*t);
+    Problem p;
+    p.args = {{"q", q, Role::input},
+              {"weights_raw", kw.slice(1, ix::kHeadDim, ix::kHeadDim + H), Role::input},
+              {"q_fp8", q_fp8, Role::output},
+              {"q_scale", q_scale, Role::output},
+              {"weights", weights, Role::output}};
+    p.kernel_params = {{"fp8_format", param_str(c.params, "fp8")},
+                       {"quant_max", static_cast<double>(quant_max_of(c.params))}};
+    p.bytes = static_cast<double>(T * H) * (3 * ix::kHeadDim + 10);
+    return p;
+  }
+
+  TensorMap reference(const Problem& p) const override {
+    const DType fp8 = p.arg("q_fp8").dtype();
+    const auto qmax = static_cast<float>(p.kernel_params.at("quant_max").get<double>());
+    const auto q = ix::quantize_q(p.arg("q"), p.arg("weights_raw"), fp8, qmax);
+    return {{"q_fp8", q.q_fp8}, {"q_scale", q.q_scale}, {"weights", q.weights}};
+  }
+
+  std::vector<OutputCheck> checks(const Problem&, const TensorMap&) const override {
+    Budget exact;
+    exact.kind = Budget::Kind::exact;
+    exact.why = "quantization is deterministic (fp32 amax, power-of-two scale, RNE): bitwise";
+    Budget w;
+    w.rtol = 3 * unit_roundoff(DType::f32);
+    w.why =
+        "weights = raw * q_scale * 128^-0.5 * H^-0.5: three fp32 products (vLLM order); a "
+        "kernel folding the constants may round differently: rtol 3u";
+    return {{"q_fp8", exact, {}, {}}, {"q_scale", exact, {}, {}}, {"weights", w, {}, {}}};
+  }
+};
+
+const OpRegistrar kRegisterKCache(std::make_unique<IndexerKCacheOp>());
+const OpRegistrar kRegisterGather(std::make_unique<IndexerGatherOp>());
+const OpRegistrar kRegisterQQuant(std::make_unique<IndexerQQuantOp>());
+
+}  // namespace
+}  // namespace attncheck::indexer_ops

@@ -1,0 +1,163 @@
+// kv_gather: cp_mha_gather_cache (spec/mla_decode_and_kv_gather.md §C.3). Exact op: bitwise.
+// What it guards against: kernels that assume contiguous caches (the hybrid attention+Mamba
+// [K0][V0][K1][V1]... re-striding gives a block stride of 2H, #35925 -> #37228), hard-coded
+// SHUFFLE offsets, chunk or window starts ignored, block tables read past the request's blocks or
+// through the wrong row stride, fp8 dequantization re-quantized to the cache dtype, and writes past
+// the gathered tokens into the rest of the workspace.
+#include <stdexcept>
+
+#include "core/numeric.h"
+#include "core/rng.h"
+#include "ops/op.h"
+#include "ops/paged.h"
+#include "reference/kv_gather.h"
+
+namespace attncheck {
+namespace {
+
+ref::KvLayout parse_layout(const std::string& s) {
+  return s == "shuffle" ? ref::KvLayout::shuffle : ref::KvLayout::nhd;
+}
+ref::KvStrides parse_strides(const std::string& s) {
+  if (s == "hybrid") return ref::KvStrides::hybrid;
+  if (s == "padded") return ref::KvStrides::padded;
+  return ref::KvStrides::contiguous;
+}
+
+class KvGatherOp final : public Op {
+ public:
+  std::string name() const override { return "kv_gather"; }
+  std::vector<Axis> axes() const override {
+    return {
+        {"layout", "", "nhd", {"nhd", "shuffle"}, "NHD [nb,P,Hkv,D] or SHUFFLE 5-d tiles"},
+        {"strides",
+         "",
+         "contiguous",
+         {"contiguous", "hybrid", "padded"},
+         "hybrid: [K0][V0][K1][V1]... one storage, block stride 2H; padded: every stride + 16 B"},
+        {"kv", "kv", "model", {"model", "e4m3fn", "e4m3fnuz"}, "cache dtype; fp8 dequantizes"},
+        {"dtype", "", "bf16", {"bf16", "f16"}, "model (output) dtype"},
+        {"heads", "h", 1, {1, 2, 4, 8}, "KV heads Hkv"},
+        {"head_dim", "d", 64, {64, 128, 192, 256}, "head size D"},
+        {"block_size", "bs", 16, {16, 32, 48}, "tokens per cache block P"},
+        {"context",
+         "",
+         "full",
+         {"full", "chunk", "window"},
+         "full context; its second chunk of `span` tokens; its last `span` tokens (SWA)"},
+        {"span", "sp", 20, {}, "chunk size or window for context = chunk | window"},
+        {"batch", "b", 4, {}, "requests (edge lengths 0, 1, P-1, P, P+1, 2P+1 first)"},
+        {"max_ctx", "ctx", 50, {}, "longest context"},
+        {"table", "", "contiguous", {"contiguous", "strided"}, "block table row stride"},
+        {"seed", "s", 0, {}, "input seed"},
+    };
+  }
+
+  Problem make(const Case& c) const override {
+    const auto& p = c.params;
+    const auto layout = parse_layout(param_str(p, "layout"));
+    const DType out_dtype = param_str(p, "dtype") == "f16" ? DType::f16 : DType::bf16;
+    const std::string kv = param_str(p, "kv");
+    const DType cache_dtype = kv == "model"    ? out_dtype
+                              : kv == "e4m3fn" ? DType::e4m3fn
+                                               : DType::e4m3fnuz;
+    const int64_t Hkv = param_int(p, "heads"), D = param_int(p, "head_dim");
+    const int64_t P = param_int(p, "block_size"), seed = param_int(p, "seed");
+    const int64_t max_ctx = param_int(p, "max_ctx"), span = param_int(p, "span");
+    const std::string context = param_str(p, "context");
+    if (context != "full" && (span < 1 || (context == "chunk" && span >= max_ctx)))
+      throw std::invalid_argument(c.id + ": span must be in [1, max_ctx) for chunked contexts");
+
+    const auto paged = paged_layout(c.id, param_int(p, "batch"), max_ctx, P,
+                                    param_str(p, "table") == "strided", seed);
+    constexpr int64_t kPad = 5;  // token_to_batch entries past total_tokens (hold B)
+    const ref::KvGatherMeta meta =
+        context == "chunk"    ? ref::chunk_meta(paged.seq_lens, span, 1, kPad)
+        : context == "window" ? ref::window_meta(paged.seq_lens, span, kPad)
+                              : ref::chunk_meta(paged.seq_lens, max_ctx, 0, kPad);
+
+    auto cache = ref::make_kv_cache(cache_dtype, layout, parse_strides(param_str(p, "strides")),
+                                    paged.num_blocks, P, Hkv, D);
+    const Rng k_rng(c.id, "key_cache", static_cast<uint64_t>(seed));
+    const Rng v_rng(c.id, "value_cache", static_cast<uint64_t>(seed));
+    Tensor k_scale = Tensor::full(DType::f32, {1}, 1.0);
+    Tensor v_scale = Tensor::full(DType::f32, {1}, 1.0);
+    if (is_fp8(cache_dtype)) {
+      // Codes up to +-200 (inside both formats) and non-unit scales: a product re-quantized to
+      // fp8 or a scale ignored cannot pass.
+      fill_fp8_codes(cache.key_cache, k_rng, 200.0);
+      fill_fp8_codes(cache.value_cache, v_rng, 200.0);
+      Rng s_rng(c.id, "scales", static_cast<uint64_t>(seed));
+      k_scale.set({0}, s_rng.uniform(0.004, 0.03));
+      v_scale.set({0}, s_rng.uniform(0.5, 3.0));
+    } else {
+      fill_normal(cache.key_cache, k_rng);
+      fill_normal(cache.value_cache, v_rng);
+    }
+
+    // One workspace for both outputs, like the builder's [2, N, Hkv, D]: rows past the gathered
+    // tokens stay poisoned and must stay untouched.
+    const int64_t total = meta.total_tokens;
+    Tensor workspace = Tensor::empty(out_dtype, {2, total + 3, Hkv, D});
+    poison(workspace);
+
+    Problem prob;
+    prob.args = {{"key_cache", cache.key_cache, Role::input},
+                 {"value_cache", cache.value_cache, Role::input},
+                 {"block_tables", paged.block_table, Role::input},
+                 {"cu_seqlens_kv", meta.cu_seqlens_kv, Role::input},
+                 {"token_to_batch", meta.token_to_batch, Role::input},
+                 {"seq_starts", meta.seq_starts, Role::input},
+                 {"k_scale", k_scale, Role::input},
+                 {"v_scale", v_scale, Role::input},
+                 {"key", workspace.select(0, 0).slice(0, 0, total), Role::output},
+                 {"value", workspace.select(0, 1).slice(0, 0, total), Role::output}};
+    prob.kernel_params = {{"kv_cache_layout", layout == ref::KvLayout::shuffle ? "SHUFFLE" : "NHD"},
+                          {"dequant", is_fp8(cache_dtype)},
+                          {"total_tokens", total}};
+    if (is_fp8(cache_dtype)) prob.kernel_params["fp8_format"] = dtype_name_plain(cache_dtype);
+    const double elems = 2.0 * static_cast<double>(total * Hkv * D);
+    prob.bytes = elems * static_cast<double>(dtype_size(cache_dtype) + dtype_size(out_dtype));
+    return prob;
+  }
+
+  TensorMap reference(const Problem& p) const override {
+    ref::KvGatherArgs a;
+    a.key_cache = p.arg("key_cache");
+    a.value_cache = p.arg("value_cache");
+    a.block_tables = p.arg("block_tables");
+    a.cu_seqlens_kv = p.arg("cu_seqlens_kv");
+    a.token_to_batch = p.arg("token_to_batch");
+    a.seq_starts = p.arg("seq_starts");
+    a.layout = p.kernel_params.at("kv_cache_layout") == "SHUFFLE" ? ref::KvLayout::shuffle
+                                                                  : ref::KvLayout::nhd;
+    a.total_tokens = p.kernel_params.at("total_tokens").get<int64_t>();
+    a.out_dtype = p.arg("key").dtype();
+    if (p.kernel_params.at("dequant").get<bool>())
+      a.dequant = ref::KvDequant{static_cast<float>(p.arg("k_scale").get({0})),
+                                 static_cast<float>(p.arg("v_scale").get({0}))};
+    auto g = ref::kv_gather(a);
+    return {{"key", g.key}, {"value", g.value}};
+  }
+
+  std::vector<OutputCheck> checks(const Problem& p, const TensorMap&) const override {
+    Budget b;
+    b.kind = Budget::Kind::exact;
+    b.why = p.kernel_params.at("dequant").get<bool>()
+                ? "fp8 dequant is one fp32 product and one round-to-nearest-even to the output "
+                  "dtype, both correctly rounded: bitwise"
+                : "gather is a copy: bitwise";
+    return {{"key", b, {}, {}}, {"value", b, {}, {}}};
+  }
+
+ private:
+  // "e4m3fn" / "e4m3fnuz": the ABI's fp8_format strings.
+  static std::string dtype_name_plain(DType t) {
+    return t == DType::e4m3fn ? "e4m3fn" : "e4m3fnuz";
+  }
+};
+
+const OpRegistrar kRegister(std::make_unique<KvGatherOp>());
+
+}  // namespace
+}  // namespace attncheck

@@ -1,0 +1,162 @@
+// Inputs, layouts and budgets shared by the two MLA op families (mla_decode, sparse_mla).
+//
+// What the generated data is built to expose:
+//   - cache slots no query may read (blocks nobody owns, tails of last blocks) hold NaN: a kernel
+//     that reads one, even behind a zero softmax weight, produces NaN;
+//   - q, out and lse live in larger storages (an extra token row, gaps between heads, odd element
+//     offsets, head-major layouts): writes outside the views and stride mistakes show up;
+//   - outputs start as NaN everywhere (poison), so unwritten rows fail.
+#pragma once
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/numeric.h"
+#include "core/rng.h"
+#include "ops/op.h"
+#include "reference/mla_decode.h"
+
+namespace attncheck::mla {
+
+inline const std::vector<nlohmann::json> kHeadValues = {1,  2,   4, 8, 16, 32, 48,
+                                                        64, 128, 3, 5, 12, 24, 40};
+
+inline std::pair<int64_t, int64_t> parse_dims(const std::string& dims) {  // "576x512"
+  const auto x = dims.find('x');
+  if (x == std::string::npos) throw std::invalid_argument("dims must be LKxLV, got " + dims);
+  return {std::stoll(dims.substr(0, x)), std::stoll(dims.substr(x + 1))};
+}
+
+// "lk": 1/sqrt(Lk), what aiter's and vLLM's tests use. "yarn": DeepSeek-V3's production scale,
+// qk_head_dim^-0.5 * mscale^2 with qk_head_dim = 192 and mscale = 0.1 ln(40) + 1 (factor 40,
+// mscale_all_dim 1). The kernel receives the scale as a parameter and must not recompute it.
+inline double softmax_scale(const std::string& name, int64_t lk) {
+  if (name == "lk") return 1.0 / std::sqrt(static_cast<double>(lk));
+  if (name == "yarn") {
+    const double mscale = 0.1 * std::log(40.0) + 1.0;
+    return mscale * mscale / std::sqrt(192.0);
+  }
+  throw std::invalid_argument("unknown scale '" + name + "'");
+}
+
+// kv_dtype axis: "auto" = the query dtype (vLLM's cache dtype "auto"), else an fp8 format.
+inline DType cache_dtype(const std::string& kv, DType q_dtype) {
+  if (kv == "auto") return q_dtype;
+  if (kv == "e4m3fn") return DType::e4m3fn;
+  if (kv == "e4m3fnuz") return DType::e4m3fnuz;
+  throw std::invalid_argument("unknown kv dtype '" + kv + "'");
+}
+
+// A per-tensor fp8 dequantization scale that is not a power of two (so a kernel that drops or
+// doubles it is caught) and is exactly an fp32 number (the kernel's copy of it is exact).
+inline double fp8_kv_scale(int64_t seed) {
+  return static_cast<double>(static_cast<float>(0.19 + 0.013 * static_cast<double>(seed % 7)));
+}
+
+// The latent cache [num_blocks, P, Lk]: uniform values in [-1, 1] (bf16/f16) or fp8 codes of
+// magnitude <= 4; every slot not flagged in `readable` holds NaN.
+inline Tensor make_cache(const std::string& case_id, DType dtype, int64_t num_blocks, int64_t P,
+                         int64_t lk, const std::vector<bool>& readable, int64_t seed) {
+  Tensor cache = Tensor::empty(dtype, {num_blocks, P, lk});
+  const Rng rng(case_id, "kv_cache", static_cast<uint64_t>(seed));
+  if (is_fp8(dtype))
+    fill_fp8_codes(cache, rng, 4.0);
+  else
+    fill_uniform(cache, rng, -1.0, 1.0);
+  const uint64_t nan = nan_bits(dtype);
+  for (int64_t s = 0; s < num_blocks * P; ++s) {
+    if (readable[static_cast<size_t>(s)]) continue;
+    for (int64_t d = 0; d < lk; ++d) cache.set_bits({s / P, s % P, d}, nan);
+  }
+  return cache;
+}
+
+// A [T, N, L] view for a layout, over a NaN-filled storage that is larger than the view:
+//   contiguous: [T + 1, N, L] storage, the view is its first T rows;
+//   strided:    head stride L + 40, token stride N (L + 40) + 24, element offset 3 (not aligned);
+//   transposed: head-major [N, T + 1, L] storage, permuted to [T, N, L].
+inline Tensor make_token_head_view(const std::string& layout, DType dtype, int64_t T, int64_t N,
+                                   int64_t L) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  if (layout == "contiguous") return Tensor::full(dtype, {T + 1, N, L}, nan).slice(0, 0, T);
+  if (layout == "strided") {
+    const int64_t hs = L + 40, ts = N * hs + 24;
+    return Tensor::full(dtype, {T * ts + 3 + 64}, nan).as_strided({T, N, L}, {ts, hs, 1}, 3);
+  }
+  if (layout == "transposed")
+    return Tensor::full(dtype, {N, T + 1, L}, nan).slice(1, 0, T).permute({1, 0, 2});
+  throw std::invalid_argument("unknown layout '" + layout + "'");
+}
+
+// lse [T, N] f32 for a layout (same ideas: spare row, wider rows, head-major).
+inline Tensor make_lse_view(const std::string& layout, int64_t T, int64_t N) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  if (layout == "contiguous") return Tensor::full(DType::f32, {T + 1, N}, nan).slice(0, 0, T);
+  if (layout == "strided") return Tensor::full(DType::f32, {T, N + 3}, nan).slice(1, 0, N);
+  if (layout == "transposed")
+    return Tensor::full(DType::f32, {N, T + 1}, nan).slice(1, 0, T).permute({1, 0});
+  throw std::invalid_argument("unknown layout '" + layout + "'");
+}
+
+// Queries: N(0, 3^2) in the query dtype. With cache values in [-1, 1] and scale 1/sqrt(Lk) the
+// scores have a standard deviation near 1.7 (a softmax neither flat nor one-hot); the "yarn"
+// scale makes them about 3x sharper.
+inline Tensor make_query(const std::string& case_id, const std::string& layout, DType dtype,
+                         int64_t T, int64_t N, int64_t lk, int64_t seed) {
+  Tensor q = make_token_head_view(layout, dtype, T, N, lk);
+  fill_normal(q, Rng(case_id, "q", static_cast<uint64_t>(seed)), 0.0, 3.0);
+  return q;
+}
+
+// Comparison budgets, derived in docs/ops/mla_decode.md. Kernel model: scores accumulated in fp32
+// from exact products of the 16-bit inputs (fp8 rows decode exactly into them); online softmax in
+// fp32; probabilities rounded to the query dtype before P.V; P.V, row sums and the split-KV LSE
+// merge in fp32; output rounded once to the output dtype.
+//   u_in, u_out: unit roundoff of the query and output dtypes; u_acc = 2^-23 (one fp32 ulp, so
+//   truncating MMA adders are covered); lambda = 6 (probabilistic bound for fp32 sums,
+//   Higham & Mary 2019: |error| <= lambda sqrt(n) u sum|x_i|).
+//   sigma   = scale * max||q|| * max||kv_scale c||     (>= scale * sum_d |q_d c_d| of any score)
+//   eps_s   = (lambda sqrt(Lk) + 2) u_acc sigma         (absolute score error)
+//   eps_sum = (lambda sqrt(n_keys) + 4) u_acc           (relative error of row sums, P.V, merge)
+//   out: rtol = u_out; atol = (1 + u_out) max|v| (u_in + 2 eps_s + 2 eps_sum)
+//        (a score error e moves softmax weights by at most a factor exp(+-2e); rounding p to u_in
+//        moves sum_t p_t v_t by at most u_in sum_t p_t |v_t| <= u_in max|v|)
+//        calc_diff <= 1e-5 (u_out / 2^-8)^2: aiter's bf16 threshold, scaled for f16 by u^2.
+//   lse: atol = eps_s + eps_sum, rtol = 2 u_acc.
+inline std::vector<OutputCheck> budgets(const ref::MlaInputScales& s, DType q_dtype,
+                                        DType out_dtype, int64_t lk, double scale) {
+  const double u_in = unit_roundoff(q_dtype), u_out = unit_roundoff(out_dtype);
+  const double u_acc = std::ldexp(1.0, -23), lambda = 6.0;
+  const double sigma = scale * s.q_norm_max * s.kv_norm_max;
+  const double eps_s = (lambda * std::sqrt(static_cast<double>(lk)) + 2.0) * u_acc * sigma;
+  const double eps_sum =
+      (lambda * std::sqrt(static_cast<double>(std::max<int64_t>(s.keys_max, 1))) + 4.0) * u_acc;
+  Budget out;
+  out.rtol = u_out;
+  out.atol = (1.0 + u_out) * s.v_abs_max * (u_in + 2.0 * eps_s + 2.0 * eps_sum);
+  out.max_calc_diff = 1e-5 * std::pow(u_out / std::ldexp(1.0, -8), 2.0);
+  char why[640];
+  std::snprintf(why, sizeof why,
+                "rtol = u_out (%s output rounding) = %.3g; atol = max|v| %.3g x (u_in %.3g "
+                "[P cast to %s] + 2 eps_s %.3g [fp32 scores over Lk=%lld, sigma %.3g] + 2 eps_sum "
+                "%.3g [fp32 sums over %lld keys]); calc_diff <= %.3g (aiter bf16 1e-5 scaled by "
+                "u_out^2)",
+                std::string(dtype_name(out_dtype)).c_str(), u_out, s.v_abs_max, u_in,
+                std::string(dtype_name(q_dtype)).c_str(), eps_s, static_cast<long long>(lk), sigma,
+                eps_sum, static_cast<long long>(s.keys_max), out.max_calc_diff);
+  out.why = why;
+  Budget lse;
+  lse.atol = eps_s + eps_sum;
+  lse.rtol = 2.0 * u_acc;
+  std::snprintf(why, sizeof why,
+                "natural log; atol = eps_s %.3g (fp32 scores, sigma %.3g) + eps_sum %.3g (fp32 row "
+                "sum over %lld keys); rtol = 2 u_fp32; -inf (no key) must match exactly",
+                eps_s, sigma, eps_sum, static_cast<long long>(s.keys_max));
+  lse.why = why;
+  return {{"out", out, {}, {}}, {"lse", lse, {}, {}}};
+}
+
+}  // namespace attncheck::mla

@@ -1,0 +1,279 @@
+// decode_attention op: problem construction, refusals, and its budgets judged against a float32
+// emulation of the kernel's arithmetic (sequential fp32 dots, fp32 online softmax per BLOCK_N
+// tokens, p rounded to the q dtype, split partials merged by their LSE, o rounded once). The
+// emulation must pass every budget; with the pre-fix tile it must fail the 320/256 MLA cases.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "core/numeric.h"
+#include "ops/op.h"
+#include "run/runner.h"
+
+namespace attncheck {
+namespace {
+
+const Op& op() {
+  const Op* o = find_op("decode_attention");
+  if (!o) throw std::runtime_error("decode_attention not registered");
+  return *o;
+}
+
+float round_to(float x, DType t) {
+  return static_cast<float>(decode_value(encode_value(x, t), t));
+}
+
+int64_t pow2(int64_t x) {
+  int64_t p = 1;
+  while (p < x) p *= 2;
+  return p;
+}
+
+// The kernel's arithmetic on the CPU (NVIDIA tiles). mutant_tile: the pre-fix tile, with V read
+// from the K tile at V's pitch (the seed bug re-created by AC_MUTANT_DECODE_TILE_FROM_LK).
+TensorMap emulate(const Problem& p, bool mutant_tile) {
+  const Tensor &q = p.arg("q"), &kb = p.arg("k_buffer"), &vb = p.arg("v_buffer");
+  const Tensor &table = p.arg("req_to_token"), &lens = p.arg("b_seq_len");
+  const auto& kp = p.kernel_params;
+  const int64_t S = kp.at("num_kv_splits").get<int64_t>();
+  const bool mla = kp.at("is_mla").get<bool>(), fp8 = is_fp8(kb.dtype());
+  const float cap = static_cast<float>(kp.at("logit_cap").get<double>());
+  const float ks = static_cast<float>(kp.at("k_scale").get<double>());
+  const float vs = static_cast<float>(kp.at("v_scale").get<double>());
+  const float qk_scale = static_cast<float>(kp.at("sm_scale").get<double>()) * (fp8 ? ks : 1.0f);
+  const int64_t B = q.size(0), Hq = q.size(1), Lk = q.size(2), Hkv = kb.size(-2), Lv = vb.size(-1);
+  const int64_t P = kb.ndim() == 4 ? kb.size(1) : 1, G = Hq / Hkv;
+  const bool grouped = G > 1, k_as_v = grouped && mla;
+  const float acc_scale = fp8 ? (k_as_v ? ks : vs) : 1.0f;
+  const int64_t block_n = grouped ? 32 : 64;
+  const int64_t dmodel = mutant_tile ? (Lk == 576   ? 512
+                                        : Lk == 288 ? 256
+                                                    : pow2(Lk))
+                         : mla       ? (Lk == 576   ? 512
+                                        : Lk == 288 ? 256
+                                                    : pow2(Lv))
+                                     : pow2(Lk);
+  const int64_t dv = pow2(Lv);
+  const DType qt = q.dtype();
+  const Tensor qf = q.to(DType::f32), kf = kb.to(DType::f32), vf = vb.to(DType::f32);
+  const auto* qd = reinterpret_cast<const float*>(qf.data());
+  const auto* kd = reinterpret_cast<const float*>(kf.data());
+  const auto* vd = reinterpret_cast<const float*>(vf.data());
+  auto row = [&](int64_t b, int64_t n) {
+    return static_cast<int64_t>(table.get({b, n / P})) * P + n % P;
+  };
+  Tensor o = Tensor::empty(qt, {B, Hq, Lv}), lse = Tensor::empty(DType::f32, {B, Hq});
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < Hq; ++h) {
+      const int64_t kvh = h / G, L = static_cast<int64_t>(lens.get({b}));
+      const int64_t per = (L + S - 1) / S;
+      std::vector<float> po(static_cast<size_t>(S * Lv)), pl(static_cast<size_t>(S));
+      const float* qh = qd + (b * Hq + h) * Lk;
+      for (int64_t s = 0; s < S; ++s) {
+        const int64_t start = per * s, end = std::min(start + per, L);
+        if (end <= start) continue;
+        float m = -std::numeric_limits<float>::infinity(), l = 0;
+        std::vector<float> acc(static_cast<size_t>(Lv), 0.0f);
+        for (int64_t n0 = start; n0 < end; n0 += block_n) {
+          const int64_t nv = std::min(block_n, end - n0);
+          std::vector<float> sc(static_cast<size_t>(nv));
+          float mx = -std::numeric_limits<float>::infinity();
+          for (int64_t j = 0; j < nv; ++j) {
+            const float* kr = kd + (row(b, n0 + j) * Hkv + kvh) * Lk;
+            float dot = 0;
+            for (int64_t d = 0; d < Lk; ++d) dot += qh[d] * kr[d];
+            float x = dot * qk_scale;
+            if (cap > 0) x = cap * (2.0f / (1.0f + std::exp(-2.0f * (x / cap))) - 1.0f);
+            sc[j] = x;
+            mx = std::max(mx, x);
+          }
+          const float m_new = std::max(m, mx);
+          float sum = 0;
+          for (auto& x : sc) {
+            const float e = std::exp(x - m_new);
+            sum += e;
+            x = grouped ? round_to(e, qt) : e;
+          }
+          const float alpha = std::exp(m - m_new);
+          l = l * alpha + sum;
+          m = m_new;
+          for (auto& a : acc) a *= alpha;
+          for (int64_t j = 0; j < nv; ++j)
+            for (int64_t d = 0; d < Lv; ++d) {
+              float val;
+              if (k_as_v && mutant_tile) {  // V aliased onto a K tile of pitch BLOCK_DMODEL
+                const int64_t flat = j * dv + d, r = flat / dmodel, c = flat % dmodel;
+                val = r < nv && c < Lk ? kd[(row(b, n0 + r) * Hkv + kvh) * Lk + c] : 0.0f;
+              } else {
+                val = vd[(row(b, n0 + j) * Hkv + kvh) * Lv + d];
+              }
+              acc[d] += sc[j] * val;
+            }
+        }
+        for (int64_t d = 0; d < Lv; ++d) po[s * Lv + d] = acc[d] * (acc_scale / l);
+        pl[s] = m + std::log(l);
+      }
+      for (int64_t d = 0; d <= Lv; ++d) {
+        float acc = 0, e_sum = 0, e_max = -std::numeric_limits<float>::infinity();
+        for (int64_t s = 0; s < S; ++s) {
+          const int64_t start = per * s, end = std::min(start + per, L);
+          if (end <= start) continue;
+          const float n = std::max(pl[s], e_max);
+          const float alpha = std::exp(e_max - n), beta = std::exp(pl[s] - n);
+          if (d < Lv) acc = acc * alpha + beta * po[s * Lv + d];
+          e_sum = e_sum * alpha + beta;
+          e_max = n;
+        }
+        if (d < Lv)
+          o.set({b, h, d}, acc / e_sum);
+        else
+          lse.set({b, h}, e_max + std::log(e_sum));
+      }
+    }
+  return {{"o", o}, {"lse", lse}};
+}
+
+struct Judged {
+  bool passed = true;
+  double worst_ratio = 0;  // max over outputs of the worst element's error / allowance
+  std::string message;
+};
+
+Judged judge(const Case& c, bool mutant_tile) {
+  const Problem p = op().make(c);
+  const TensorMap expected = op().reference(p);
+  const auto results = check_outputs(op().checks(p, expected), expected, emulate(p, mutant_tile));
+  Judged j;
+  for (const auto& r : results) {
+    j.passed = j.passed && r.passed;
+    j.worst_ratio = std::max(j.worst_ratio, r.metrics.worst.ratio);
+    j.message += r.name + ": " + r.message + "\n";
+  }
+  return j;
+}
+
+TEST(DecodeAttentionOp, MlaCaseAliasesVOntoK) {
+  const Case c = op().make_case(Params::object());
+  EXPECT_EQ(c.id,
+            "decode_attention/d576x512-mla1-h16-hkv1-p16-sp4-cap0-bf16-kvsame-b4-ctx70-"
+            "contiguous-s0");
+  const Problem p = op().make(c);
+  EXPECT_TRUE(p.expect_refusal.empty());
+  const Tensor &k = p.arg("k_buffer"), &v = p.arg("v_buffer");
+  EXPECT_EQ(k.storage(), v.storage());
+  EXPECT_EQ(v.shape(), (Shape{k.size(0), 16, 1, 512}));
+  EXPECT_EQ(v.strides(), k.strides());
+  EXPECT_TRUE(std::isnan(p.arg("o").get({0, 0, 0})));
+  EXPECT_TRUE(std::isnan(p.arg("lse").get({3, 15})));
+  EXPECT_EQ(p.kernel_params.at("is_mla"), true);
+  EXPECT_FALSE(p.kernel_params.contains("fp8_format"));
+}
+
+TEST(DecodeAttentionOp, PageSizeOneIsATokenTableOverA3dCache) {
+  const Problem p = op().make(op().make_case({{"page_size", 1}, {"is_mla", false}}));
+  EXPECT_EQ(p.arg("k_buffer").ndim(), 3);
+  EXPECT_EQ(p.arg("v_buffer").ndim(), 3);
+  EXPECT_NE(p.arg("k_buffer").storage(), p.arg("v_buffer").storage());
+}
+
+TEST(DecodeAttentionOp, StridedAndCrossLayerViews) {
+  const Problem s = op().make(op().make_case({{"layout", "strided"}}));
+  EXPECT_EQ(s.arg("q").strides(), (Shape{16 * 624, 624, 1}));
+  EXPECT_EQ(s.arg("q").offset(), 16);
+  EXPECT_EQ(s.arg("o").strides(), (Shape{18 * 536, 536, 1}));
+  EXPECT_EQ(s.arg("lse").strides(), (Shape{21, 1}));
+  EXPECT_NE(s.arg("req_to_token").stride(0), s.arg("req_to_token").size(1));
+  const Problem x = op().make(op().make_case({{"layout", "cross_layer"}, {"kv_heads", 2}}));
+  const Tensor& k = x.arg("k_buffer");
+  EXPECT_EQ(k.strides(), (Shape{2 * 16 * 2 * 592, 2 * 592, 592, 1}));
+}
+
+TEST(DecodeAttentionOp, Fp8CachesCarryFormatAndScales) {
+  const Problem p = op().make(op().make_case({{"kv_dtype", "e4m3fnuz"}}));
+  EXPECT_EQ(p.arg("k_buffer").dtype(), DType::e4m3fnuz);
+  EXPECT_EQ(p.kernel_params.at("fp8_format"), "e4m3fnuz");
+  const double ks = p.kernel_params.at("k_scale").get<double>();
+  EXPECT_EQ(ks, static_cast<double>(static_cast<float>(ks)));  // exactly an fp32 value
+  EXPECT_EQ(p.kernel_params.at("v_scale").get<double>(), ks);  // MLA: V is K
+  const Problem n = op().make(op().make_case({{"kv_dtype", "e4m3fn"}, {"is_mla", false}}));
+  EXPECT_NE(n.kernel_params.at("v_scale").get<double>(),
+            n.kernel_params.at("k_scale").get<double>());
+}
+
+TEST(DecodeAttentionOp, InvalidConfigurationsAreRefusedByTheReference) {
+  const Case bad_group = op().make_case({{"heads", 12}, {"kv_heads", 8}, {"is_mla", false}});
+  Result r = run_case(op(), bad_group, nullptr, {});
+  EXPECT_EQ(r.verdict, Verdict::refused_as_expected) << r.message;
+  EXPECT_EQ(r.message,
+            "reference refused: heads 12 is not a multiple of kv_heads 8; kernel not checked (no "
+            "device)");
+  const Case bad_mla = op().make_case({{"lk_lv", "128x128"}});
+  r = run_case(op(), bad_mla, nullptr, {});
+  EXPECT_EQ(r.verdict, Verdict::refused_as_expected) << r.message;
+  EXPECT_NE(r.message.find("is_mla needs Lv < Lk (V is the latent prefix of K), got 128/128"),
+            std::string::npos)
+      << r.message;
+}
+
+TEST(DecodeAttentionOp, RejectsBadAxisValues) {
+  try {
+    op().make(op().make_case({{"splits", 0}}));
+    FAIL() << "splits 0 accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(
+        e.what(),
+        "decode_attention: splits, heads, kv_heads, batch must be >= 1 and logit_cap >= 0");
+  }
+}
+
+// Cases the emulation is judged on: every shape, MHA/GQA/MQA, both dtypes, fp8 both formats,
+// soft-cap, splits 1..16 (more than tokens), page sizes 1/16/64 and every layout.
+std::vector<Params> emulation_cases() {
+  return {
+      Params::object(),
+      {{"lk_lv", "320x256"}},
+      {{"lk_lv", "320x256"}, {"dtype", "f16"}, {"page_size", 1}, {"splits", 16}},
+      {{"lk_lv", "288x256"}, {"kv_dtype", "e4m3fn"}, {"logit_cap", 30}},
+      {{"lk_lv", "576x512"}, {"kv_dtype", "e4m3fnuz"}, {"dtype", "f16"}, {"layout", "strided"}},
+      {{"lk_lv", "576x512"}, {"is_mla", false}, {"kv_heads", 4}, {"splits", 1}},
+      {{"lk_lv", "576x128"}, {"is_mla", false}, {"kv_heads", 2}, {"page_size", 64}},
+      {{"lk_lv", "192x128"}, {"is_mla", false}, {"kv_heads", 16}, {"logit_cap", 30}},
+      {{"lk_lv", "128x128"},
+       {"is_mla", false},
+       {"kv_heads", 2},
+       {"dtype", "f16"},
+       {"max_ctx", 1027}},
+      {{"lk_lv", "128x128"}, {"is_mla", false}, {"heads", 48}, {"kv_heads", 2}},
+      {{"lk_lv", "192x128"},
+       {"is_mla", false},
+       {"kv_heads", 4},
+       {"kv_dtype", "e4m3fn"},
+       {"layout", "cross_layer"},
+       {"splits", 8}},
+  };
+}
+
+TEST(DecodeAttentionOp, Fp32EmulationOfTheKernelPassesEveryBudget) {
+  double worst = 0;
+  for (const auto& params : emulation_cases()) {
+    const Case c = op().make_case(params);
+    const Judged j = judge(c, false);
+    EXPECT_TRUE(j.passed) << c.id << "\n" << j.message;
+    std::printf("%-90s error/budget %.3f\n", c.id.c_str(), j.worst_ratio);
+    worst = std::max(worst, j.worst_ratio);
+  }
+  std::printf("worst emulated error / budget: %.3f\n", worst);
+}
+
+TEST(DecodeAttentionOp, PreFixTileEmulationFailsOnlyThe320x256MlaCases) {
+  for (const auto& params : emulation_cases()) {
+    const Case c = op().make_case(params);
+    const bool target = c.id.find("d320x256-mla1-") != std::string::npos;
+    const Judged j = judge(c, true);
+    EXPECT_EQ(j.passed, !target) << c.id << "\n" << j.message;
+  }
+}
+
+}  // namespace
+}  // namespace attncheck

@@ -1,0 +1,274 @@
+// The indexer ops on the CPU: every op's reference runs on its default case, invalid
+// configurations are refused, and the budgets pass an emulation of the GPU's fp32 arithmetic while
+// failing emulations of the seed bugs (spec/indexer.md §6.1, §6.2) and of top-k window bugs.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <set>
+
+#include "core/numeric.h"
+#include "ops/op.h"
+#include "reference/indexer.h"
+#include "run/cases.h"
+#include "run/runner.h"
+
+namespace attncheck {
+namespace {
+
+namespace ix = ref::indexer;
+
+const char* const kOps[] = {
+    "indexer_k_cache",       "indexer_gather",       "indexer_q_quant",    "indexer_logits_prefill",
+    "indexer_logits_decode", "indexer_topk_prefill", "indexer_topk_decode"};
+
+const Op& op(const char* name) {
+  const Op* o = find_op(name);
+  if (!o) throw std::runtime_error(std::string("op not registered: ") + name);
+  return *o;
+}
+
+std::vector<CheckResult> judge(const Op& o, const Problem& p, const TensorMap& expected,
+                               const TensorMap& actual) {
+  return check_outputs(o.checks(p, expected), expected, actual);
+}
+bool all_pass(const std::vector<CheckResult>& r) {
+  for (const auto& c : r)
+    if (!c.passed) return false;
+  return !r.empty();
+}
+
+TEST(IndexerOps, DefaultCasesRunAndMatchThemselves) {
+  for (const char* name : kOps) {
+    const Op& o = op(name);
+    const Case c = o.make_case(Params::object());
+    const Problem p = o.make(c);
+    EXPECT_TRUE(p.expect_refusal.empty()) << c.id;
+    const TensorMap expected = o.reference(p);
+    for (const auto& a : p.args)
+      if (a.role != Role::input) {
+        ASSERT_TRUE(expected.count(a.name)) << c.id << " " << a.name;
+        EXPECT_EQ(expected.at(a.name).shape(), a.tensor.shape()) << c.id << " " << a.name;
+      }
+    EXPECT_TRUE(all_pass(judge(o, p, expected, expected))) << c.id;
+  }
+}
+
+TEST(IndexerOps, InvalidConfigurationsAreRefused) {
+  const std::vector<std::pair<const char*, Params>> invalid = {
+      {"indexer_k_cache", {{"block_size", 24}}},
+      {"indexer_k_cache", {{"pad", 6}}},
+      {"indexer_gather", {{"block_size", 8}}},
+      {"indexer_logits_decode", {{"block_size", 32 + 1}}},
+      {"indexer_logits_decode", {{"heads", 48}, {"chunk_q", 32}}},
+      {"indexer_logits_decode", {{"chunk_q", 0}}},
+      {"indexer_logits_decode", {{"heads", 256}}},
+      {"indexer_logits_prefill", {{"heads", 256}}},
+  };
+  for (const auto& [name, params] : invalid) {
+    const Op& o = op(name);
+    const Case c = o.make_case(params);
+    const Problem p = o.make(c);
+    EXPECT_FALSE(p.expect_refusal.empty()) << c.id;
+    EXPECT_THROW(o.reference(p), InvalidConfig) << c.id;
+  }
+  // ChunkQ larger than the head count is clamped, not refused (spec §6.4).
+  for (int64_t h : {8, 16, 32, 64}) {
+    const Problem p =
+        op("indexer_logits_decode").make(op("indexer_logits_decode").make_case({{"heads", h}}));
+    EXPECT_TRUE(p.expect_refusal.empty()) << h;
+  }
+}
+
+// The cache as the gfx950 seed writer leaves it: SHUFFLE offsets at every block size (writes
+// past the storage are dropped; on the device they hit the guard bytes).
+Tensor shuffle_writer(const Problem& p) {
+  const Tensor& cache = p.arg("kv_cache");
+  const int64_t bs = cache.size(1), stride = cache.stride(0);
+  auto storage = std::make_shared<Storage>(*cache.storage());
+  const auto q = ix::quantize_k(p.arg("k").slice(0, 0, p.arg("slot_mapping").size(0)),
+                                *parse_dtype(p.kernel_params.at("fp8_format").get<std::string>()),
+                                static_cast<float>(p.kernel_params.at("quant_max").get<double>()));
+  auto* bytes = reinterpret_cast<uint8_t*>(storage->bytes.data());
+  const auto n = static_cast<int64_t>(storage->bytes.size());
+  for (int64_t i = 0; i < p.arg("slot_mapping").size(0); ++i) {
+    const int64_t slot = p.arg("slot_mapping").at<int64_t>({i});
+    if (slot < 0) continue;
+    const int64_t base = (slot / bs) * stride;
+    for (int64_t d = 0; d < ix::kHeadDim; ++d) {
+      const int64_t off = base + ix::value_offset(ix::CacheLayout::shuffle, bs, slot % bs, d);
+      if (off < n) bytes[off] = static_cast<uint8_t>(q.values.get_bits(Index{i, d}));
+    }
+    const float s = q.scales.at<float>({i});
+    std::memcpy(bytes + base + ix::scale_offset(bs, slot % bs), &s, 4);
+  }
+  return cache.rebased(storage);
+}
+
+TEST(IndexerOps, CacheCheckCatchesShuffleAtBlockSizeOne) {
+  const Op& o = op("indexer_k_cache");
+  for (int64_t bs : {1, 16}) {
+    const Problem p = o.make(o.make_case({{"block_size", bs}}));
+    const TensorMap expected = o.reference(p);
+    const bool ok = all_pass(judge(o, p, expected, {{"kv_cache", shuffle_writer(p)}}));
+    EXPECT_EQ(ok, bs == 16) << "bs " << bs;  // at BS 16 the seed writer was right
+  }
+}
+
+// fp32 logits as a GPU computes them: products exact, sums in float in another order.
+Tensor fp32_decode_logits(const Problem& p, ix::CacheLayout read_as) {
+  const Tensor& q = p.arg("q");
+  const Tensor& cache = p.arg("kv_cache");
+  const int64_t B = q.size(0), NN = q.size(1), H = q.size(2), bs = cache.size(1);
+  const int64_t width = p.arg("logits").size(1);
+  Tensor out = Tensor::full(DType::f32, {B * NN, width}, -INFINITY);
+  uint8_t kb[ix::kHeadDim];
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t n = 0; n < NN; ++n) {
+      const int64_t r = b * NN + n;
+      const int64_t end = ix::decode_row_end(p.arg("context_lens").at<int32_t>({b}), NN, n, width);
+      for (int64_t t = 0; t < end; ++t) {
+        float ks = 0;
+        ix::read_token({cache, bs, read_as}, p.arg("block_table").at<int32_t>({b, t / bs}), t % bs,
+                       kb, &ks);
+        float acc = 0;
+        for (int64_t h = H; h-- > 0;) {
+          float dot = 0;
+          for (int64_t d = ix::kHeadDim; d-- > 0;)
+            dot += static_cast<float>(q.get({b, n, h, d}) * fp8_decode(kb[d], q.dtype()));
+          acc += p.arg("weights").at<float>({r, h}) * std::max(dot * ks, 0.0f);
+        }
+        out.at<float>({r, t}) = acc;
+      }
+    }
+  return out;
+}
+
+TEST(IndexerOps, DecodeBudgetPassesFp32AndCatchesRowMajorReadsOfShuffle) {
+  const Op& o = op("indexer_logits_decode");
+  for (int64_t bs : {1, 16, 64}) {
+    const Problem p =
+        o.make(o.make_case({{"block_size", bs}, {"heads", 16}, {"next_n", 2}, {"max_ctx", 150}}));
+    const TensorMap expected = o.reference(p);
+    const auto good =
+        judge(o, p, expected, {{"logits", fp32_decode_logits(p, ix::layout_for_block_size(bs))}});
+    EXPECT_TRUE(all_pass(good)) << "bs " << bs << ": " << good.at(0).message;
+    if (bs > 1) {  // seed §6.2: Preshuffle off, SHUFFLE pages read row-major
+      const auto bad =
+          judge(o, p, expected, {{"logits", fp32_decode_logits(p, ix::CacheLayout::normal)}});
+      EXPECT_FALSE(all_pass(bad)) << "bs " << bs;
+    }
+  }
+}
+
+TEST(IndexerOps, PrefillBudgetPassesFp32AndCatchesAnOffByOneWindow) {
+  const Op& o = op("indexer_logits_prefill");
+  const Problem p = o.make(o.make_case({{"heads", 8}}));
+  const TensorMap expected = o.reference(p);
+  const Tensor& q = p.arg("q");
+  const Tensor& k = p.arg("k_fp8");
+  const int64_t M = q.size(0), H = q.size(1), N = k.size(0);
+  auto compute = [&](int64_t shift) {
+    Tensor out = Tensor::full(DType::f32, {M, N}, -INFINITY);
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = p.arg("cu_seqlen_ks").at<int32_t>({i});
+           j < p.arg("cu_seqlen_ke").at<int32_t>({i}) + shift && j < N; ++j) {
+        float acc = 0;
+        for (int64_t h = 0; h < H; ++h) {
+          float dot = 0;
+          for (int64_t d = 0; d < ix::kHeadDim; ++d)
+            dot += static_cast<float>(q.get({i, h, d}) * k.get({j, d}));
+          acc += p.arg("weights").at<float>({i, h}) * std::max(dot, 0.0f) *
+                 p.arg("k_scale").at<float>({j});
+        }
+        out.at<float>({i, j}) = acc;
+      }
+    return out;
+  };
+  EXPECT_TRUE(all_pass(judge(o, p, expected, {{"logits", compute(0)}})));
+  EXPECT_FALSE(all_pass(judge(o, p, expected, {{"logits", compute(1)}})));
+}
+
+TEST(IndexerOps, TopkChecksCatchWindowAndFillBugs) {
+  const Op& o = op("indexer_topk_decode");
+  const Problem p = o.make(o.make_case({{"data", "ties"}, {"next_n", 2}}));
+  const TensorMap expected = o.reference(p);
+  EXPECT_TRUE(all_pass(judge(o, p, expected, expected)));
+  const Tensor& logits = p.arg("logits");
+  const Tensor& lens = p.arg("seq_lens");
+  const int64_t rows = logits.size(0), k = expected.at("topk_indices").size(1);
+  // Ties broken the other way (highest column first) still pass.
+  Tensor other = Tensor::full(DType::i32, {rows, k}, -1);
+  // Reading one column past the window fails; so does skipping the -1 fill.
+  Tensor overshoot = Tensor::full(DType::i32, {rows, k}, -1);
+  Tensor unfilled = expected.at("topk_indices").clone();
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t end = ix::decode_row_end(lens.at<int32_t>({r / 2}), 2, r % 2, logits.size(1));
+    std::vector<float> reversed;
+    for (int64_t j = end; j-- > 0;) reversed.push_back(logits.at<float>({r, j}));
+    const auto idx = ix::topk_window(reversed.data(), 0, end, k);
+    for (size_t j = 0; j < idx.size(); ++j)
+      other.at<int32_t>({r, static_cast<int64_t>(j)}) = static_cast<int32_t>(end - 1 - idx[j]);
+    const auto wide =
+        ix::topk_window(reinterpret_cast<const float*>(logits.data()) + r * logits.stride(0), 0,
+                        std::min(end + 1, logits.size(1)), k);
+    for (size_t j = 0; j < wide.size(); ++j)
+      overshoot.at<int32_t>({r, static_cast<int64_t>(j)}) = wide[j];
+    for (int64_t j = end; j < k; ++j) unfilled.at<int32_t>({r, j}) = 0x5A5A5A5A;
+  }
+  EXPECT_TRUE(all_pass(judge(o, p, expected, {{"topk_indices", other}})));
+  EXPECT_FALSE(all_pass(judge(o, p, expected, {{"topk_indices", overshoot}})));
+  EXPECT_FALSE(all_pass(judge(o, p, expected, {{"topk_indices", unfilled}})));
+}
+
+}  // namespace
+}  // namespace attncheck
+
+namespace attncheck {
+namespace {
+
+// Every indexer case file loads; the smoke and quick tiers run their reference (or refuse) within a
+// time and golden-size budget, and cover each seed-bug configuration.
+TEST(IndexerOps, CaseFilesExpandAndStaySmall) {
+  const std::string root =
+      std::string(__FILE__).substr(0, std::string(__FILE__).rfind("/harness/"));
+  double golden_bytes = 0, seconds = 0;
+  std::set<std::string> ids;
+  for (const char* name : kOps) {
+    const CaseFile f = load_case_file(root + "/cases/" + name + ".toml");
+    EXPECT_EQ(f.op, name);
+    for (const char* tier : {"smoke", "quick"}) {
+      ASSERT_TRUE(f.tiers.count(tier)) << name << " has no " << tier << " tier";
+      for (const Case& c : f.tiers.at(tier)) {
+        if (!ids.insert(c.id).second) continue;  // in both tiers
+        const Op& o = op(name);
+        const auto t0 = std::chrono::steady_clock::now();
+        const Problem p = o.make(c);
+        if (!p.expect_refusal.empty()) {
+          EXPECT_THROW(o.reference(p), InvalidConfig) << c.id;
+          continue;
+        }
+        const TensorMap expected = o.reference(p);
+        seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        for (const auto& [out, t] : expected)
+          golden_bytes += static_cast<double>(t.numel() * t.element_size());
+      }
+    }
+  }
+  std::printf(
+      "indexer smoke+quick: %zu cases, %.2f s generate+reference, %.2f MB of expected outputs\n",
+      ids.size(), seconds, golden_bytes / 1e6);
+  EXPECT_LT(golden_bytes, 4e6);
+  for (const char* must :
+       {"indexer_k_cache/bs1-", "indexer_gather/bs1-", "indexer_logits_decode/h8-",
+        "indexer_logits_decode/h16-", "indexer_logits_decode/h32-nn1-bs16-"})
+    EXPECT_TRUE(std::any_of(ids.begin(), ids.end(), [&](const std::string& id) {
+      return id.rfind(must, 0) == 0;
+    })) << must;
+}
+
+}  // namespace
+}  // namespace attncheck

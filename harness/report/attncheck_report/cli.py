@@ -1,0 +1,107 @@
+"""python3 -m attncheck_report RESULTS_DIR... [--baseline DIR...] [--mutants DIR...] [--out DIR]"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from . import FAILING_VERDICTS
+from .analysis import compare_to_baseline, load_mutant_specs, mutation_analysis
+from .results import ResultsError, all_cases, load_runs
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+EXIT_OK, EXIT_CASES_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(
+        prog="python3 -m attncheck_report",
+        description="Turn attncheck results directories (attncheck run --out DIR) into report.html"
+        " (self-contained) and summary.md. Several directories (shards, arches) merge into one"
+        " report; the same case may appear once per arch.",
+    )
+    p.add_argument("results", nargs="+", metavar="RESULTS_DIR",
+                   help="attncheck run --out directory")
+    p.add_argument("--baseline", action="append", default=[], metavar="DIR", nargs="+",
+                   help="results of the reference run (e.g. the last main run); repeatable")
+    p.add_argument("--mutants", action="append", default=[], metavar="DIR", nargs="+",
+                   help="results of runs against mutant libraries (run.json kernels_library ="
+                        " libattncheck_kernels[_hip]_mutant_<name>.so); repeatable")
+    p.add_argument("--mutant-specs", default=str(REPO_ROOT / "kernels_under_test"), metavar="DIR",
+                   help="directory of <op>.mutants files (default: %(default)s)")
+    p.add_argument("--out", default=".", metavar="DIR", help="where report.html and summary.md go")
+    p.add_argument("--title", default="attncheck accuracy report")
+    p.add_argument("--top", type=int, default=10, help="worst cases in summary.md (default 10)")
+    p.add_argument("--growth", type=float, default=2.0,
+                   help="flag error/budget ratios grown more than this factor vs baseline")
+    p.add_argument("--growth-floor", type=float, default=0.01,
+                   help="ignore growth of ratios still below this (rounding noise)")
+    p.add_argument("--exit-code", action="store_true",
+                   help="exit 1 when a case failed or errored, the results are incomplete, or a"
+                        " mutant survived (known bugs and unexpected passes do not fail)")
+    return p.parse_args(argv)
+
+
+def annotate(report, limit: int = 20) -> None:
+    """GitHub workflow commands: failures as errors, unexpected passes as warnings."""
+
+    def escape(text: str) -> str:
+        return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+    failing = [c for c in report.cases if c.failing]
+    for c in failing[:limit]:
+        print(f"::error title=attncheck {c.verdict}: {c.id} ({c.arch})::"
+              + escape(f"{c.message[:300]} | repro: {c.repro}"))
+    if len(failing) > limit:
+        print(f"::error title=attncheck::{len(failing) - limit} more failing cases in report.html")
+    for c in [c for c in report.cases if c.verdict == "unexpected_pass"][:limit]:
+        print(f"::warning title=attncheck unexpected pass: {c.id} ({c.arch})::"
+              + escape("passed although marked as a known bug: remove or narrow the mark"))
+
+
+def flatten(groups):
+    return [d for g in groups for d in g]
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    from .render import Report, write_html, write_markdown  # needs jinja2/matplotlib
+
+    try:
+        runs = load_runs(args.results)
+        cases = all_cases(runs)
+        regression = mutation = None
+        if args.baseline:
+            base = load_runs(flatten(args.baseline))
+            filters = {r.meta.get("filter") or "" for r in runs}
+            regression = compare_to_baseline(cases, base, args.growth, args.growth_floor,
+                                             filters.pop() if len(filters) == 1 else "")
+        if args.mutants:
+            mutant_runs = load_runs(flatten(args.mutants))
+            specs = load_mutant_specs(Path(args.mutant_specs))
+            mutation = mutation_analysis(mutant_runs, cases, specs)
+    except ResultsError as e:
+        print(f"attncheck_report: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report = Report(runs, cases, args.title, out, regression, mutation, worst_n=max(25, args.top))
+    write_html(report, out / "report.html")
+    write_markdown(report, out / "summary.md", top=args.top)
+    failing = sum(report.counts[v] for v in FAILING_VERDICTS)
+    print(f"attncheck_report: {report.status}: {report.status_text}; wrote {out / 'report.html'}"
+          f" and {out / 'summary.md'}")
+    for w in report.warnings:
+        print(f"attncheck_report: warning: {w}", file=sys.stderr)
+    if os.environ.get("GITHUB_ACTIONS") == "true":
+        annotate(report)
+    survived = [o.name for o in mutation.outcomes if not o.killed] if mutation else []
+    if survived:
+        print(f"attncheck_report: mutants survived: {', '.join(survived)}", file=sys.stderr)
+    if args.exit_code and (failing or report.warnings or survived):
+        return EXIT_CASES_FAILED
+    return EXIT_OK

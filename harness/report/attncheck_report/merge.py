@@ -1,0 +1,109 @@
+"""Merge the shards of one run (same arch, same tier) into one results directory.
+
+python3 -m attncheck_report.merge --out DIR SHARD_DIR...
+
+results.jsonl lines are copied as written, junit.xml suites are combined under one <testsuites>,
+repro bundles are copied, and run.json gets the summed case count, the earliest start, the latest
+finish and "merged_from". Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from .results import ResultsError, load_run
+
+
+def merge(shards, out: Path) -> dict:
+    runs = [load_run(s) for s in shards]  # validates every line before anything is written
+    for key in ("arch", "tier", "backend", "git_revision", "kernels_library"):
+        values = {r.get(key) for r in runs}
+        if len(values) > 1:
+            raise ResultsError(
+                f"shards disagree on {key}: {', '.join(sorted(values))} (merge shards of one run"
+                " only; give different runs to the report side by side instead)"
+            )
+    out.mkdir(parents=True, exist_ok=True)
+    if any(out.resolve() == Path(s).resolve() for s in shards):
+        raise ResultsError(f"{out}: the output directory is one of the shards")
+
+    meta = dict(runs[0].meta)
+    meta["case_count"] = sum(len(r.cases) for r in runs)
+    meta["shard"] = "merged"
+    meta["merged_from"] = [f"{r.path} ({r.get('shard', '?')})" for r in runs]
+    started = [r.meta["started"] for r in runs if r.meta.get("started")]
+    finished = [r.meta.get("finished") for r in runs]
+    if started:
+        meta["started"] = min(started)
+    # A shard that did not finish leaves the merged run unfinished (the report warns about it).
+    meta["finished"] = max(finished) if all(finished) else ""
+    walls = [r.meta["wall_s"] for r in runs if isinstance(r.meta.get("wall_s"), (int, float))]
+    if walls:
+        meta["wall_s"] = max(walls)  # shards run in parallel
+
+    with (out / "results.jsonl").open("w", encoding="utf-8") as dst:
+        for r in runs:
+            for line in (r.path / "results.jsonl").read_text(encoding="utf-8").splitlines():
+                if line.strip():
+                    dst.write(line + "\n")
+
+    warnings = []
+    suites = ET.Element("testsuites")
+    totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    for r in runs:
+        junit = r.path / "junit.xml"
+        if not junit.is_file():
+            warnings.append(f"{junit}: missing, not merged")
+            continue
+        try:
+            root = ET.parse(junit).getroot()
+        except ET.ParseError as e:
+            raise ResultsError(f"{junit}: not valid XML ({e})") from None
+        for suite in [root] if root.tag == "testsuite" else root.findall("testsuite"):
+            suite.set("name", f"{suite.get('name', 'attncheck')} [{r.get('shard', r.path.name)}]")
+            suites.append(suite)
+            for k in totals:
+                totals[k] += int(suite.get(k, "0") or 0)
+    for k, v in totals.items():
+        suites.set(k, str(v))
+    ET.ElementTree(suites).write(out / "junit.xml", encoding="utf-8", xml_declaration=True)
+
+    for r in runs:
+        repro = r.path / "repro"
+        if repro.is_dir():
+            (out / "repro").mkdir(exist_ok=True)
+            for f in sorted(repro.iterdir()):
+                target = out / "repro" / f.name
+                if target.exists():
+                    raise ResultsError(f"{f}: {target} exists already (a case in two shards?)")
+                shutil.copy2(f, target)
+
+    (out / "run.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    return {"cases": meta["case_count"], "shards": len(runs), "warnings": warnings}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python3 -m attncheck_report.merge", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("shards", nargs="+", metavar="SHARD_DIR")
+    p.add_argument("--out", required=True, metavar="DIR")
+    args = p.parse_args(argv)
+    try:
+        summary = merge(args.shards, Path(args.out))
+    except ResultsError as e:
+        print(f"attncheck_report.merge: error: {e}", file=sys.stderr)
+        return 2
+    for w in summary["warnings"]:
+        print(f"attncheck_report.merge: warning: {w}", file=sys.stderr)
+    print(f"attncheck_report.merge: {summary['cases']} cases from {summary['shards']} shards"
+          f" -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

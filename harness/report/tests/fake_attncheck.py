@@ -1,0 +1,47 @@
+#!/usr/bin/env python3
+"""Stands in for `attncheck run` in the ci/gpu-job tests: writes a results directory in the
+contract's format (tests/synthetic.py records), records the device environment it ran with, and
+exits 1 when a case failed. FAKE_ARCH sets the arch; FAKE_ALL_PASS=1 drops failing records;
+a kernels path naming a mutant makes every case fail."""
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import synthetic  # noqa: E402
+
+
+def main(argv):
+    assert argv[0] == "run", argv
+    opts, i = {}, 1
+    while i < len(argv):
+        opts[argv[i].lstrip("-")] = argv[i + 1]
+        i += 2
+    arch = os.environ.get("FAKE_ARCH", "gfx942")
+    kernels = opts.get("kernels", "")
+    records = [r for r in synthetic.other_cases(arch)
+               if not os.environ.get("FAKE_ALL_PASS") or r["verdict"] == "passed"]
+    if "mutant" in kernels:
+        for r in records:
+            r["verdict"] = "failed"
+    if "shard" in opts:
+        k, n = map(int, opts["shard"].split("/"))
+        records = records[k::n]
+    if "filter" in opts:
+        records = [r for r in records if re.search(opts["filter"], r["id"])]
+    device = ",".join(f"{v}={os.environ[v]}"
+                      for v in ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES") if v in os.environ)
+    synthetic.write_results(Path(opts["out"]), records, arch, tier=opts["tier"],
+                            shard=opts.get("shard", ""), kernels_library=kernels,
+                            device=device or "none", mode="kernel" if kernels else "reference",
+                            filter=opts.get("filter", ""))
+    (Path(opts["out"]) / "argv.json").write_text(json.dumps(argv))
+    print(f"fake attncheck: {len(records)} cases")
+    return 1 if any(r["verdict"] in ("failed", "error") for r in records) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,121 @@
+"""Verdict counts, worst-case order, baseline regressions and the mutation score."""
+
+import pytest
+
+import synthetic
+from attncheck_report.analysis import (compare_to_baseline, load_mutant_specs, mutation_analysis,
+                                       status_line, verdict_counts, worst_cases)
+from attncheck_report.results import ResultsError, all_cases, load_runs
+
+
+@pytest.fixture(scope="module")
+def loaded(synth):
+    runs = load_runs(synth["current"])
+    return {"runs": runs, "cases": all_cases(runs), "base": load_runs(synth["baseline"]),
+            "mutants": load_runs(synth["mutants"]), "specs": load_mutant_specs(synth["specs"])}
+
+
+def by_id(changes):
+    return {(ch.any.arch, ch.any.id) for ch in changes}
+
+
+def test_verdict_counts_per_arch(loaded):
+    g942 = verdict_counts(c for c in loaded["cases"] if c.arch == "gfx942")
+    assert dict(g942) == {"passed": 63, "failed": 4, "refused_as_expected": 3, "known_bug": 3,
+                          "unexpected_pass": 0, "skipped": 1, "error": 1}
+
+
+def test_status_line():
+    assert status_line(verdict_counts(["passed"] * 0), [])[0] == "NOT CHECKED"
+    counts = verdict_counts([])
+    counts.update({"passed": 3, "known_bug": 1, "unexpected_pass": 1})
+    assert status_line(counts, []) == ("PASSED", "5 cases, none failed")
+    assert status_line(counts, ["cut short"])[0] == "INCOMPLETE"
+    counts.update({"error": 1})
+    assert status_line(counts, []) == ("FAILED", "1 error of 6 cases")
+
+
+def test_worst_cases_put_failures_first_then_ratio(loaded):
+    worst = worst_cases(loaded["cases"], 12)
+    verdicts = [c.verdict for c in worst]
+    n_fail = sum(v in ("failed", "error") for v in verdicts)
+    assert n_fail == 8 and all(v in ("failed", "error") for v in verdicts[:n_fail])
+    assert verdicts[n_fail:n_fail + 3] == ["known_bug"] * 3
+    # failures with a finite ratio come after the infinite ones, largest first
+    finite = [c.ratio for c in worst[:n_fail] if c.ratio is not None and c.ratio < float("inf")]
+    assert finite == sorted(finite, reverse=True) and finite[0] == pytest.approx(37.0)
+
+
+def test_regression_against_baseline(loaded):
+    reg = compare_to_baseline(loaded["cases"], loaded["base"])
+    h8q8 = {("gfx942", f"mla_decode/h8-bs{bs}-q8-bf16-ctx1023-s0") for bs in (1, 16, 64)}
+    assert by_id(reg.new_failures) == h8q8
+    assert by_id(reg.fixed) == {("gfx942", "mla_decode/h4-bs64-q1-bf16-ctx1023-s0")}
+    assert by_id(reg.grown) == {("gfx942", "mla_decode/h32-bs16-q3-bf16-ctx1023-s0")}
+    assert reg.grown[0].growth == pytest.approx(10.0)
+    assert {ch.any.op for ch in reg.appeared} == {"page_indices"} and len(reg.appeared) == 6
+    assert by_id(reg.disappeared) == {("gfx942", "mla_decode/h2-bs16-q1-bf16-ctx1023-s0")}
+    # gfx950 has no baseline at all: reported as such, not as 75 appeared cases
+    assert reg.unmatched_arches == ["gfx950"]
+    assert not reg.is_clean
+
+
+def test_growth_below_the_floor_is_noise(loaded):
+    reg = compare_to_baseline(loaded["cases"], loaded["base"], growth_factor=2.0, growth_floor=0.6)
+    assert reg.grown == []  # 0.05 -> 0.5 is 10x, but 0.5 is under the 0.6 floor
+
+
+def test_identical_baseline_is_clean(loaded):
+    reg = compare_to_baseline(loaded["cases"], loaded["runs"])
+    assert reg.is_clean and not reg.fixed and not reg.appeared and not reg.disappeared
+
+
+def test_mutation_score(loaded):
+    mut = mutation_analysis(loaded["mutants"], loaded["cases"], loaded["specs"])
+    assert mut.score == (1, 2)
+    outcome = {o.name: o for o in mut.outcomes}
+    causal = outcome["mla_no_causal"]
+    assert causal.killed and causal.expected_hit
+    # h8 q8 fails with the normal library too: it does not count as a kill
+    assert {c.id for c in causal.excused} == {f"mla_decode/h8-bs{bs}-q8-bf16-ctx1023-s0"
+                                              for bs in (1, 16, 64)}
+    assert all("h8-" not in c.id or "-q3-" in c.id for c in causal.killers)
+    assert not outcome["kv_ignore_stride"].killed
+    assert [s.name for s in mut.not_run] == ["mla_pad_heads"]
+
+
+def test_mutant_without_a_mutant_library_is_refused(loaded):
+    with pytest.raises(ResultsError, match="is not a mutant library"):
+        mutation_analysis(loaded["runs"], loaded["cases"], loaded["specs"])
+
+
+def test_mutants_file_format_errors(tmp_path):
+    (tmp_path / "rope.mutants").write_text("just_a_name\n")
+    with pytest.raises(ResultsError,
+                       match=r"rope\.mutants:1: expected 'name \| seed bug \| case id regex'"):
+        load_mutant_specs(tmp_path)
+    (tmp_path / "rope.mutants").write_text("m | bug | rope/(unclosed\n")
+    with pytest.raises(ResultsError, match=r"rope\.mutants:1: bad case id regex"):
+        load_mutant_specs(tmp_path)
+
+
+def test_mutants_file_regex_may_contain_bars(synth):
+    spec = load_mutant_specs(synth["specs"])["mla_pad_heads"]
+    assert spec.op == "mla_decode" and spec.expect == "mla_decode/h(4|8)-"
+
+
+def test_synthetic_arches_differ_only_where_intended(tmp_path):
+    a = {r["id"]: r["verdict"] for r in synthetic.mla_cases("gfx942")}
+    b = {r["id"]: r["verdict"] for r in synthetic.mla_cases("gfx950")}
+    assert a.keys() == b.keys()
+    q8_h8_or_h16 = {k for k in a if "-q8-" in k and ("h8-" in k or "h16-" in k)}
+    assert {k for k in a if a[k] != b[k]} == q8_h8_or_h16
+
+
+def test_current_filter_applies_to_an_unfiltered_baseline(loaded):
+    mla = [c for c in loaded["cases"] if c.op == "mla_decode"]
+    reg = compare_to_baseline(mla, loaded["base"], id_filter="^mla_decode/")
+    assert reg.filter_applied == "^mla_decode/"
+    assert {ch.any.op for ch in reg.disappeared} == {"mla_decode"}  # not every other op
+    assert len(reg.new_failures) == 3
+

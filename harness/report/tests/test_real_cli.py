@@ -1,0 +1,72 @@
+"""The report on results made by the real `attncheck run --tier smoke` (reference vs goldens on
+this CPU), through `ci/gpu-job smoke --no-gpu` exactly as the README's local line runs it.
+Skipped, with the reason, when the attncheck binary has not been built."""
+
+import base64
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from attncheck_report.results import load_runs
+from conftest import REPO
+from png_check import check_png
+from test_report import md_rows, parse
+
+
+def find_build():
+    for candidate in (os.environ.get("ATTNCHECK_BUILD"), REPO / "build" / "cpu"):
+        if candidate and (Path(candidate) / "harness" / "cli" / "attncheck").is_file():
+            return Path(candidate)
+    return None
+
+
+BUILD = find_build()
+pytestmark = pytest.mark.skipif(
+    BUILD is None, reason="no attncheck binary (build the cpu preset, or set ATTNCHECK_BUILD)")
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    out = tmp_path_factory.mktemp("smoke")
+    env = dict(os.environ, ATTNCHECK_BUILD=str(BUILD))
+    for var in ("GITHUB_STEP_SUMMARY", "GITHUB_ACTIONS"):
+        env.pop(var, None)
+    proc = subprocess.run([str(REPO / "ci" / "gpu-job"), "smoke", "--no-gpu", "--out", str(out)],
+                          env=env, capture_output=True, text=True, timeout=900)
+    return {"out": out, "proc": proc}
+
+
+def test_smoke_tier_passes_on_the_reference(smoke):
+    proc = smoke["proc"]
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "kernels under test are NOT checked" in proc.stdout
+
+
+def test_smoke_results_follow_the_contract(smoke):
+    runs = load_runs([smoke["out"] / "results"])  # raises on any malformed record
+    cases = [c for r in runs for c in r.cases]
+    assert cases and {c.mode for c in cases} <= {"reference", "none"}
+    run = runs[0]
+    for key in ("git_revision", "arch", "backend", "tier", "case_count", "golden_manifest_sha256",
+                "mode"):
+        assert key in run.meta, f"run.json lacks {key}"
+    assert run.meta["tier"] == "smoke" and run.warnings == []
+    # every op that has a case file is in the smoke tier
+    ops_with_cases = {p.stem for p in (REPO / "cases").glob("*.toml")}
+    assert ops_with_cases <= {c.op for c in cases}
+
+
+def test_smoke_report_renders(smoke):
+    html = (smoke["out"] / "report.html").read_text(encoding="utf-8")
+    p = parse(html)
+    ops = {c.op for r in load_runs([smoke["out"] / "results"]) for c in r.cases}
+    assert len(p.images) == len(ops)
+    for img in p.images:
+        check_png(base64.b64decode(img["src"].split(",", 1)[1]))
+    md = (smoke["out"] / "summary.md").read_text(encoding="utf-8")
+    counts = [r for r in md_rows(md) if len(r) == 9 and re.fullmatch(r"\d+", r[1])]
+    assert counts and sum(int(r[1]) for r in counts) == sum(
+        len(r.cases) for r in load_runs([smoke["out"] / "results"]))

@@ -1,0 +1,187 @@
+"""The report end to end, as CI runs it: python3 -m attncheck_report DIRS... on hand-made results
+with failures, a baseline and mutants. The HTML must parse, be self-contained, and every image must
+be a whole PNG; the Markdown must carry the rows a CI summary needs."""
+
+import base64
+import re
+from html.parser import HTMLParser
+
+from conftest import run_report
+from png_check import check_png
+
+VOID = {"meta", "img", "br", "hr", "input", "link", "col", "area", "base", "wbr", "source"}
+
+
+class Collector(HTMLParser):
+    """Tags balanced, ids unique, every resource reference recorded."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.stack, self.errors, self.images, self.refs, self.ids = [], [], [], [], []
+        self.text = []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if "id" in a:
+            self.ids.append(a["id"])
+        if tag == "img":
+            self.images.append(a)
+        for key in ("src", "href"):
+            if key in a:
+                self.refs.append((tag, a[key]))
+        if tag in ("script", "link", "iframe", "object", "embed"):
+            self.errors.append(f"<{tag}> in a self-contained report")
+        if tag not in VOID:
+            self.stack.append((tag, self.getpos()))
+
+    def handle_endtag(self, tag):
+        if tag in VOID:
+            return
+        if not self.stack or self.stack[-1][0] != tag:
+            self.errors.append(f"</{tag}> at {self.getpos()} closes {self.stack[-1:]}")
+            return
+        self.stack.pop()
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def parse(html):
+    p = Collector()
+    p.feed(html)
+    p.close()
+    assert not p.errors, p.errors[:5]
+    assert not p.stack, f"unclosed: {p.stack[:5]}"
+    return p
+
+
+def test_html_parses_and_is_self_contained(full_report):
+    html = full_report["html"]
+    p = parse(html)
+    assert len(p.ids) == len(set(p.ids)), "duplicate ids"
+    for tag, ref in p.refs:
+        assert not re.match(r"(?i)(https?:|//|ftp:)", ref), f"network reference {tag} {ref}"
+        if ref.startswith("#"):
+            assert ref[1:] in p.ids, f"dangling anchor {ref}"
+    assert "url(" not in html and "@import" not in html
+    # The title is escaped, not injected.
+    assert "synthetic &lt;report&gt; &amp; co" in html and "<report>" not in html
+
+
+def test_every_image_is_a_whole_png(full_report):
+    p = parse(full_report["html"])
+    ops = {"indexer_topk", "kv_gather", "mla_decode", "page_indices", "rope", "sparse_mla"}
+    assert len(p.images) == len(ops)
+    for img in p.images:
+        prefix = "data:image/png;base64,"
+        assert img["src"].startswith(prefix)
+        width, height = check_png(base64.b64decode(img["src"][len(prefix):], validate=True))
+        assert width >= 300 and height >= 150
+        assert img.get("alt", "").split(" heatmap")[0] in ops
+
+
+def test_html_content(full_report):
+    text = " ".join(" ".join(parse(full_report["html"]).text).split())
+    assert "FAILED 7 failed, 1 error of 150 cases" in text
+    for expected in (
+        "9f2c0b7e9f2c0b7e",  # golden manifest hash
+        "abc1234def",  # revision
+        "New failures (3)",
+        "Fixed (1)",
+        "Error/budget ratio grown more than 2x (1)",
+        "Cases appeared (6) and disappeared (1)",
+        "The baseline has no results for gfx950",
+        "Mutation score 1/2 (50%)",
+        "mla_pad_heads",  # listed but not run
+        "3 case(s) passed although marked as a known bug",
+        "attncheck repro 'mla_decode/h8-bs16-q8-bf16-ctx1023-s0'",
+        "golden/rope.h5: dataset 'gptj-inplace' missing",  # an error's message
+        "mla_decode__h8-bs16-q8-bf16-ctx1023-s0.h5",  # its repro bundle
+    ):
+        assert expected in text, expected
+
+
+def md_rows(md):
+    return [[c.strip() for c in line.strip("|").split(" | ")] for line in md.splitlines()
+            if line.startswith("| ")]
+
+
+def test_markdown_summary(full_report):
+    md = full_report["md"]
+    assert md.startswith("## synthetic <report> & co\n")
+    assert "❌ **FAILED**: 7 failed, 1 error of 150 cases" in md
+    rows = md_rows(md)
+    assert ["gfx942", "75", "63", "4", "3", "3", "0", "1", "1"] in rows
+    assert ["gfx950", "75", "65", "3", "3", "0", "3", "1", "0"] in rows
+    assert ["**all**", "150", "128", "7", "6", "3", "3", "2", "1"] in rows
+    assert "3 new failures, 1 fixed, 1 error/budget ratios grown > 2x, 6 cases appeared," \
+           " 1 disappeared; no baseline for gfx950" in md
+    changes = [r for r in rows if r[0] in ("new failure", "ratio grown", "fixed")]
+    assert [r[0] for r in changes] == ["new failure"] * 3 + ["ratio grown", "fixed"]
+    assert changes[0][1:4] == ["`mla_decode/h8-bs1-q8-bf16-ctx1023-s0`", "gfx942",
+                               "passed → failed"]
+    worst = [r for r in rows if len(r) == 7 and r[0].startswith("`")]
+    assert len(worst) == 10 and all(r[6].startswith("`attncheck repro '") for r in worst)
+    assert "**3 unexpected passes**" in md
+    assert "**Mutation score** 1/2; survived: kv_ignore_stride" in md
+    # Short enough for a step summary and a human.
+    assert len(md.splitlines()) < 60 and len(md) < 16_000
+
+
+def test_single_passing_run_without_extras(synth, tmp_path):
+    records = [r for r in __import__("synthetic").other_cases("gfx942")
+               if r["verdict"] == "passed"]
+    d = __import__("synthetic").write_results(tmp_path / "ok", records)
+    proc = run_report(d, "--out", tmp_path / "o", "--exit-code")
+    assert proc.returncode == 0, proc.stderr
+    md = (tmp_path / "o" / "summary.md").read_text()
+    assert "✅ **PASSED**" in md and "vs baseline" not in md and "Mutation" not in md
+    html = (tmp_path / "o" / "report.html").read_text()
+    assert 'id="regression"' not in html and 'id="mutation"' not in html
+    parse(html)
+
+
+def test_exit_code_annotations_and_bad_input(synth, tmp_path):
+    proc = run_report(*synth["current"], "--out", tmp_path / "a", "--exit-code",
+                      env={"GITHUB_ACTIONS": "true"})
+    assert proc.returncode == 1 and "FAILED: 7 failed, 1 error" in proc.stdout
+    # GitHub annotations: every failure an error, every unexpected pass a warning.
+    errors = [line for line in proc.stdout.splitlines() if line.startswith("::error ")]
+    warnings = [line for line in proc.stdout.splitlines() if line.startswith("::warning ")]
+    assert len(errors) == 8 and len(warnings) == 3
+    assert any("mla_decode/h8-bs16-q8-bf16-ctx1023-s0 (gfx942)::" in line for line in errors)
+    proc = run_report(tmp_path / "missing", "--out", tmp_path / "b")
+    assert proc.returncode == 2
+    assert "attncheck_report: error:" in proc.stderr and "not a directory" in proc.stderr
+    assert not (tmp_path / "b" / "report.html").exists()
+
+
+def test_malformed_line_exits_with_file_and_line(synth, tmp_path):
+    import shutil
+    bad = tmp_path / "bad"
+    shutil.copytree(synth["current"][0], bad)
+    with (bad / "results.jsonl").open("a") as fh:
+        fh.write("{oops\n")
+    proc = run_report(bad, "--out", tmp_path / "o")
+    assert proc.returncode == 2
+    n = len((bad / "results.jsonl").read_text().splitlines())
+    assert f"results.jsonl:{n}: not valid JSON" in proc.stderr
+
+
+def test_reexec_under_debian_python_or_clear_message(synth, tmp_path):
+    """Started from an interpreter without numpy (python3 -I -S: no site packages) the package
+    either re-runs itself under /usr/bin/python3 or names what is missing."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, PYTHONPATH=str(__import__("conftest").PACKAGE_PARENT))
+    cmd = [sys.executable, "-S", "-m", "attncheck_report", *map(str, synth["current"]),
+           "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    if os.access("/usr/bin/python3", os.X_OK):
+        assert proc.returncode == 0, proc.stderr
+        assert (tmp_path / "report.html").is_file()
+    env["ATTNCHECK_REPORT_REEXEC"] = "1"  # no second chance: the message must say what is missing
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 3
+    assert "lacks numpy" in proc.stderr and "apt-get install python3-numpy" in proc.stderr

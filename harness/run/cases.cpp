@@ -1,0 +1,566 @@
+#include "cases.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include <toml++/toml.h>
+
+#include "run/covering.h"
+
+namespace attncheck {
+
+namespace {
+
+std::string at(const std::string& path, const toml::source_region& src) {
+  return path + ":" + std::to_string(src.begin.line) + ":" + std::to_string(src.begin.column);
+}
+std::string line_of(const std::string& path, const toml::source_region& src) {
+  return path + ":" + std::to_string(src.begin.line);
+}
+
+[[noreturn]] void fail(const std::string& path, const toml::node& node, const std::string& what) {
+  throw CaseFileError(at(path, node.source()) + ": " + what);
+}
+
+std::string join_keys(std::initializer_list<std::string_view> keys) {
+  std::string s;
+  for (auto k : keys) s += (s.empty() ? "" : ", ") + std::string(k);
+  return s;
+}
+
+void allow_keys(const std::string& path, const toml::table& t, const std::string& where,
+                std::initializer_list<std::string_view> keys) {
+  for (const auto& [k, v] : t) {
+    if (std::find(keys.begin(), keys.end(), k.str()) == keys.end())
+      fail(path, v,
+           where + ": unknown field '" + std::string(k.str()) + "' (allowed: " + join_keys(keys) +
+               ")");
+  }
+}
+
+nlohmann::json scalar(const std::string& path, const toml::node& n, const std::string& field) {
+  if (auto v = n.as_integer()) return v->get();
+  if (auto v = n.as_floating_point()) return v->get();
+  if (auto v = n.as_string()) return v->get();
+  if (auto v = n.as_boolean()) return v->get();
+  fail(path, n, field + ": expected a number, string or boolean");
+}
+
+const toml::table& as_table(const std::string& path, const toml::node& n,
+                            const std::string& field) {
+  if (auto t = n.as_table()) return *t;
+  fail(path, n, field + ": expected a table");
+}
+
+std::string as_string(const std::string& path, const toml::node& n, const std::string& field) {
+  if (auto s = n.as_string()) return s->get();
+  fail(path, n, field + ": expected a string");
+}
+
+// Values of a table entry: a scalar, or an array of scalars (non-empty).
+std::vector<nlohmann::json> value_list(const std::string& path, const toml::node& n,
+                                       const std::string& field, bool scalar_ok) {
+  std::vector<nlohmann::json> out;
+  if (auto arr = n.as_array()) {
+    if (arr->empty()) fail(path, n, field + ": empty list of values");
+    for (const auto& e : *arr) out.push_back(scalar(path, e, field));
+    return out;
+  }
+  if (!scalar_ok) fail(path, n, field + ": expected a list of values, e.g. [1, 16, 64]");
+  out.push_back(scalar(path, n, field));
+  return out;
+}
+
+std::string json_text(const nlohmann::json& v) {
+  return v.is_string() ? "\"" + v.get<std::string>() + "\"" : v.dump();
+}
+
+// Params for one row: the file's defaults, then the group's values.
+Params merged(const Params& defaults, const Params& given) {
+  Params p = defaults;
+  for (const auto& [k, v] : given.items()) p[k] = v;
+  return p;
+}
+
+bool exclude_matches(const std::map<std::string, std::vector<nlohmann::json>>& rule,
+                     const Params& complete) {
+  for (const auto& [axis, values] : rule)
+    if (std::find(values.begin(), values.end(), complete.at(axis)) == values.end()) return false;
+  return true;
+}
+
+std::string where_group(const CaseGroup& g) {
+  return "group '" + g.name + "'";
+}
+
+}  // namespace
+
+bool is_tier(std::string_view t) {
+  return std::find(std::begin(kTiers), std::end(kTiers), t) != std::end(kTiers);
+}
+
+std::vector<Case> expand_group(const Op& op, const CaseFile& file, const CaseGroup& g,
+                               std::string_view tier) {
+  const auto it = g.tiers.find(std::string(tier));
+  if (it == g.tiers.end()) return {};
+  const std::string& how = it->second;
+  const Params base = op.complete(file.defaults);
+
+  std::vector<Params> rows;
+  std::vector<std::string> sources;
+  if (how == "list") {
+    for (size_t i = 0; i < g.cases.size(); ++i) {
+      rows.push_back(merged(file.defaults, g.cases[i]));
+      sources.push_back(g.case_sources[i]);
+    }
+  } else {
+    std::vector<int> counts;
+    for (const auto& [name, values] : g.axes) counts.push_back(static_cast<int>(values.size()));
+    // Exclude rules become forbidden partial assignments over the group's axes; axes the group
+    // does not vary are fixed at their default, so a rule naming them fires or never does.
+    std::vector<CoverConstraint> constraints;
+    for (const auto& rule : g.excludes) {
+      bool can_fire = true;
+      std::vector<std::vector<std::pair<int, int>>> choices;
+      for (const auto& [axis, values] : rule) {
+        const auto ax = std::find_if(g.axes.begin(), g.axes.end(),
+                                     [&](const auto& a) { return a.first == axis; });
+        if (ax == g.axes.end()) {
+          can_fire = can_fire &&
+                     std::find(values.begin(), values.end(), base.at(axis)) != values.end();
+          continue;
+        }
+        std::vector<std::pair<int, int>> options;
+        for (size_t vi = 0; vi < ax->second.size(); ++vi)
+          if (std::find(values.begin(), values.end(), ax->second[vi]) != values.end())
+            options.emplace_back(static_cast<int>(ax - g.axes.begin()), static_cast<int>(vi));
+        if (options.empty()) can_fire = false;
+        choices.push_back(options);
+      }
+      if (!can_fire) continue;
+      std::vector<CoverConstraint> expanded = {{}};
+      for (const auto& options : choices) {
+        std::vector<CoverConstraint> next;
+        for (const auto& c : expanded)
+          for (const auto& o : options) {
+            auto c2 = c;
+            c2.push_back(o);
+            next.push_back(std::move(c2));
+          }
+        expanded = std::move(next);
+      }
+      for (auto& c : expanded) constraints.push_back(std::move(c));
+    }
+    // A rule over non-varied axes only that fires excludes everything.
+    for (const auto& c : constraints)
+      if (c.empty()) return {};
+    const auto picked =
+        how == "pairwise" ? pairwise_rows(counts, constraints) : cartesian_rows(counts, constraints);
+    for (const auto& r : picked) {
+      Params given = Params::object();
+      for (size_t a = 0; a < g.axes.size(); ++a)
+        given[g.axes[a].first] = g.axes[a].second[static_cast<size_t>(r[a])];
+      rows.push_back(merged(file.defaults, given));
+      sources.push_back(g.source);
+    }
+  }
+
+  std::vector<Case> out;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    Case c = op.make_case(rows[i]);
+    if (how == "list" &&
+        std::any_of(g.excludes.begin(), g.excludes.end(),
+                    [&](const auto& rule) { return exclude_matches(rule, c.params); }))
+      continue;
+    c.source = sources[i];
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+CaseFile load_case_file(const std::string& path) {
+  toml::table root;
+  try {
+    root = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream os;
+    os << path << ":" << e.source().begin.line << ":" << e.source().begin.column
+       << ": TOML syntax error: " << e.description();
+    throw CaseFileError(os.str());
+  } catch (const std::exception& e) {
+    throw CaseFileError(path + ": cannot read: " + e.what());
+  }
+
+  CaseFile f;
+  f.path = path;
+  allow_keys(path, root, "case file", {"op", "defaults", "group", "known_bug"});
+  const toml::node* op_node = root.get("op");
+  if (!op_node) throw CaseFileError(path + ":1:1: missing 'op = \"<op name>\"'");
+  f.op = as_string(path, *op_node, "op");
+  const Op* op = find_op(f.op);
+  if (!op) {
+    std::string known;
+    for (const Op* o : all_ops()) known += (known.empty() ? "" : ", ") + o->name();
+    fail(path, *op_node, "op: unknown op '" + f.op + "' (registered: " + known + ")");
+  }
+  std::set<std::string> axis_names;
+  for (const auto& a : op->axes()) axis_names.insert(a.name);
+
+  // Checks one assignment of axis values (given on top of the file's defaults), naming `node`.
+  auto validate = [&](const Params& given, const toml::node& node, const std::string& field) {
+    try {
+      (void)op->complete(merged(f.defaults, given));
+    } catch (const std::exception& e) {
+      fail(path, node, field + ": " + e.what());
+    }
+  };
+
+  if (const toml::node* d = root.get("defaults")) {
+    const auto& t = as_table(path, *d, "[defaults]");
+    for (const auto& [k, v] : t) {
+      Params one = Params::object();
+      one[std::string(k.str())] = scalar(path, v, "[defaults] " + std::string(k.str()));
+      try {
+        (void)op->complete(one);
+      } catch (const std::exception& e) {
+        fail(path, v, "[defaults] " + std::string(k.str()) + ": " + e.what());
+      }
+      f.defaults[std::string(k.str())] = one[std::string(k.str())];
+    }
+  }
+
+  if (const toml::node* kb = root.get("known_bug")) {
+    const auto* arr = kb->as_array();
+    if (!arr) fail(path, *kb, "known_bug: expected [[known_bug]] entries");
+    for (const auto& e : *arr) {
+      const auto& t = as_table(path, e, "[[known_bug]]");
+      allow_keys(path, t, "[[known_bug]]", {"id", "arch", "reason"});
+      KnownBugRule r;
+      r.source = line_of(path, e.source());
+      const toml::node* id = t.get("id");
+      const toml::node* reason = t.get("reason");
+      if (!id || !reason) fail(path, e, "[[known_bug]]: needs 'id' (a regex) and 'reason'");
+      r.id_regex = as_string(path, *id, "[[known_bug]] id");
+      r.reason = as_string(path, *reason, "[[known_bug]] reason");
+      if (const toml::node* a = t.get("arch")) r.arch = as_string(path, *a, "[[known_bug]] arch");
+      for (const auto& [field, text] : {std::pair{"id", r.id_regex}, std::pair{"arch", r.arch}}) {
+        try {
+          (void)std::regex(text);
+        } catch (const std::regex_error& ex) {
+          fail(path, *t.get(field),
+               std::string("[[known_bug]] ") + field + ": bad regex '" + text + "': " + ex.what());
+        }
+      }
+      f.known_bugs.push_back(std::move(r));
+    }
+  }
+
+  const toml::node* groups = root.get("group");
+  if (!groups) throw CaseFileError(path + ":1:1: no [[group]]: the file defines no case");
+  const auto* garr = groups->as_array();
+  if (!garr) fail(path, *groups, "group: expected [[group]] entries");
+  for (const auto& gnode : *garr) {
+    const auto& t = as_table(path, gnode, "[[group]]");
+    CaseGroup g;
+    g.source = line_of(path, gnode.source());
+    allow_keys(path, t, "[[group]]", {"name", "tiers", "axes", "exclude", "cases", "note"});
+    const toml::node* name = t.get("name");
+    if (!name) fail(path, gnode, "[[group]]: missing 'name'");
+    g.name = as_string(path, *name, "[[group]] name");
+    const std::string gw = where_group(g);
+    if (const toml::node* n = t.get("note")) g.note = as_string(path, *n, gw + " note");
+
+    const toml::node* tiers = t.get("tiers");
+    if (!tiers) fail(path, gnode, gw + ": missing 'tiers', e.g. tiers = { smoke = \"pairwise\" }");
+    const auto& tt = as_table(path, *tiers, gw + " tiers");
+    if (tt.empty()) fail(path, *tiers, gw + " tiers: empty (name at least one tier)");
+    for (const auto& [tier, how_node] : tt) {
+      const std::string tier_name(tier.str());
+      if (!is_tier(tier_name))
+        fail(path, how_node, gw + " tiers: unknown tier '" + tier_name + "' (tiers: smoke, quick, full)");
+      const std::string how = as_string(path, how_node, gw + " tiers." + tier_name);
+      if (how != "cartesian" && how != "pairwise" && how != "list")
+        fail(path, how_node,
+             gw + " tiers." + tier_name + ": unknown expansion '" + how +
+                 "' (expansions: cartesian, pairwise, list)");
+      g.tiers[tier_name] = how;
+    }
+    const bool uses_list = std::any_of(g.tiers.begin(), g.tiers.end(),
+                                       [](const auto& kv) { return kv.second == "list"; });
+    const bool uses_axes = std::any_of(g.tiers.begin(), g.tiers.end(),
+                                       [](const auto& kv) { return kv.second != "list"; });
+
+    if (const toml::node* axes = t.get("axes")) {
+      g.has_axes = true;
+      const auto& at_ = as_table(path, *axes, gw + " axes");
+      for (const auto& [k, v] : at_) {
+        const std::string axis(k.str());
+        const std::string field = gw + " axis '" + axis + "'";
+        if (!axis_names.count(axis)) {
+          std::string known;
+          for (const auto& a : op->axes()) known += (known.empty() ? "" : ", ") + a.name;
+          fail(path, v, field + ": unknown axis of op '" + f.op + "' (axes: " + known + ")");
+        }
+        auto values = value_list(path, v, field, false);
+        const auto* arr = v.as_array();
+        for (size_t i = 0; i < values.size(); ++i) {
+          Params one = Params::object();
+          one[axis] = values[i];
+          validate(one, *arr->get(i), field);
+          for (size_t j = 0; j < i; ++j)
+            if (values[j] == values[i])
+              fail(path, *arr->get(i), field + ": value " + json_text(values[i]) + " listed twice");
+        }
+        g.axes.emplace_back(axis, std::move(values));
+      }
+      // The op's axis order, so rows and ids do not depend on how the file orders its keys.
+      std::vector<std::pair<std::string, std::vector<nlohmann::json>>> ordered;
+      for (const auto& a : op->axes())
+        for (auto& ax : g.axes)
+          if (ax.first == a.name) ordered.push_back(std::move(ax));
+      g.axes = std::move(ordered);
+      if (!uses_axes)
+        fail(path, *axes, gw + ": has 'axes' but every tier uses 'list' (the axes would be unused)");
+    } else if (uses_axes) {
+      fail(path, gnode, gw + ": a tier expands 'cartesian' or 'pairwise' but the group has no 'axes'");
+    }
+
+    if (const toml::node* cases = t.get("cases")) {
+      const auto* arr = cases->as_array();
+      if (!arr || arr->empty())
+        fail(path, *cases, gw + " cases: expected a non-empty list of tables, e.g. [ { heads = 4 } ]");
+      for (const auto& e : *arr) {
+        const auto& ct = as_table(path, e, gw + " cases entry");
+        Params p = Params::object();
+        for (const auto& [k, v] : ct) {
+          const std::string axis(k.str());
+          if (!axis_names.count(axis)) {
+            std::string known;
+            for (const auto& a : op->axes()) known += (known.empty() ? "" : ", ") + a.name;
+            fail(path, v, gw + " case: unknown axis '" + axis + "' of op '" + f.op + "' (axes: " + known + ")");
+          }
+          p[axis] = scalar(path, v, gw + " case axis '" + axis + "'");
+          Params one = Params::object();
+          one[axis] = p[axis];
+          validate(one, v, gw + " case axis '" + axis + "'");
+        }
+        g.cases.push_back(std::move(p));
+        g.case_sources.push_back(line_of(path, e.source()));
+      }
+      if (!uses_list)
+        fail(path, *cases, gw + ": has 'cases' but no tier uses 'list' (the cases would be unused)");
+    } else if (uses_list) {
+      fail(path, gnode, gw + ": a tier uses 'list' but the group has no 'cases'");
+    }
+
+    if (const toml::node* ex = t.get("exclude")) {
+      const auto* arr = ex->as_array();
+      if (!arr) fail(path, *ex, gw + " exclude: expected a list of tables");
+      for (const auto& e : *arr) {
+        const auto& et = as_table(path, e, gw + " exclude entry");
+        if (et.empty()) fail(path, e, gw + " exclude: an empty rule would exclude every case");
+        std::map<std::string, std::vector<nlohmann::json>> rule;
+        for (const auto& [k, v] : et) {
+          const std::string axis(k.str());
+          if (!axis_names.count(axis))
+            fail(path, v, gw + " exclude: unknown axis '" + axis + "' of op '" + f.op + "'");
+          rule[axis] = value_list(path, v, gw + " exclude axis '" + axis + "'", true);
+        }
+        // A rule that can never fire is a typo or a stale line: say so.
+        const Params base = op->complete(f.defaults);
+        bool live = false;
+        std::string why_dead;
+        if (g.has_axes && uses_axes) {
+          live = true;
+          for (const auto& [axis, values] : rule) {
+            const auto ax = std::find_if(g.axes.begin(), g.axes.end(),
+                                         [&](const auto& a) { return a.first == axis; });
+            const auto& pool =
+                ax != g.axes.end() ? ax->second : std::vector<nlohmann::json>{base.at(axis)};
+            const bool any = std::any_of(values.begin(), values.end(), [&](const auto& v) {
+              return std::find(pool.begin(), pool.end(), v) != pool.end();
+            });
+            if (!any) {
+              live = false;
+              why_dead = axis + " takes none of the listed values in this group";
+              break;
+            }
+          }
+        }
+        for (const auto& c : g.cases) {
+          if (live) break;
+          live = exclude_matches(rule, op->complete(merged(f.defaults, c)));
+        }
+        if (!live)
+          fail(path, e,
+               gw + " exclude: the rule matches no case of the group" +
+                   (why_dead.empty() ? "" : " (" + why_dead + ")"));
+        g.excludes.push_back(std::move(rule));
+        g.exclude_sources.push_back(line_of(path, e.source()));
+      }
+    }
+    f.groups.push_back(std::move(g));
+  }
+
+  // Expand every tier now: empty expansions and duplicate ids are file errors.
+  std::map<std::string, std::map<std::string, std::string>> seen;  // tier -> id -> source
+  for (const auto& g : f.groups) {
+    for (const auto& [tier, how] : g.tiers) {
+      std::vector<Case> cs;
+      try {
+        cs = expand_group(*op, f, g, tier);
+      } catch (const std::exception& e) {
+        throw CaseFileError(g.source + ": " + where_group(g) + " tier '" + tier + "': " + e.what());
+      }
+      if (cs.empty())
+        throw CaseFileError(g.source + ": " + where_group(g) + " tier '" + tier + "' (" + how +
+                            ") expands to no case: every combination is excluded");
+      for (auto& c : cs) {
+        auto [it, fresh] = seen[tier].emplace(c.id, c.source);
+        if (!fresh)
+          throw CaseFileError(c.source + ": duplicate case id '" + c.id + "' in tier '" + tier +
+                              "', also produced at " + it->second +
+                              " (drop one, or exclude it from one group)");
+        f.tiers[tier].push_back(std::move(c));
+      }
+    }
+  }
+  // Tier membership and known-bug marks.
+  std::vector<char> rule_used(f.known_bugs.size(), 0);
+  for (auto& [tier, cs] : f.tiers) {
+    for (auto& c : cs) {
+      for (std::string_view t : kTiers)
+        if (seen[std::string(t)].count(c.id)) c.tiers.emplace_back(t);
+      std::vector<const KnownBugRule*> hits;
+      for (size_t i = 0; i < f.known_bugs.size(); ++i) {
+        if (!std::regex_search(c.id, std::regex(f.known_bugs[i].id_regex))) continue;
+        rule_used[i] = 1;
+        hits.push_back(&f.known_bugs[i]);
+      }
+      if (hits.size() == 1) {
+        c.known_bug = KnownBug{hits[0]->reason, hits[0]->arch};
+      } else if (hits.size() > 1) {
+        // Several marks: any of their arches; each reason names its arch.
+        std::string reason, arch;
+        bool any_arch = false;
+        for (const auto* r : hits) {
+          reason += (reason.empty() ? "" : "; ") + r->reason +
+                    (r->arch.empty() ? "" : " [arch " + r->arch + "]");
+          any_arch = any_arch || r->arch.empty();
+          arch += (arch.empty() ? "" : "|") + ("(?:" + r->arch + ")");
+        }
+        c.known_bug = KnownBug{reason, any_arch ? "" : arch};
+      }
+    }
+  }
+  for (size_t i = 0; i < f.known_bugs.size(); ++i)
+    if (!rule_used[i])
+      throw CaseFileError(f.known_bugs[i].source + ": [[known_bug]] id regex '" +
+                          f.known_bugs[i].id_regex + "' matches no case of this file");
+  return f;
+}
+
+std::vector<CaseFile> load_case_dir(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) throw CaseFileError(dir + ": case directory not found");
+  std::vector<std::string> paths;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.is_regular_file() && e.path().extension() == ".toml") paths.push_back(e.path().string());
+  std::sort(paths.begin(), paths.end());
+  if (paths.empty()) throw CaseFileError(dir + ": no *.toml case files");
+  std::vector<CaseFile> files;
+  std::map<std::string, std::map<std::string, std::string>> seen;  // tier -> id -> source
+  for (const auto& p : paths) {
+    files.push_back(load_case_file(p));
+    for (const auto& [tier, cs] : files.back().tiers)
+      for (const auto& c : cs) {
+        auto [it, fresh] = seen[tier].emplace(c.id, c.source);
+        if (!fresh)
+          throw CaseFileError(c.source + ": duplicate case id '" + c.id + "' in tier '" + tier +
+                              "', also produced at " + it->second +
+                              " (drop one, or exclude it from one group)");
+      }
+  }
+  return files;
+}
+
+Shard parse_shard(std::string_view text) {
+  const auto slash = text.find('/');
+  auto number = [&](std::string_view s, int& out) {
+    if (s.empty() || s.size() > 6 || !std::all_of(s.begin(), s.end(), [](char ch) {
+          return ch >= '0' && ch <= '9';
+        }))
+      return false;
+    out = std::stoi(std::string(s));
+    return true;
+  };
+  Shard sh;
+  if (slash == std::string_view::npos || !number(text.substr(0, slash), sh.index) ||
+      !number(text.substr(slash + 1), sh.count))
+    throw std::invalid_argument("shard '" + std::string(text) + "': expected i/n, e.g. 0/4");
+  if (sh.count < 1 || sh.index >= sh.count)
+    throw std::invalid_argument("shard '" + std::string(text) +
+                                "': need 0 <= i < n (shards are numbered from 0)");
+  return sh;
+}
+
+std::vector<Case> select_cases(const std::vector<CaseFile>& files, const Selection& sel) {
+  if (sel.tier != "all" && !is_tier(sel.tier))
+    throw std::invalid_argument("unknown tier '" + sel.tier + "' (tiers: smoke, quick, full, all)");
+  for (const auto& o : sel.ops)
+    if (!find_op(o)) {
+      std::string known;
+      for (const Op* op : all_ops()) known += (known.empty() ? "" : ", ") + op->name();
+      throw std::invalid_argument("unknown op '" + o + "' (registered: " + known + ")");
+    }
+  std::optional<std::regex> re;
+  if (!sel.filter.empty()) {
+    try {
+      re.emplace(sel.filter);
+    } catch (const std::regex_error& e) {
+      throw std::invalid_argument("bad --filter regex '" + sel.filter + "': " + e.what());
+    }
+  }
+  std::vector<Case> out;
+  std::set<std::string> ids;
+  size_t index = 0;
+  for (const auto& f : files) {
+    std::vector<const Case*> list;
+    if (sel.tier == "all") {
+      for (std::string_view t : kTiers) {
+        const auto it = f.tiers.find(std::string(t));
+        if (it == f.tiers.end()) continue;
+        for (const auto& c : it->second)
+          if (ids.insert(c.id).second) list.push_back(&c);
+      }
+    } else if (const auto it = f.tiers.find(sel.tier); it != f.tiers.end()) {
+      for (const auto& c : it->second) list.push_back(&c);
+    }
+    for (const Case* c : list) {
+      const size_t pos = index++;
+      if (static_cast<int>(pos % static_cast<size_t>(sel.shard.count)) != sel.shard.index) continue;
+      if (!sel.ops.empty() && std::find(sel.ops.begin(), sel.ops.end(), c->op) == sel.ops.end())
+        continue;
+      if (re && !std::regex_search(c->id, *re)) continue;
+      out.push_back(*c);
+    }
+  }
+  return out;
+}
+
+std::optional<Case> find_case(const std::vector<CaseFile>& files, std::string_view id) {
+  for (const auto& f : files)
+    for (std::string_view t : kTiers) {
+      const auto it = f.tiers.find(std::string(t));
+      if (it == f.tiers.end()) continue;
+      for (const auto& c : it->second)
+        if (c.id == id) return c;
+    }
+  return std::nullopt;
+}
+
+}  // namespace attncheck

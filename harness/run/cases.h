@@ -1,0 +1,91 @@
+// Case files (cases/<op>.toml, format in docs/cases.md): groups of axis values expanded per tier
+// into Cases (cartesian, pairwise covering array, or an explicit list), exclude rules, known-bug
+// marks; then selection by op, id regex and shard.
+//
+// Loading validates everything up front and expands every tier once, so a bad file fails with
+// "path:line:column: what" before any case runs, and duplicate ids are found wherever they are.
+#pragma once
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ops/op.h"
+
+namespace attncheck {
+
+inline constexpr std::string_view kTiers[] = {"smoke", "quick", "full"};
+bool is_tier(std::string_view t);
+
+// A malformed case file; what() starts with "path:line:column:".
+struct CaseFileError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct KnownBugRule {
+  std::string id_regex;  // searched in case ids
+  std::string arch;      // regex over the arch; empty = every arch
+  std::string reason;
+  std::string source;  // "path:line"
+};
+
+struct CaseGroup {
+  std::string name;
+  std::string source;                        // "path:line" of the [[group]]
+  std::map<std::string, std::string> tiers;  // tier -> "cartesian" | "pairwise" | "list"
+  // Axes varied by the group, in the op's axis order, each with its values in file order.
+  std::vector<std::pair<std::string, std::vector<nlohmann::json>>> axes;
+  bool has_axes = false;
+  // Exclude rules: axis -> values (a scalar in the file is a one-value list).
+  std::vector<std::map<std::string, std::vector<nlohmann::json>>> excludes;
+  std::vector<std::string> exclude_sources;
+  std::vector<Params> cases;  // `list` entries (given axes only)
+  std::vector<std::string> case_sources;
+  std::string note;
+};
+
+struct CaseFile {
+  std::string path;
+  std::string op;
+  Params defaults = Params::object();  // the file's [defaults] (given axes only)
+  std::vector<CaseGroup> groups;
+  std::vector<KnownBugRule> known_bugs;
+  // Expanded cases per tier, in group order; Case::tiers lists every tier the id appears in.
+  std::map<std::string, std::vector<Case>> tiers;
+};
+
+// Parses, validates and expands one file. Throws CaseFileError.
+CaseFile load_case_file(const std::string& path);
+// Every *.toml of a directory, sorted by file name; duplicate ids of one tier across files are an
+// error naming both sources. Throws CaseFileError (also when the directory is missing or empty).
+std::vector<CaseFile> load_case_dir(const std::string& dir);
+
+// Expands one group for one tier (already done by load_case_file; exposed for tests).
+std::vector<Case> expand_group(const Op& op, const CaseFile& file, const CaseGroup& group,
+                               std::string_view tier);
+
+struct Shard {
+  int index = 0;  // 0-based
+  int count = 1;
+};
+// "i/n" with 0 <= i < n. Throws std::invalid_argument with the reason.
+Shard parse_shard(std::string_view text);
+
+struct Selection {
+  std::string tier = "smoke";    // a tier, or "all" (every case of any tier, ids unique)
+  std::vector<std::string> ops;  // empty: every op
+  std::string filter;            // ECMAScript regex searched in case ids; empty: all
+  Shard shard;
+};
+
+// Cases of the selection in file order, then group order. Sharding is by position in the
+// tier's full list (before --op/--filter), index % count == shard index: the same case lands in the
+// same shard whatever the filters. Throws std::invalid_argument for an unknown tier/op or bad regex.
+std::vector<Case> select_cases(const std::vector<CaseFile>& files, const Selection& sel);
+
+// The case with this id in any tier, or nullopt.
+std::optional<Case> find_case(const std::vector<CaseFile>& files, std::string_view id);
+
+}  // namespace attncheck

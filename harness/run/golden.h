@@ -1,0 +1,109 @@
+// Golden tensors (docs/goldens.md): the reference's expected outputs for the smoke and quick tiers,
+// frozen in golden/<op>.h5 with the digests of the inputs they were computed from, plus
+// golden/MANIFEST (file, sha256, size, cases).
+//
+// Storage: float64/float32 outputs as float32; every other dtype exactly (bf16/f16/fp8 as raw bits
+// with a "dtype" attribute, integers as themselves). Verification recomputes the reference and
+// allows exactly the float32 storage rounding for float32-stored outputs (|r - s| <= 2^-24 |s|,
+// plus 2^-44 |s| for re-association noise of float64 reductions and 2^-150 for subnormals) and
+// nothing for exact outputs: reference drift is reported, never absorbed.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "core/hdf5io.h"
+#include "run/cases.h"
+#include "run/runner.h"
+
+namespace attncheck {
+
+inline constexpr int64_t kGoldenFormat = 1;
+inline constexpr std::string_view kGoldenTiers[] = {"smoke", "quick"};
+inline constexpr uint64_t kGoldenBudgetBytes = 25ull * 1000 * 1000;
+
+// SHA-256 of everything a case hands the kernel: per argument its name, dtype, shape, strides,
+// offset and the bytes of its whole storage; plus the kernel parameters and the refusal reason.
+// {"args": {name: hex}, "kernel_params": {...}, "expect_refusal": "..."}
+nlohmann::json input_digests(const Problem& p);
+
+// How an expected output is stored (float64/float32 -> float32; anything else unchanged).
+Tensor golden_storage_form(const Tensor& expected);
+// The budget a recomputed output must meet against its stored form.
+Budget golden_budget(DType stored);
+
+struct GoldenCase {
+  std::string id;
+  Params params;
+  nlohmann::json input_digests;
+  std::string expect_refusal;
+  TensorMap outputs;  // as the reference produced them (float32-stored f64 widened back)
+  std::map<std::string, DType> stored_dtypes;
+};
+
+// Reads golden/<op>.h5 files on demand (read-only, one open file per op).
+class GoldenStore {
+ public:
+  explicit GoldenStore(std::string dir) : dir_(std::move(dir)) {}
+  const std::string& dir() const { return dir_; }
+  bool has_op(const std::string& op) const;
+  // nullopt when the op has no golden file or the file has no group for this case. Throws
+  // std::runtime_error naming the file when it is unreadable (corrupt, truncated).
+  std::optional<GoldenCase> load(const std::string& op, const std::string& id);
+  std::vector<std::string> case_ids(const std::string& op);  // ids stored for op
+  std::string path_of(const std::string& op) const;
+
+ private:
+  H5File& file(const std::string& op);
+  std::string dir_;
+  std::map<std::string, std::unique_ptr<H5File>> open_;
+};
+
+// Reference vs golden for one case (mode "reference"): inputs must hash as recorded, an invalid
+// configuration must still be refused, every output must meet golden_budget(). Verdict passed,
+// refused_as_expected or failed, with every problem in the message.
+// artifacts (optional): the problem, expected = the golden, actual = the recomputed reference.
+Result verify_against_golden(const Op& op, const Case& c, const GoldenCase& g,
+                             CaseArtifacts* artifacts = nullptr);
+
+struct ManifestEntry {
+  std::string file;  // name inside the golden directory
+  std::string sha256;
+  uint64_t size = 0;
+  int64_t cases = 0;
+};
+std::vector<ManifestEntry> read_manifest(const std::string& dir);  // throws naming the line
+void write_manifest(const std::string& dir, const std::vector<ManifestEntry>& entries);
+
+struct GoldenOptions {
+  std::string dir;               // golden directory
+  std::string root;              // repository (for git provenance)
+  std::vector<std::string> ops;  // empty: every op with smoke/quick cases
+  std::string against;           // diff: another golden directory instead of the reference
+  bool manifest_only = false;    // verify: MANIFEST and files only (sha256, size, file set)
+};
+
+// Cases of the golden tiers per op, in tier order, ids unique.
+std::map<std::string, std::vector<Case>> golden_cases(const std::vector<CaseFile>& files,
+                                                      const std::vector<std::string>& ops);
+
+// Writes <dir>/<op>.h5 for each selected op (atomically) and updates MANIFEST; prints one line per
+// op (cases, bytes, seconds) and the total against the size budget. Returns 0, or 1 when the
+// total exceeds the budget (files are still written). Throws on reference errors.
+int golden_generate(const std::vector<CaseFile>& files, const GoldenOptions& opt, std::ostream& out);
+// Checks MANIFEST (every file listed with its sha256 and size, nothing missing or extra), the set of
+// cases per file against the case files, input digests and every output. Prints every problem,
+// returns the number of problems (0 = verified).
+int golden_verify(const std::vector<CaseFile>& files, const GoldenOptions& opt, std::ostream& out);
+// Which cases would change (recomputed reference, or opt.against) and by how much. Returns the
+// number of cases that differ.
+int golden_diff(const std::vector<CaseFile>& files, const GoldenOptions& opt, std::ostream& out);
+
+// The group name of a case inside golden/<op>.h5 and repro bundles ("cases/<vars>").
+std::string golden_group(const std::string& id);
+
+}  // namespace attncheck

@@ -1,0 +1,270 @@
+#include "results.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <limits>
+#include <sstream>
+
+#include "core/hdf5io.h"
+
+namespace attncheck {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kColumns[] = {"passed",    "failed",          "refused_as_expected",
+                                    "known_bug", "unexpected_pass", "skipped",
+                                    "error"};
+constexpr const char* kHeadings[] = {"passed", "failed", "refused", "known_bug",
+                                     "xpass",  "skipped", "error"};
+
+std::string xml_escape(const std::string& s) {
+  std::string o;
+  for (unsigned char c : s) {
+    switch (c) {
+      case '&': o += "&amp;"; break;
+      case '<': o += "&lt;"; break;
+      case '>': o += "&gt;"; break;
+      case '"': o += "&quot;"; break;
+      case '\'': o += "&apos;"; break;
+      case '\n': o += "&#10;"; break;
+      case '\t': o += "&#9;"; break;
+      default:
+        if (c < 0x20) o += ' ';  // not allowed in XML 1.0
+        else o += static_cast<char>(c);
+    }
+  }
+  return o;
+}
+
+std::string text_of(const nlohmann::json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_number_float()) {
+    std::ostringstream os;
+    os << std::setprecision(6) << v.get<double>();
+    return os.str();
+  }
+  return v.dump();
+}
+
+double seconds_of(const nlohmann::json& r) {
+  double ms = 0;
+  if (r.contains("timings_ms"))
+    for (const auto& [k, v] : r["timings_ms"].items())
+      if (v.is_number()) ms += v.get<double>();
+  return ms / 1e3;
+}
+
+}  // namespace
+
+std::string id_to_filename(const std::string& id) {
+  std::string s;
+  for (char c : id) {
+    if (c == '/')
+      s += "__";
+    else if (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.')
+      s += c;
+    else
+      s += '_';
+  }
+  return s;
+}
+
+void Summary::add(const nlohmann::json& r) {
+  const std::string op = r.value("op", "?");
+  const std::string v = r.value("verdict", "error");
+  ++per_op[op][v];
+  if (v == "failed" || v == "error") ++failures;
+}
+
+void Summary::print(std::ostream& out) const {
+  size_t w = 8;
+  for (const auto& [op, counts] : per_op) w = std::max(w, op.size() + 2);
+  out << std::left << std::setw(static_cast<int>(w)) << "op" << std::right;
+  for (const char* h : kHeadings) out << std::setw(10) << h;
+  out << "\n";
+  std::map<std::string, int64_t> total;
+  for (const auto& [op, counts] : per_op) {
+    out << std::left << std::setw(static_cast<int>(w)) << op << std::right;
+    for (const char* c : kColumns) {
+      const auto it = counts.find(c);
+      const int64_t n = it == counts.end() ? 0 : it->second;
+      total[c] += n;
+      out << std::setw(10) << n;
+    }
+    out << "\n";
+  }
+  out << std::left << std::setw(static_cast<int>(w)) << "total" << std::right;
+  for (const char* c : kColumns) out << std::setw(10) << total[c];
+  out << "\n";
+}
+
+std::string junit_xml(const std::vector<nlohmann::json>& results, const std::string& suite_name) {
+  std::map<std::string, std::vector<const nlohmann::json*>> by_op;
+  for (const auto& r : results) by_op[r.value("op", "?")].push_back(&r);
+  std::ostringstream os;
+  int64_t tests = 0, failures = 0, errors = 0, skipped = 0;
+  double time = 0;
+  std::ostringstream suites;
+  for (const auto& [op, rs] : by_op) {
+    int64_t f = 0, e = 0, s = 0;
+    double t = 0;
+    std::ostringstream cases;
+    for (const auto* r : rs) {
+      const std::string v = r->value("verdict", "error");
+      const double sec = seconds_of(*r);
+      t += sec;
+      cases << "    <testcase classname=\"" << xml_escape(op) << "\" name=\""
+            << xml_escape(r->value("id", "?")) << "\" time=\"" << std::fixed
+            << std::setprecision(3) << sec << std::defaultfloat << "\">\n";
+      cases << "      <properties>\n";
+      auto prop = [&](const std::string& name, const std::string& value) {
+        cases << "        <property name=\"" << xml_escape(name) << "\" value=\""
+              << xml_escape(value) << "\"/>\n";
+      };
+      prop("verdict", v);
+      prop("mode", r->value("mode", ""));
+      prop("arch", r->value("arch", ""));
+      if (r->contains("params")) prop("params", (*r)["params"].dump());
+      if (r->contains("checks"))
+        for (const auto& c : (*r)["checks"]) {
+          const std::string n = c.value("name", "?");
+          prop(n + ".passed", c.value("passed", false) ? "true" : "false");
+          for (const auto& [k, val] : c["budget"].items())
+            if (k != "why") prop(n + ".budget." + k, text_of(val));
+          for (const auto& [k, val] : c["metrics"].items())
+            if (k != "worst") prop(n + "." + k, text_of(val));
+          if (c["metrics"].contains("worst"))
+            prop(n + ".worst", c["metrics"]["worst"].dump());
+        }
+      cases << "      </properties>\n";
+      const std::string msg = r->value("message", "");
+      const std::string body = msg + "\nrepro: " + r->value("repro", "");
+      if (v == "failed") {
+        ++f;
+        cases << "      <failure message=\"" << xml_escape(msg) << "\">" << xml_escape(body)
+              << "</failure>\n";
+      } else if (v == "error") {
+        ++e;
+        cases << "      <error message=\"" << xml_escape(msg) << "\">" << xml_escape(body)
+              << "</error>\n";
+      } else if (v == "skipped" || v == "known_bug") {
+        ++s;
+        cases << "      <skipped message=\"" << xml_escape(v + ": " + msg) << "\"/>\n";
+      }
+      cases << "    </testcase>\n";
+    }
+    tests += static_cast<int64_t>(rs.size());
+    failures += f;
+    errors += e;
+    skipped += s;
+    time += t;
+    suites << "  <testsuite name=\"" << xml_escape(op) << "\" tests=\"" << rs.size()
+           << "\" failures=\"" << f << "\" errors=\"" << e << "\" skipped=\"" << s
+           << "\" time=\"" << std::fixed << std::setprecision(3) << t << std::defaultfloat
+           << "\">\n"
+           << cases.str() << "  </testsuite>\n";
+  }
+  os << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"" << xml_escape(suite_name)
+     << "\" tests=\"" << tests << "\" failures=\"" << failures << "\" errors=\"" << errors
+     << "\" skipped=\"" << skipped << "\" time=\"" << std::fixed << std::setprecision(3) << time
+     << "\">\n"
+     << suites.str() << "</testsuites>\n";
+  return os.str();
+}
+
+void write_file_atomic(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    out << text;
+    if (!out) throw std::runtime_error(tmp + ": write failed");
+  }
+  fs::rename(tmp, path);
+}
+
+void write_repro_bundle(const std::string& path, const Result& r, const CaseArtifacts& a,
+                        const nlohmann::json& meta) {
+  H5File f = H5File::create(path);
+  const nlohmann::json rj = r.to_json();
+  f.set_attr("/", "id", r.id);
+  f.set_attr("/", "op", r.op);
+  f.set_attr_json("/", "params", r.params);
+  f.set_attr_json("/", "kernel_params", a.problem.kernel_params);
+  f.set_attr("/", "kernel", a.problem.kernel);
+  f.set_attr("/", "expect_refusal", a.problem.expect_refusal);
+  f.set_attr("/", "verdict", std::string(verdict_name(r.verdict)));
+  f.set_attr("/", "mode", r.mode);
+  f.set_attr("/", "message", r.message);
+  f.set_attr("/", "repro", r.repro);
+  f.set_attr("/", "arch", r.arch);
+  f.set_attr_json("/", "checks", rj["checks"]);
+  f.set_attr_json("/", "meta", meta);
+  f.create_group("inputs");
+  f.create_group("expected");
+  f.create_group("actual");
+  for (const auto& arg : a.problem.args) {
+    const std::string ds = "inputs/" + arg.name;
+    f.write_tensor(ds, arg.tensor);
+    f.set_attr(ds, "role", arg.role == Role::input    ? "input"
+                           : arg.role == Role::output ? "output (initial contents)"
+                                                      : "inout (initial contents)");
+    f.set_attr_json(ds, "layout",
+                    {{"shape", arg.tensor.shape()},
+                     {"strides", arg.tensor.strides()},
+                     {"offset", arg.tensor.offset()},
+                     {"storage_bytes", arg.tensor.storage()->bytes.size()}});
+  }
+  for (const auto& [name, t] : a.expected) f.write_tensor("expected/" + name, t);
+  for (const auto& [name, t] : a.actual) f.write_tensor("actual/" + name, t);
+  f.commit();
+}
+
+std::vector<WorstElement> worst_elements(const Tensor& expected, const Tensor& actual,
+                                         const Budget& b, size_t n) {
+  std::vector<WorstElement> all;
+  if (expected.shape() != actual.shape() || n == 0) return all;
+  const double inf = std::numeric_limits<double>::infinity();
+  if (b.kind == Budget::Kind::numeric) {
+    expected.for_each_index([&](const Index& idx, int64_t) {
+      const double e = expected.get(idx), a = actual.get(idx);
+      double err, ratio;
+      if (std::isnan(e) || std::isnan(a)) {
+        err = ratio = inf;
+      } else if (std::isinf(e) || std::isinf(a)) {
+        err = ratio = e == a ? 0.0 : inf;
+      } else {
+        err = std::fabs(a - e);
+        const double allow = b.atol + b.rtol * std::fabs(e);
+        ratio = allow > 0 ? err / allow : (err > 0 ? inf : 0.0);
+      }
+      if (ratio > 0) all.push_back({idx, e, a, err, ratio});
+    });
+    const size_t k = std::min(n, all.size());
+    std::partial_sort(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(k), all.end(),
+                      [](const WorstElement& x, const WorstElement& y) {
+                        return x.ratio > y.ratio;
+                      });
+    all.resize(k);
+    return all;
+  }
+  // Exact (and top-k index) outputs: the first elements whose bits differ.
+  expected.for_each_index([&](const Index& idx, int64_t) {
+    if (all.size() >= n) return;
+    if (expected.dtype() == actual.dtype() && expected.get_bits(idx) == actual.get_bits(idx))
+      return;
+    const double e = expected.get(idx), a = actual.get(idx);
+    if (expected.dtype() != actual.dtype() && e == a) return;
+    all.push_back({idx, e, a, std::fabs(a - e), inf});
+  });
+  return all;
+}
+
+}  // namespace attncheck

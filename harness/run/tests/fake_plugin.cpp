@@ -1,0 +1,401 @@
+// A fake kernel library for CPU tests of the harness: it implements the plugin ABI
+// (kernels_under_test/attncheck_abi.h) with malloc'd "device" memory, and its "kernels" run the
+// op's own reference on the bytes they are handed, so every registered op passes unless a fault is
+// injected. The faults are the silent-failure classes the harness must report:
+//
+//   guard_after     write the first byte after the buffer (into the harness's trailing guard)
+//   guard_before    write the last byte before the buffer (leading guard)
+//   past_view       write the element just past the first output view (inside the storage)
+//   modify_input    flip a byte of the first input
+//   unwritten       leave the last element of the first output unwritten
+//   nan             write a NaN into the first element of the first floating output
+//   nondeterministic  flip the lowest bit of one output element on every second launch
+//   refuse          refuse a valid configuration
+//   run_invalid     run an invalid configuration (the reference refuses it) instead of refusing
+//   error           report a runtime error
+//   abort, segfault, hang   crash or never return (for the worker-isolation tests)
+//
+// A fault is selected by the kernel parameter "fault" or by $ATTNCHECK_FAKE_FAULT, optionally
+// only for launches whose kernel parameters contain every key/value of the JSON object in
+// $ATTNCHECK_FAKE_FAULT_WHEN. $ATTNCHECK_FAKE_ARCH sets the reported arch (default "fake-cpu");
+// $ATTNCHECK_FAKE_NO_DEVICE=1 makes the library report no device.
+//
+// The kernel rebuilds the op's Problem from the arguments it is handed: dtypes from DLPack, where
+// uint8 is an fp8 format ("fp8_format" parameter, else the op's default case) unless the op's
+// default case has a raw uint8 buffer of that name; roles from the op's default case. It refuses
+// exactly when the reference throws InvalidConfig on those bytes and parameters (references that
+// decide validity from Problem::expect_refusal alone are not refused here).
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "attncheck_abi.h"
+#include "core/numeric.h"
+#include "ops/op.h"
+#include "run/device.h"
+
+namespace {
+
+using namespace attncheck;
+
+void put(char* dst, size_t n, const std::string& s) {
+  if (dst && n) std::snprintf(dst, n, "%s", s.c_str());
+}
+
+std::mutex g_mutex;
+std::map<std::byte*, size_t> g_allocs;  // base -> bytes
+int g_calls = 0;
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+// The injected fault for this launch, or "".
+std::string fault_for(const nlohmann::json& params) {
+  if (params.contains("fault") && params["fault"].is_string()) return params["fault"];
+  const std::string f = env("ATTNCHECK_FAKE_FAULT");
+  if (f.empty()) return "";
+  const std::string when = env("ATTNCHECK_FAKE_FAULT_WHEN");
+  if (!when.empty()) {
+    const auto w = nlohmann::json::parse(when);
+    for (const auto& [k, v] : w.items())
+      if (!params.contains(k) || params[k] != v) return "";
+  }
+  return f;
+}
+
+std::pair<std::byte*, size_t> allocation_of(const void* p) {
+  const auto* b = static_cast<const std::byte*>(p);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto it = g_allocs.upper_bound(const_cast<std::byte*>(b));
+  if (it == g_allocs.begin()) return {nullptr, 0};
+  --it;
+  if (b < it->first || b >= it->first + it->second) return {nullptr, 0};
+  return *it;
+}
+
+std::optional<DType> dtype_of(const DLDataType& t, const std::string& fp8_format) {
+  if (t.lanes != 1) return std::nullopt;
+  if (t.code == kDLFloat && t.bits == 64) return DType::f64;
+  if (t.code == kDLFloat && t.bits == 32) return DType::f32;
+  if (t.code == kDLFloat && t.bits == 16) return DType::f16;
+  if (t.code == kDLBfloat && t.bits == 16) return DType::bf16;
+  if (t.code == kDLInt && t.bits == 8) return DType::i8;
+  if (t.code == kDLInt && t.bits == 32) return DType::i32;
+  if (t.code == kDLInt && t.bits == 64) return DType::i64;
+  if (t.code == kDLUInt && t.bits == 8) {
+    if (fp8_format == "e4m3fn") return DType::e4m3fn;
+    if (fp8_format == "e4m3fnuz") return DType::e4m3fnuz;
+    return DType::u8;
+  }
+  return std::nullopt;
+}
+
+// Host mirrors of the allocations the arguments live in.
+struct Mirror {
+  std::byte* base = nullptr;
+  size_t bytes = 0;
+  std::shared_ptr<Storage> host;
+};
+
+// The op behind a kernel entry: the op of that name, else the op whose name is the longest prefix
+// of the entry ("rope_inplace" -> rope).
+const Op* op_for_kernel(const std::string& kernel) {
+  if (const Op* op = find_op(kernel)) return op;
+  const Op* best = nullptr;
+  for (const Op* o : all_ops())
+    if (kernel.rfind(o->name() + "_", 0) == 0 && (!best || o->name().size() > best->name().size()))
+      best = o;
+  return best;
+}
+
+// The op's default case, made once: which dtype and role each argument name has. uint8 on the wire
+// is fp8 exactly where the template's argument is fp8 (raw byte buffers stay uint8).
+const Problem& template_problem(const Op& op) {
+  static std::map<std::string, Problem> made;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto it = made.find(op.name());
+  if (it == made.end()) it = made.emplace(op.name(), op.make(op.make_case(Params::object()))).first;
+  return it->second;
+}
+
+int run_impl(const char* op_name, const char* params_json, const attncheck_arg* args, int n_args,
+             char* msg, size_t msg_len) {
+  const Op* op = op_for_kernel(op_name ? op_name : "");
+  if (!op) {
+    put(msg, msg_len, std::string("fake library: no op '") + (op_name ? op_name : "") + "'");
+    return ATTNCHECK_UNKNOWN_OP;
+  }
+  const nlohmann::json params = nlohmann::json::parse(params_json ? params_json : "{}");
+  const std::string fault = fault_for(params);
+  int call = 0;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    call = ++g_calls;
+  }
+  if (fault == "abort") std::abort();
+  if (fault == "segfault") ::raise(SIGSEGV);
+  if (fault == "hang")
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  if (fault == "error") {
+    put(msg, msg_len, "fake kernel error (injected)");
+    return ATTNCHECK_ERROR;
+  }
+  if (fault == "refuse") {
+    put(msg, msg_len, "fake kernel refuses (injected)");
+    return ATTNCHECK_REFUSED;
+  }
+
+  const std::string fp8 = params.value("fp8_format", std::string());
+  const Problem& tmpl = template_problem(*op);
+  std::vector<Mirror> mirrors;
+  Problem p;
+  p.kernel_params = params;
+  p.kernel = op_name;
+  for (int i = 0; i < n_args; ++i) {
+    const DLTensor& t = args[i].tensor;
+    const bool raw_bytes = tmpl.has_arg(args[i].name) && tmpl.arg(args[i].name).dtype() == DType::u8;
+    auto dt = dtype_of(t.dtype, raw_bytes ? "" : fp8);
+    if (dt == DType::u8 && !raw_bytes && tmpl.has_arg(args[i].name) && is_fp8(tmpl.arg(args[i].name).dtype()))
+      dt = tmpl.arg(args[i].name).dtype();
+    if (!dt) {
+      put(msg, msg_len, std::string("fake library: unsupported dtype of '") + args[i].name + "'");
+      return ATTNCHECK_REFUSED;
+    }
+    const auto [base, bytes] = allocation_of(t.data);
+    if (!base) {
+      put(msg, msg_len, std::string("fake library: '") + args[i].name + "' is not device memory");
+      return ATTNCHECK_ERROR;
+    }
+    auto m = std::find_if(mirrors.begin(), mirrors.end(), [&](const Mirror& x) { return x.base == base; });
+    if (m == mirrors.end()) {
+      Mirror nm{base, bytes, std::make_shared<Storage>()};
+      nm.host->bytes.assign(base, base + bytes);
+      mirrors.push_back(nm);
+      m = mirrors.end() - 1;
+    }
+    const size_t es = dtype_size(*dt);
+    const auto first_byte = static_cast<size_t>(static_cast<const std::byte*>(t.data) - base) + t.byte_offset;
+    Tensor whole = Tensor::empty(*dt, {static_cast<int64_t>(bytes / es)});
+    auto shared = m->host;
+    if (whole.storage()->bytes.size() != shared->bytes.size()) {
+      // Allocation not a multiple of the element size: widen a private mirror (never written back
+      // past `bytes`).
+      shared = std::make_shared<Storage>(*m->host);
+      shared->bytes.resize(whole.storage()->bytes.size());
+    }
+    whole = whole.rebased(shared);
+    Shape shape(t.shape, t.shape + t.ndim), strides(t.strides, t.strides + t.ndim);
+    const Role role = tmpl.has_arg(args[i].name)
+                          ? std::find_if(tmpl.args.begin(), tmpl.args.end(),
+                                         [&](const Arg& x) { return x.name == args[i].name; })
+                                ->role
+                          : Role::input;
+    p.args.push_back({args[i].name, whole.as_strided(shape, strides, static_cast<int64_t>(first_byte / es)),
+                      role});
+  }
+  // Initial bytes, for "unwritten".
+  std::vector<std::vector<std::byte>> initial;
+  for (const auto& m : mirrors) initial.push_back(m.host->bytes);
+
+  TensorMap expected;
+  try {
+    expected = op->reference(p);
+  } catch (const std::invalid_argument& e) {  // InvalidConfig, or arguments the reference rejects
+    if (fault == "run_invalid") return ATTNCHECK_OK;
+    put(msg, msg_len, std::string("fake kernel refuses: ") + e.what());
+    return ATTNCHECK_REFUSED;
+  } catch (const std::exception& e) {
+    put(msg, msg_len, std::string("fake kernel: reference failed: ") + e.what());
+    return ATTNCHECK_ERROR;
+  }
+  const Tensor* first_out = nullptr;
+  std::string first_out_name;
+  for (const auto& [name, value] : expected) {
+    if (!p.has_arg(name)) continue;
+    const Tensor& out = p.arg(name);
+    // Same dtype, or same-size integer/fp8 codes (uint8 vs fp8): copy bits; else round the value.
+    auto wide_float = [](DType t) { return is_floating(t) && !is_fp8(t); };
+    const bool bitwise = value.dtype() == out.dtype() ||
+                         (value.element_size() == out.element_size() &&
+                          !wide_float(value.dtype()) && !wide_float(out.dtype()));
+    out.for_each_index([&](const Index& idx, int64_t) {
+      if (bitwise)
+        out.set_bits(idx, value.get_bits(idx));
+      else
+        out.set(idx, value.get(idx));
+    });
+    if (!first_out) {
+      first_out = &out;
+      first_out_name = name;
+    }
+  }
+
+  auto mirror_of = [&](const Tensor& t) -> Mirror& {
+    for (auto& m : mirrors)
+      if (m.host == t.storage() || m.host->bytes.data() == t.storage()->bytes.data()) return m;
+    return mirrors.front();
+  };
+  const size_t G = DeviceRunner::kGuardBytes;
+  if (first_out && first_out->numel() > 0) {
+    Mirror& m = mirror_of(*first_out);
+    const auto es = static_cast<int64_t>(first_out->element_size());
+    if (fault == "unwritten") {
+      Index last;
+      for (auto d : first_out->shape()) last.push_back(d - 1);
+      const auto off = static_cast<size_t>(first_out->element_offset(last) * es);
+      const size_t mi = static_cast<size_t>(&m - mirrors.data());
+      std::memcpy(m.host->bytes.data() + off, initial[mi].data() + off, static_cast<size_t>(es));
+    } else if (fault == "nondeterministic" && call % 2 == 0) {
+      Index zero(first_out->shape().size(), 0);
+      first_out->set_bits(zero, first_out->get_bits(zero) ^ 1u);
+    } else if (fault == "nan" && is_floating(first_out->dtype())) {
+      Index zero(first_out->shape().size(), 0);
+      first_out->set_bits(zero, nan_bits(first_out->dtype()));
+    } else if (fault == "past_view") {
+      const auto hi = static_cast<size_t>(first_out->extent().second * es);
+      if (hi < m.bytes) m.host->bytes[hi] ^= std::byte{0x5A};
+    } else if (fault == "guard_after") {
+      m.host->bytes[m.bytes - G] ^= std::byte{0x5A};
+    } else if (fault == "guard_before") {
+      m.host->bytes[G - 1] ^= std::byte{0x5A};
+    }
+  }
+  if (fault == "modify_input") {
+    for (const auto& a : p.args) {
+      if (a.role != Role::input || expected.count(a.name) || a.tensor.numel() == 0) continue;
+      Index zero(a.tensor.shape().size(), 0);
+      a.tensor.set_bits(zero, a.tensor.get_bits(zero) ^ 1u);
+      break;
+    }
+  }
+  for (auto& m : mirrors) std::memcpy(m.base, m.host->bytes.data(), m.bytes);
+  return ATTNCHECK_OK;
+}
+
+const char* ops() {
+  static std::string names = [] {
+    std::string s;
+    for (const Op* o : all_ops()) s += (s.empty() ? "" : ",") + o->name();
+    return s;
+  }();
+  return names.c_str();
+}
+
+int device_info(char* name, size_t name_len, char* arch, size_t arch_len, char* msg,
+                size_t msg_len) {
+  if (env("ATTNCHECK_FAKE_NO_DEVICE") == "1") {
+    put(msg, msg_len, "fake library: no device (ATTNCHECK_FAKE_NO_DEVICE=1)");
+    return ATTNCHECK_NO_DEVICE;
+  }
+  put(name, name_len, "fake CPU device (attncheck test library)");
+  const std::string a = env("ATTNCHECK_FAKE_ARCH");
+  put(arch, arch_len, a.empty() ? "fake-cpu" : a);
+  return ATTNCHECK_OK;
+}
+
+int alloc(size_t bytes, void** ptr, char*, size_t) {
+  auto* p = static_cast<std::byte*>(std::malloc(bytes ? bytes : 1));
+  if (!p) return ATTNCHECK_ERROR;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_allocs[p] = bytes ? bytes : 1;
+  *ptr = p;
+  return ATTNCHECK_OK;
+}
+
+int release(void* ptr) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_allocs.erase(static_cast<std::byte*>(ptr));
+  std::free(ptr);
+  return ATTNCHECK_OK;
+}
+
+int copy_to_device(void* dst, const void* src, size_t bytes, char*, size_t) {
+  std::memcpy(dst, src, bytes);
+  return ATTNCHECK_OK;
+}
+int copy_to_host(void* dst, const void* src, size_t bytes, char*, size_t) {
+  std::memcpy(dst, src, bytes);
+  return ATTNCHECK_OK;
+}
+
+int run(const char* op, const char* params_json, const attncheck_arg* args, int n_args, char* msg,
+        size_t msg_len) {
+  try {
+    return run_impl(op, params_json, args, n_args, msg, msg_len);
+  } catch (const std::exception& e) {
+    put(msg, msg_len, std::string("fake library: ") + e.what());
+    return ATTNCHECK_ERROR;
+  }
+}
+
+int time_fn(const char* op, const char* params_json, const attncheck_arg* args, int n_args,
+            int warmup, int iters, double* ms, char* msg, size_t msg_len) {
+  for (int i = 0; i < std::max(warmup, 0); ++i) {
+    const int st = run(op, params_json, args, n_args, msg, msg_len);
+    if (st != ATTNCHECK_OK) return st;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const int n = std::max(iters, 1);
+  for (int i = 0; i < n; ++i) {
+    const int st = run(op, params_json, args, n_args, msg, msg_len);
+    if (st != ATTNCHECK_OK) return st;
+  }
+  *ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / n;
+  return ATTNCHECK_OK;
+}
+
+// Host memcpy bandwidth and a small float matrix product: ceilings of the fake "device".
+int roofline(double* copy_gbps, double* matrix_tflops, char*, size_t) {
+  const size_t bytes = size_t{32} << 20;
+  std::vector<char> a(bytes, 1), b(bytes, 0);
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 4; ++i) std::memcpy(b.data(), a.data(), bytes);
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  *copy_gbps = 4.0 * 2.0 * static_cast<double>(bytes) / s / 1e9;
+  const int n = 128;
+  std::vector<float> x(n * n, 1.0f), y(n * n, 0.5f), z(n * n, 0.0f);
+  t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < n; ++i)
+    for (int k = 0; k < n; ++k)
+      for (int j = 0; j < n; ++j) z[static_cast<size_t>(i * n + j)] += x[static_cast<size_t>(i * n + k)] * y[static_cast<size_t>(k * n + j)];
+  s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  *matrix_tflops = 2.0 * n * n * n / s / 1e12 + 0.0 * static_cast<double>(z[0]);
+  return ATTNCHECK_OK;
+}
+
+const attncheck_plugin_v1 kTable = {
+    ATTNCHECK_ABI_VERSION,
+    "attncheck fake CPU kernels (tests only)",
+    ops,
+    device_info,
+    alloc,
+    release,
+    copy_to_device,
+    copy_to_host,
+    run,
+    time_fn,
+    roofline,
+};
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) const attncheck_plugin_v1*
+attncheck_plugin_v1_get(void) {
+  return &kTable;
+}

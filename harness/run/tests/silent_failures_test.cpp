@@ -1,0 +1,184 @@
+// The silent-failure checks, proven on the CPU with the fake kernel library: each injected fault
+// must come back as a failed case whose message says what happened; the clean library must pass.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "run/device.h"
+#include "run/runner.h"
+
+#ifndef ATTNCHECK_FAKE_KERNELS
+#error "ATTNCHECK_FAKE_KERNELS (path of the fake kernel library) must be defined by the build"
+#endif
+
+namespace attncheck {
+namespace {
+
+class FakeKernels : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { lib_ = KernelLibrary::open(ATTNCHECK_FAKE_KERNELS).release(); }
+  void TearDown() override {
+    ::unsetenv("ATTNCHECK_FAKE_FAULT");
+    ::unsetenv("ATTNCHECK_FAKE_FAULT_WHEN");
+  }
+  Result run(const std::string& op_name, const Params& given, const char* fault = nullptr,
+             int repeat = 2, const std::string& arch = "fake-cpu",
+             std::optional<KnownBug> bug = std::nullopt) {
+    if (fault)
+      ::setenv("ATTNCHECK_FAKE_FAULT", fault, 1);
+    else
+      ::unsetenv("ATTNCHECK_FAKE_FAULT");
+    const Op* op = find_op(op_name);
+    EXPECT_NE(op, nullptr);
+    Case c = op->make_case(given);
+    c.known_bug = bug;
+    DeviceRunner runner(*lib_, arch);
+    RunOptions opt;
+    opt.repeat = repeat;
+    opt.arch = arch;
+    return run_case(*op, c, &runner, opt);
+  }
+  static inline KernelLibrary* lib_ = nullptr;  // never closed (GPU runtimes dislike dlclose)
+};
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+TEST_F(FakeKernels, LibraryDescribesItself) {
+  std::string why;
+  const auto dev = lib_->device(&why);
+  ASSERT_TRUE(dev) << why;
+  EXPECT_EQ(dev->arch, "fake-cpu");
+  EXPECT_TRUE(lib_->has_op("page_indices"));
+  EXPECT_TRUE(lib_->has_op("selftest_axpy"));
+  EXPECT_FALSE(lib_->has_op("no_such_op"));
+}
+
+TEST_F(FakeKernels, CleanKernelsPass) {
+  for (int bs : {1, 16, 64})
+    for (const char* table : {"contiguous", "strided"}) {
+      const Result r = run("page_indices", {{"block_size", bs}, {"table", table}, {"batch", 7}});
+      EXPECT_EQ(r.verdict, Verdict::passed) << r.id << ": " << r.message;
+    }
+  for (const char* dt : {"f32", "bf16"})
+    for (const char* layout : {"contiguous", "strided"}) {
+      const Result r = run("selftest_axpy", {{"dtype", dt}, {"layout", layout}, {"heads", 4}}, nullptr, 3);
+      EXPECT_EQ(r.verdict, Verdict::passed) << r.id << ": " << r.message;
+      ASSERT_EQ(r.checks.size(), 1u);
+      EXPECT_TRUE(r.checks[0].passed);
+    }
+}
+
+TEST_F(FakeKernels, InvalidConfigurationRefused) {
+  const Result r = run("selftest_axpy", {{"heads", 3}});
+  EXPECT_EQ(r.verdict, Verdict::refused_as_expected) << r.message;
+  EXPECT_TRUE(contains(r.message, "heads must be a power of two")) << r.message;
+}
+
+struct FaultCase {
+  const char* fault;
+  const char* op;
+  Params params;
+  const char* expect;  // part of the failure message
+};
+
+TEST_F(FakeKernels, EveryInjectedFaultIsReported) {
+  const std::vector<FaultCase> faults = {
+      {"guard_after", "page_indices", {{"batch", 5}},
+       "guard after buffer of 'page_indices' overwritten at byte +0"},
+      {"guard_before", "page_indices", {{"batch", 5}},
+       "guard before buffer of 'page_indices' overwritten at byte -1"},
+      {"past_view", "page_indices", {{"batch", 5}}, "(outside every argument's view)"},
+      {"modify_input", "page_indices", {{"batch", 5}},
+       "byte 0 of buffer 'block_table' changed (input 'block_table')"},
+      {"unwritten", "page_indices", {{"batch", 5}}, "elements of 'page_indices' were never written"},
+      {"unwritten", "selftest_axpy", {{"heads", 2}},
+       "1 of 128 elements of 'out' were never written (first at [1,63])"},
+      {"nan", "selftest_axpy", {{"heads", 2}}, "NaN 1"},
+      {"nondeterministic", "page_indices", {{"batch", 5}}, "not deterministic: launch 2 of 'page_indices'"},
+      {"refuse", "page_indices", Params::object(), "kernel refused a valid configuration: fake kernel refuses (injected)"},
+      {"error", "page_indices", Params::object(), "kernel error: fake kernel error (injected)"},
+      {"run_invalid", "selftest_axpy", {{"heads", 3}},
+       "kernel ran an invalid configuration (heads must be a power of two)"},
+  };
+  for (const auto& f : faults) {
+    const Result r = run(f.op, f.params, f.fault);
+    EXPECT_EQ(r.verdict, Verdict::failed) << f.fault << " on " << r.id << ": " << r.message;
+    EXPECT_TRUE(contains(r.message, f.expect))
+        << f.fault << ": message lacks \"" << f.expect << "\":\n" << r.message;
+    ::unsetenv("ATTNCHECK_FAKE_FAULT");
+  }
+}
+
+TEST_F(FakeKernels, UnwrittenElementsNeedTheSecondLaunch) {
+  // With one launch, an unwritten element whose poison happens to be a plausible value would only
+  // show as a value mismatch; the second launch from the complemented poison names it.
+  const Result once = run("selftest_axpy", {{"heads", 2}}, "unwritten", 1);
+  EXPECT_EQ(once.verdict, Verdict::failed);
+  EXPECT_FALSE(contains(once.message, "never written")) << once.message;
+  const Result twice = run("selftest_axpy", {{"heads", 2}}, "unwritten", 2);
+  EXPECT_TRUE(contains(twice.message, "never written")) << twice.message;
+}
+
+TEST_F(FakeKernels, FaultSelectedByKernelParameters) {
+  ::setenv("ATTNCHECK_FAKE_FAULT_WHEN", R"({"kernel_block_size": 16})", 1);
+  EXPECT_EQ(run("page_indices", {{"block_size", 16}}, "error").verdict, Verdict::failed);
+  EXPECT_EQ(run("page_indices", {{"block_size", 64}}, "error").verdict, Verdict::passed);
+}
+
+TEST_F(FakeKernels, KnownBugsAreScopedByArch) {
+  const KnownBug bug{"upstream#7: wrong at block size 16", "fake-.*"};
+  const Params p = {{"block_size", 16}};
+  Result r = run("page_indices", p, "unwritten", 2, "fake-cpu", bug);
+  EXPECT_EQ(r.verdict, Verdict::known_bug) << r.message;
+  EXPECT_TRUE(contains(r.message, "known bug (upstream#7")) << r.message;
+  r = run("page_indices", p, nullptr, 2, "fake-cpu", bug);
+  EXPECT_EQ(r.verdict, Verdict::unexpected_pass) << r.message;
+  r = run("page_indices", p, "unwritten", 2, "gfx950", bug);  // another arch: a plain failure
+  EXPECT_EQ(r.verdict, Verdict::failed) << r.message;
+}
+
+TEST(FlippedPoison, ComplementsOnlyPureOutputs) {
+  const Op* op = find_op("page_indices");
+  ASSERT_NE(op, nullptr);
+  const Problem p = op->make(op->make_case({{"batch", 3}}));
+  const Problem q = with_flipped_poison(p);
+  ASSERT_EQ(p.args.size(), q.args.size());
+  for (size_t i = 0; i < p.args.size(); ++i) {
+    const Tensor& a = p.args[i].tensor;
+    const Tensor& b = q.args[i].tensor;
+    if (p.args[i].role == Role::output) {
+      EXPECT_NE(a.storage(), b.storage());
+      a.for_each_index([&](const Index& idx, int64_t) {
+        EXPECT_EQ(b.get_bits(idx), ~a.get_bits(idx) & 0xFFFFFFFFu);
+      });
+      // Bytes outside the view (the tail sentinel) keep their value.
+      const auto hi = static_cast<size_t>(a.extent().second * 4);
+      EXPECT_EQ(a.storage()->bytes[hi], b.storage()->bytes[hi]);
+    } else {
+      EXPECT_EQ(a.storage(), b.storage());
+    }
+  }
+}
+
+TEST(ResultJson, NonFiniteNumbersAreStrings) {
+  EXPECT_EQ(json_number(std::numeric_limits<double>::quiet_NaN()), "nan");
+  EXPECT_EQ(json_number(-std::numeric_limits<double>::quiet_NaN()), "nan");
+  EXPECT_EQ(json_number(std::numeric_limits<double>::infinity()), "inf");
+  EXPECT_EQ(json_number(-std::numeric_limits<double>::infinity()), "-inf");
+  EXPECT_EQ(json_number(0.25), 0.25);
+  Result r;
+  CheckResult c;
+  c.name = "out";
+  c.metrics.max_abs = std::numeric_limits<double>::infinity();
+  c.metrics.worst = {{1, 2}, 1.0, std::numeric_limits<double>::quiet_NaN(), 0, 0};
+  r.checks.push_back(c);
+  const auto j = r.to_json();
+  EXPECT_EQ(j["checks"][0]["metrics"]["max_abs"], "inf");
+  EXPECT_EQ(j["checks"][0]["metrics"]["worst"]["actual"], "nan");
+  EXPECT_EQ(nlohmann::json::parse(j.dump()), j);
+}
+
+}  // namespace
+}  // namespace attncheck

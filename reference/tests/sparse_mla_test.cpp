@@ -1,0 +1,135 @@
+// Sparse MLA reference: the index conversion against hand-written expectations, the packing with
+// -1 anywhere in a row, the empty-row contract, and the dense equivalence (the full causal index
+// set of every token gives the dense decode).
+#include "reference/sparse_mla.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/rng.h"
+#include "ops/op.h"
+
+namespace attncheck::ref {
+namespace {
+
+Tensor i32(Shape shape, const std::vector<int32_t>& values) {
+  Tensor x = Tensor::empty(DType::i32, std::move(shape));
+  x.for_each_index([&](const Index& idx, int64_t lin) { x.at<int32_t>(idx) = values.at(lin); });
+  return x;
+}
+std::vector<int32_t> ints(const Tensor& t) {
+  std::vector<int32_t> v;
+  t.for_each_index([&](const Index& idx, int64_t) { v.push_back(t.at<int32_t>(idx)); });
+  return v;
+}
+Tensor random_tensor(DType t, Shape shape, const char* name, double stddev = 1.0) {
+  Tensor x = Tensor::empty(t, std::move(shape));
+  fill_normal(x, Rng("sparse_mla_test", name), 0.0, stddev);
+  return x;
+}
+
+TEST(SparseMlaIndices, ConversionFollowsTritonConvertExactly) {
+  // Block size 4, two requests, table width 3 (max_blocks_per_req = 3 -> tokens 0..11 in range).
+  const Tensor table = i32({2, 3}, {7, 2, 5, 1, 9, 4});
+  const Tensor req = i32({3}, {0, 1, 1});
+  const Tensor topk = i32({3, 5}, {0, 5, 11, -1, 12,   //
+                                   3, -2, 4, 100, -1,  //
+                                   8, 9, 10, 7, 6});
+  const auto g = sparse_mla_global_indices(topk, req, table, 4);
+  EXPECT_EQ(ints(g), (std::vector<int32_t>{7 * 4 + 0, 2 * 4 + 1, 5 * 4 + 3, -1, -1,  //
+                                           1 * 4 + 3, -1, 9 * 4 + 0, -1, -1,         //
+                                           4 * 4 + 0, 4 * 4 + 1, 4 * 4 + 2, 9 * 4 + 3, 9 * 4 + 2}));
+  // Block size 1: a plain table lookup.
+  const auto g1 = sparse_mla_global_indices(i32({1, 4}, {2, 0, 3, -1}), i32({1}, {1}), table, 1);
+  EXPECT_EQ(ints(g1), (std::vector<int32_t>{4, 1, -1, -1}));
+  EXPECT_THROW(sparse_mla_global_indices(topk, i32({3}, {0, 2, 1}), table, 4),
+               std::invalid_argument);
+}
+
+TEST(SparseMlaIndices, PackingKeepsEveryValidEntryInOrder) {
+  const Tensor g =
+      i32({4, 4}, {5, 6, -1, -1,    //
+                   -1, 3, -1, 8,    // interior -1: vLLM's first-cnt copy would take -1, 3
+                   -1, -1, -1, -1,  // empty row
+                   1, 2, 3, 4});
+  const auto p = sparse_mla_pack(g);
+  EXPECT_EQ(ints(p.indptr), (std::vector<int32_t>{0, 2, 4, 4, 8}));
+  EXPECT_EQ(ints(p.indices), (std::vector<int32_t>{5, 6, 3, 8, 1, 2, 3, 4}));
+}
+
+TEST(SparseMla, EmptyRowGivesZeroOutputAndMinusInfinityLse) {
+  const Tensor q = random_tensor(DType::bf16, {2, 4, 32}, "empty_q");
+  const LatentCache kv{random_tensor(DType::bf16, {2, 4, 32}, "empty_kv"), 1.0};
+  const RaggedIndices idx{i32({3}, {0, 0, 2}), i32({2}, {3, 6})};
+  const auto r = sparse_mla(q, kv, idx, 0.2, 16);
+  for (int64_t h = 0; h < 4; ++h) {
+    EXPECT_EQ(r.lse.get({0, h}), -std::numeric_limits<double>::infinity());
+    for (int64_t d = 0; d < 16; ++d) EXPECT_EQ(r.out.get({0, h, d}), 0.0);
+    EXPECT_TRUE(std::isfinite(r.lse.get({1, h})));
+  }
+}
+
+// Hand-computed: scale ln 2 makes softmax weights powers of two.
+TEST(SparseMla, HandComputedIntegerCase) {
+  const Tensor q = i32({1, 1, 2}, {1, 0}).to(DType::f64);
+  // slots 0..3 hold [t, 10 - t]; token attends slots {3, 1} in that order.
+  const Tensor cache = i32({2, 2, 2}, {0, 10, 1, 9, 2, 8, 3, 7}).to(DType::f64);
+  const auto r =
+      sparse_mla(q, {cache, 1.0}, {i32({2}, {0, 2}), i32({2}, {3, 1})}, std::log(2.0), 2);
+  // weights 2^3 (slot 3) and 2^1 (slot 1): (8 [3, 7] + 2 [1, 9]) / 10
+  EXPECT_DOUBLE_EQ(r.out.get({0, 0, 0}), 26.0 / 10);
+  EXPECT_DOUBLE_EQ(r.out.get({0, 0, 1}), 74.0 / 10);
+  EXPECT_DOUBLE_EQ(r.lse.get({0, 0}), std::log(10.0));
+}
+
+TEST(SparseMla, InvalidHeadCountsAreRefused) {
+  for (int64_t n : {3, 5, 12, 24, 40}) {
+    const Tensor q = Tensor::zeros(DType::bf16, {1, n, 8});
+    try {
+      sparse_mla(q, {Tensor::zeros(DType::bf16, {1, 1, 8}), 1.0}, {i32({2}, {0, 1}), i32({1}, {0})},
+                 1.0, 4);
+      ADD_FAILURE() << n << " heads accepted";
+    } catch (const InvalidConfig& e) {
+      EXPECT_EQ(std::string(e.what()), mla_num_heads_message(n));
+    }
+  }
+}
+
+// The full causal index set of every query token (all request-local positions 0..kv_len - qlen + i,
+// shuffled, -1 padded) through conversion and packing equals the dense decode over the same
+// paged cache: the same keys, so the same bits.
+TEST(SparseMla, FullCausalIndexSetEqualsDenseDecode) {
+  const int64_t P = 16, Lk = 576, Lv = 512, N = 8;
+  const std::vector<int32_t> lens = {3, 40, 17}, qlens = {2, 1, 3};
+  const int64_t T = 6, W = 3, topk = 48;
+  const Tensor table = i32({3, W}, {4, -7, -7, 0, 6, 2, 1, 5, -7});
+  Tensor cache = random_tensor(DType::bf16, {7, P, Lk}, "dense_cache");
+  const Tensor q = random_tensor(DType::bf16, {T, N, Lk}, "dense_q", 2.0);
+  std::vector<int32_t> req, local;
+  Rng rng("sparse_mla_test", "shuffle");
+  for (int32_t b = 0; b < 3; ++b)
+    for (int32_t i = 0; i < qlens[static_cast<size_t>(b)]; ++i) {
+      req.push_back(b);
+      const int32_t last = lens[static_cast<size_t>(b)] - qlens[static_cast<size_t>(b)] + i;
+      std::vector<int64_t> order = permutation(last + 1, rng);
+      for (int64_t j = 0; j < topk; ++j)
+        local.push_back(j <= last ? static_cast<int32_t>(order[static_cast<size_t>(j)]) : -1);
+    }
+  const Tensor g = sparse_mla_global_indices(i32({T, topk}, local), i32({T}, req), table, P);
+  const auto sparse = sparse_mla(q, {cache, 1.0}, sparse_mla_pack(g), 0.07, Lv);
+  const auto dense =
+      mla_decode(q, {cache, 1.0}, table, i32({3}, lens), i32({4}, {0, 2, 3, 6}), 0.07, Lv);
+  // Keys arrive in another order, so the sums round differently: f64 agreement, not bits.
+  double worst = 0;
+  const auto a = sparse.out.to_vector(), b = dense.out.to_vector();
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
+  EXPECT_LT(worst, 1e-12);
+  const auto la = sparse.lse.to_vector(), lb = dense.lse.to_vector();
+  for (size_t i = 0; i < la.size(); ++i) EXPECT_NEAR(la[i], lb[i], 1e-12);
+}
+
+}  // namespace
+}  // namespace attncheck::ref
