@@ -82,7 +82,7 @@ struct Stage1Args {
   int off_k, off_rope, off_v, off_p, off_stat, off_rows;
   float qk_scale, acc_scale, cap;
   int fp8_format;  // -1: the cache has the q dtype; else AcFp8
-  bool q_bf16, k_as_v, round_p;
+  bool q_bf16, k_as_v, round_p, vec8;
 };
 
 AC_DEVICE float bits_to_float(uint16_t b, bool bf16) {
@@ -100,14 +100,55 @@ AC_DEVICE uint16_t cache_bits(const void* base, int64_t i, const Stage1Args& a) 
   return float_to_bits(ac_fp8_to_float(b, static_cast<AcFp8>(a.fp8_format)), a.q_bf16);
 }
 
+// Eight cache elements at element offset i (8-aligned) as q-dtype bits: one 16-byte load for a
+// 16-bit cache, one 8-byte load for fp8.
+AC_DEVICE uint4 cache_bits8(const void* base, int64_t i, const Stage1Args& a) {
+  if (a.fp8_format < 0)
+    return *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(base) + i);
+  const uint2 raw = *reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(base) + i);
+  uint32_t w[4];
+  for (int k = 0; k < 4; ++k) {
+    const uint32_t src = k < 2 ? raw.x : raw.y;
+    const int shift = (k % 2) * 16;
+    const auto lo = static_cast<uint8_t>(src >> shift),
+               hi = static_cast<uint8_t>(src >> (shift + 8));
+    const auto fmt = static_cast<AcFp8>(a.fp8_format);
+    w[k] = float_to_bits(ac_fp8_to_float(lo, fmt), a.q_bf16) |
+           static_cast<uint32_t>(float_to_bits(ac_fp8_to_float(hi, fmt), a.q_bf16)) << 16;
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 // rows x width tile: column c holds source dim col0 + c of each token row (masked < limit and to
-// valid rows; zero elsewhere, like Triton's masked loads).
+// valid rows; zero elsewhere, like Triton's masked loads). a.vec8 (checked by the launcher: cache
+// pointers and strides, widths, pitches, col0 and limit all multiples of 8) moves 8 elements per
+// access; otherwise one element at a time.
 AC_DEVICE void load_tile(uint16_t* dst, const void* src, const int64_t* rows, int nrows, int width,
                          int pitch, int col0, int limit, const Stage1Args& a) {
+  if (a.vec8) {
+    const int chunks = pitch / 8;
+#pragma unroll 4
+    for (int i = threadIdx.x; i < nrows * chunks; i += blockDim.x) {
+      const int j = i / chunks, c = (i % chunks) * 8, d = col0 + c;
+      const bool in = rows[j] >= 0 && c < width && d < limit;
+      *reinterpret_cast<uint4*>(dst + j * pitch + c) =
+          in ? cache_bits8(src, rows[j] + d, a) : make_uint4(0, 0, 0, 0);
+    }
+    return;
+  }
+#pragma unroll 4
   for (int i = threadIdx.x; i < nrows * pitch; i += blockDim.x) {
     const int j = i / pitch, c = i % pitch, d = col0 + c;
     dst[i] = rows[j] >= 0 && c < width && d < limit ? cache_bits(src, rows[j] + d, a) : 0;
   }
+}
+
+// Orders the lanes' shared-memory accesses around a single lane's update (NVIDIA schedules lanes
+// independently; AMD wavefronts run in lockstep).
+AC_DEVICE void warp_barrier() {
+#if defined(AC_CUDA)
+  __syncwarp();
+#endif
 }
 
 AC_DEVICE float soft_cap(float s, float cap) {
@@ -218,6 +259,7 @@ __global__ void __launch_bounds__(kThreads) decode_stage1(Stage1Args a) {
         row[j] = a.round_p ? bits_to_float(float_to_bits(e, a.q_bf16), a.q_bf16) : e;
       }
       sum = ac_warp_sum(sum);
+      warp_barrier();  // every lane has read m_s[h] before lane 0 updates it
       if (lane == 0) {
         const float alpha = expf(m_old - m_new);
         alpha_s[h] = alpha;
@@ -444,6 +486,16 @@ void run_decode_attention(const ack::KParams& p, const ack::KArgs& args) {
   const int64_t rope = std::max<int64_t>(0, std::min(t.dmodel + t.dpe, lk) - t.dmodel);
   const int64_t v_pitch = k_as_v ? t.dv : lv;
   const int64_t valid_block_h = std::min(t.block_h, group);
+  // 8-element tile loads: every cache row offset, width and pitch a multiple of 8 elements.
+  const int64_t elem = fp8_format >= 0 ? 1 : 2;
+  auto rows_aligned = [&](const ack::KTensor& c) {
+    bool ok = reinterpret_cast<uintptr_t>(c.data) % static_cast<uintptr_t>(8 * elem) == 0;
+    for (int d = 0; d + 1 < c.ndim; ++d) ok = ok && c.stride(d) % 8 == 0;
+    return ok;
+  };
+  const bool vec8 = rows_aligned(k) && rows_aligned(v) && lk % 8 == 0 && lv % 8 == 0 &&
+                    t.dmodel % 8 == 0 && k_main % 8 == 0 && k_pitch % 8 == 0 && rope % 8 == 0 &&
+                    v_pitch % 8 == 0;
   const int64_t off_k = align16(t.block_h * lk * 2);
   const int64_t off_rope = off_k + align16(t.block_n * k_pitch * 2);
   const int64_t off_v = off_rope + align16(t.block_n * rope * 2);
@@ -510,6 +562,7 @@ void run_decode_attention(const ack::KParams& p, const ack::KArgs& args) {
   a.q_bf16 = q_bf16;
   a.k_as_v = k_as_v;
   a.round_p = t.grouped;
+  a.vec8 = vec8;
 
   Stage1Fn stage1 = pick_stage1(t.block_h, static_cast<int>(cols));
 #if defined(AC_CUDA)

@@ -8,6 +8,7 @@
 //   P rounded to the input dtype before P.V, fp8 rows decoded in software (format a parameter);
 //   stage 2: LSE merge of the splits (natural log), output through its real strides.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -25,6 +26,7 @@ constexpr int kHeadTile = 16;  // MMA M: heads per row group
 constexpr int kKeyChunk = 16;  // MMA N of QK^T / K of P.V: keys per online-softmax step
 constexpr int kWarps = 4;      // per workgroup
 constexpr int kMaxLk = 576, kMaxLv = 512;
+constexpr int kMaxSplits = 64;
 constexpr int kMaxTilesPerWarp = kMaxLv / 16 / kWarps;  // output column tiles one warp owns
 
 inline void check(hipError_t e, const char* what) {
@@ -393,6 +395,17 @@ inline int64_t validate_common(const ack::KParams& p, const ack::KArgs& args, At
   return kv.size(0) * kv.size(1);
 }
 
+inline int device_sm_count() {
+  static int n = [] {
+    int dev = 0;
+    check(hipGetDevice(&dev), "hipGetDevice");
+    hipDeviceProp_t prop;
+    check(hipGetDeviceProperties(&prop, dev), "hipGetDeviceProperties");
+    return prop.multiProcessorCount;
+  }();
+  return n;
+}
+
 inline int device_warp_size() {
   static int ws = [] {
     int dev = 0;
@@ -410,8 +423,13 @@ inline void run_attention(const Attention& a, Workspace& ws) {
   if (T == 0) return;
   const bool padded = N < kHeadTile;
   const int H = padded ? kHeadTile : N, r = padded ? kHeadTile / N : 1;
-  int splits = a.num_splits > 0 ? a.num_splits : (a.max_row_len + 127) / 128;
-  splits = splits < 1 ? 1 : splits > 16 ? 16 : splits;
+  int splits = a.num_splits;
+  if (splits <= 0) {  // enough workgroups to fill the device, at least four key chunks per split
+    const int groups = T * (H / kHeadTile);
+    splits = (4 * device_sm_count() + groups - 1) / groups;
+    splits = std::min(splits, (a.max_row_len + 4 * kKeyChunk - 1) / (4 * kKeyChunk));
+  }
+  splits = splits < 1 ? 1 : splits > kMaxSplits ? kMaxSplits : splits;
   ws.reset();
   const size_t q_pad_at = ws.add(padded ? sizeof(uint16_t) * T * kHeadTile * a.lk : 0);
   const size_t part_o_at = ws.add(sizeof(float) * T * splits * H * a.lv);

@@ -39,12 +39,18 @@ double measure_copy_gbps() {
 
 // ---- matrix rate: a tiled GEMM C[M,N] = A[M,K] B[K,N] through mma.h ----
 // 128x128 block tile, 32-deep K steps staged in shared memory (next step prefetched into
-// registers while the current one is multiplied), eight warps of 32x64 each. The rate is what our
+// registers while the current one is multiplied), eight warps of 32x64 each holding their operand
+// tiles in registers (AcTileA/AcTileB). The rate is what our
 // own tile MMA reaches, so it is the ceiling kernels built on mma.h can be held to.
 namespace {
 
 constexpr int kBM = 128, kBN = 128, kBK = 32;
-constexpr int kWarps = 8;       // 4 along M x 2 along N
+constexpr int kWarps = 8;  // 4 along M x 2 along N
+#if defined(AC_CUDA)
+constexpr int kMaxThreads = kWarps * 32;
+#else
+constexpr int kMaxThreads = kWarps * 64;
+#endif
 constexpr int kLdA = kBK + 8;   // padded rows: multiple of 8 elements, 16-row steps 32B-aligned
 constexpr int kLdB = kBN + 8;   // B row-major in shared: [kBK][kBN]
 constexpr int kLdBt = kBK + 8;  // B column-major in shared: [kBN][kBK]
@@ -52,8 +58,10 @@ constexpr int kVecA = kBM * kBK / 8;  // 16-byte vectors per A tile
 constexpr int kVecB = kBK * kBN / 8;
 
 // b_col_major: B(k, n) at b[n * K + k] (an [N, K] row-major buffer), else at b[k * N + n].
-__global__ void tile_gemm(const uint16_t* a, const uint16_t* b, float* c, int M, int N, int K,
-                          bool b_col_major, AcMmaIn type) {
+template <AcMmaIn T, bool BColMajor>
+__global__ void __launch_bounds__(kMaxThreads)
+    tile_gemm(const uint16_t* a, const uint16_t* b, float* c, int M, int N, int K) {
+  constexpr bool b_col_major = BColMajor;
   __shared__ __align__(32) uint16_t sa[kBM * kLdA];
   __shared__ __align__(32) uint16_t sb[kBK * kLdB > kBN * kLdBt ? kBK * kLdB : kBN * kLdBt];
   const int tid = static_cast<int>(threadIdx.x);
@@ -80,7 +88,7 @@ __global__ void tile_gemm(const uint16_t* a, const uint16_t* b, float* c, int M,
     for (int j = 0; j < 4; ++j) {
       const int v = tid + j * nthreads;
       if (v >= kVecB) break;
-      if (b_col_major) {
+      if constexpr (b_col_major) {
         const int n = v / (kBK / 8), kk = (v % (kBK / 8)) * 8;
         rb[j] = *reinterpret_cast<const uint4*>(b + static_cast<int64_t>(n0 + n) * K + k0 + kk);
       } else {
@@ -99,7 +107,7 @@ __global__ void tile_gemm(const uint16_t* a, const uint16_t* b, float* c, int M,
     for (int j = 0; j < 4; ++j) {
       const int v = tid + j * nthreads;
       if (v >= kVecB) break;
-      if (b_col_major) {
+      if constexpr (b_col_major) {
         const int n = v / (kBK / 8), kk = (v % (kBK / 8)) * 8;
         *reinterpret_cast<uint4*>(sb + n * kLdBt + kk) = rb[j];
       } else {
@@ -115,16 +123,21 @@ __global__ void tile_gemm(const uint16_t* a, const uint16_t* b, float* c, int M,
     stage();
     __syncthreads();
     if (k0 + kBK < K) fetch(k0 + kBK);
-    for (int kk = 0; kk < kBK; kk += 16)
+    // Register blocking: two A tiles and four B tiles per 16-deep step feed eight MMAs.
+    for (int kk = 0; kk < kBK; kk += 16) {
+      AcTileA<T> fa[2];
+      AcTileB<T, BColMajor> fb[4];
+      for (int i = 0; i < 2; ++i) ac_mma_load_a(fa[i], sa + (wm + 16 * i) * kLdA + kk, kLdA);
+      for (int j = 0; j < 4; ++j) {
+        const int n = wn + 16 * j;
+        if constexpr (BColMajor)
+          ac_mma_load_b(fb[j], sb + n * kLdBt + kk, kLdBt);
+        else
+          ac_mma_load_b(fb[j], sb + kk * kLdB + n, kLdB);
+      }
       for (int i = 0; i < 2; ++i)
-        for (int j = 0; j < 4; ++j) {
-          const uint16_t* ta = sa + (wm + 16 * i) * kLdA + kk;
-          const int n = wn + 16 * j;
-          if (b_col_major)
-            ac_mma_16x16x16(acc[i][j], ta, kLdA, sb + n * kLdBt + kk, kLdBt, true, type);
-          else
-            ac_mma_16x16x16(acc[i][j], ta, kLdA, sb + kk * kLdB + n, kLdB, false, type);
-        }
+        for (int j = 0; j < 4; ++j) ac_mma(acc[i][j], fa[i], fb[j]);
+    }
   }
   for (int i = 0; i < 2; ++i)
     for (int j = 0; j < 4; ++j)
@@ -146,8 +159,15 @@ int device_warp_size() {
 
 void launch_gemm(const uint16_t* a, const uint16_t* b, float* c, int M, int N, int K,
                  bool b_col_major, AcMmaIn type, int warp_size) {
-  hipLaunchKernelGGL(tile_gemm, dim3(N / kBN, M / kBM), dim3(kWarps * warp_size), 0, 0, a, b, c, M,
-                     N, K, b_col_major, type);
+  const dim3 grid(N / kBN, M / kBM), block(kWarps * warp_size);
+  if (type == AcMmaIn::bf16 && !b_col_major)
+    hipLaunchKernelGGL((tile_gemm<AcMmaIn::bf16, false>), grid, block, 0, 0, a, b, c, M, N, K);
+  else if (type == AcMmaIn::bf16)
+    hipLaunchKernelGGL((tile_gemm<AcMmaIn::bf16, true>), grid, block, 0, 0, a, b, c, M, N, K);
+  else if (!b_col_major)
+    hipLaunchKernelGGL((tile_gemm<AcMmaIn::f16, false>), grid, block, 0, 0, a, b, c, M, N, K);
+  else
+    hipLaunchKernelGGL((tile_gemm<AcMmaIn::f16, true>), grid, block, 0, 0, a, b, c, M, N, K);
   check(hipGetLastError(), "tile_gemm launch");
 }
 

@@ -219,11 +219,9 @@ DecodeAttentionResult decode_stage2(const Tensor& partials, const Tensor& seq_le
 
 DecodeErrorTerms decode_error_terms(const DecodeAttentionInputs& in) {
   const Prepared p = prepare(in, false);
-  DecodeErrorTerms t{Tensor::empty(DType::f64, {p.B, p.Hq}), Tensor::empty(DType::f64, {p.B, p.Hq}),
-                     Tensor::empty(DType::f64, {p.B, p.Hq})};
-  auto* sa = reinterpret_cast<double*>(t.score_abs.data());
-  auto* wv = reinterpret_cast<double*>(t.weighted_abs_v.data());
-  auto* vm = reinterpret_cast<double*>(t.v_abs_max.data());
+  auto bh = [&] { return Tensor::empty(DType::f64, {p.B, p.Hq}); };
+  DecodeErrorTerms t{bh(), bh(), bh(), bh(), bh(), bh()};
+  auto ptr = [](const Tensor& x) { return reinterpret_cast<double*>(x.data()); };
 #pragma omp parallel for collapse(2) schedule(dynamic)
   for (int64_t b = 0; b < p.B; ++b)
     for (int64_t kvh = 0; kvh < p.Hkv; ++kvh) {
@@ -234,14 +232,25 @@ DecodeErrorTerms decode_error_terms(const DecodeAttentionInputs& in) {
       const VectorXd m = s.rowwise().maxCoeff();
       MatD w = (s.colwise() - m).array().exp().matrix();
       w = w.rowwise().sum().cwiseInverse().asDiagonal() * w;
+      const MatD abs_v = v.cwiseAbs();
+      const MatD o = w * v;
       const VectorXd abs_scores =
           ((q.cwiseAbs() * k.cwiseAbs().transpose()) * std::fabs(p.sm_scale)).rowwise().maxCoeff();
-      const VectorXd abs_v = (w * v.cwiseAbs()).rowwise().maxCoeff();
-      const double v_max = v.cwiseAbs().maxCoeff();
+      const double v_max = abs_v.maxCoeff();
       for (int64_t g = 0; g < p.G; ++g) {
-        sa[b * p.Hq + kvh * p.G + g] = abs_scores(g);
-        wv[b * p.Hq + kvh * p.G + g] = abs_v(g);
-        vm[b * p.Hq + kvh * p.G + g] = v_max;
+        const int64_t i = b * p.Hq + kvh * p.G + g;
+        Eigen::Index top = 0;
+        s.row(g).maxCoeff(&top);
+        double second = -std::numeric_limits<double>::infinity();
+        for (Eigen::Index n = 0; n < s.cols(); ++n)
+          if (n != top) second = std::max(second, s(g, n));
+        const Eigen::RowVectorXd w1 = w.row(g) * abs_v;
+        ptr(t.score_abs)[i] = abs_scores(g);
+        ptr(t.weighted_abs_v)[i] = w1.maxCoeff();
+        ptr(t.weighted_abs_v_rest)[i] = (w1 - w(g, top) * abs_v.row(top)).maxCoeff();
+        ptr(t.weighted_spread)[i] = (w.row(g) * (v.rowwise() - o.row(g)).cwiseAbs()).maxCoeff();
+        ptr(t.score_gap)[i] = s(g, top) - second;
+        ptr(t.v_abs_max)[i] = v_max;
       }
     }
   return t;

@@ -45,11 +45,15 @@ Tensor decode_stage1(const DecodeAttentionInputs& in, int64_t num_splits);
 // does. A request with L = 0 gets o = NaN and lse = -inf, as upstream.
 DecodeAttentionResult decode_stage2(const Tensor& partials, const Tensor& seq_lens);
 
-// Data magnitudes the tolerance derivation needs, per (request, head).
+// Data magnitudes the tolerance derivation needs, per (request, head); all f64 [B, Hq], with w the
+// softmax weights, o the output, n* the highest-scoring token.
 struct DecodeErrorTerms {
-  Tensor score_abs;       // f64 [B, Hq]: max_n sum_i |q_i k_ni| * |sm_scale| (k dequantized)
-  Tensor weighted_abs_v;  // f64 [B, Hq]: max_j sum_n w_n |v_nj| (w: the softmax weights)
-  Tensor v_abs_max;       // f64 [B, Hq]: max_nj |v_nj| over the request's tokens
+  Tensor score_abs;            // max_n sum_i |q_i k_ni| * |sm_scale| (k dequantized)
+  Tensor weighted_abs_v;       // W1  = max_j sum_n w_n |v_nj|
+  Tensor weighted_abs_v_rest;  // W1' = max_j sum_{n != n*} w_n |v_nj|
+  Tensor weighted_spread;      // W2  = max_j sum_n w_n |v_nj - o_j|
+  Tensor score_gap;            // s_n* minus the second highest score (+inf for one token)
+  Tensor v_abs_max;            // max_nj |v_nj| over the request's tokens
 };
 DecodeErrorTerms decode_error_terms(const DecodeAttentionInputs& in);
 

@@ -69,7 +69,7 @@ Tensor write_k_cache(const Tensor& cache, const Tensor& k, const Tensor& slot_ma
   for (int64_t i = 0; i < T; ++i) {
     const int64_t slot = slot_mapping.at<int64_t>({i});
     if (slot < 0) continue;  // padding token: nothing is written
-    expect(slot < capacity, "slot " + std::to_string(slot) + " past the cache");
+    if (slot >= capacity) detail::fail("slot " + std::to_string(slot) + " past the cache");
     uint8_t* page = base + (slot / BS) * stride;
     const int64_t t = slot % BS;
     for (int64_t d = 0; d < kHeadDim; ++d)
@@ -82,13 +82,15 @@ Tensor write_k_cache(const Tensor& cache, const Tensor& k, const Tensor& slot_ma
 
 void read_token(const CacheView& c, int64_t block, int64_t t, uint8_t* values, float* scale) {
   const int64_t stride = c.cache.stride(0);
-  expect(c.layout == CacheLayout::normal || c.block_size % kTile == 0,
-         "a SHUFFLE page needs a block size that is a multiple of 16");
-  expect(block >= 0 && block < c.cache.size(0) && t >= 0 && t < c.block_size,
-         "token (" + std::to_string(block) + ", " + std::to_string(t) + ") outside the cache");
+  if (c.layout == CacheLayout::shuffle && c.block_size % kTile != 0)
+    detail::fail("a SHUFFLE page needs a block size that is a multiple of 16");
+  if (!(block >= 0 && block < c.cache.size(0) && t >= 0 && t < c.block_size))
+    detail::fail("token (" + std::to_string(block) + ", " + std::to_string(t) +
+                 ") outside the cache");
   const auto* page = reinterpret_cast<const uint8_t*>(c.cache.data()) + block * stride;
-  for (int64_t d = 0; d < kHeadDim; ++d)
-    values[d] = page[value_offset(c.layout, c.block_size, t, d)];
+  // 16 consecutive dims of a token are 16 contiguous bytes in both layouts.
+  for (int64_t d = 0; d < kHeadDim; d += kTile)
+    std::memcpy(values + d, page + value_offset(c.layout, c.block_size, t, d), kTile);
   *scale = detail::load_f32(page + scale_offset(c.block_size, t));
 }
 
@@ -107,8 +109,8 @@ GatheredK gather_k_cache(const CacheView& c, const Tensor& block_table, const Te
     expect(begin <= end && end <= N, "cu_seq_lens must be non-decreasing");
     for (int64_t i = begin; i < end; ++i) {
       const int64_t pos = i - begin, col = pos / c.block_size;
-      expect(col < block_table.size(1),
-             "request " + std::to_string(r) + " needs more blocks than the table has");
+      if (col >= block_table.size(1))
+        detail::fail("request " + std::to_string(r) + " needs more blocks than the table has");
       const int64_t block = block_table.at<int32_t>({r, col});
       read_token(c, block, pos % c.block_size, dst + i * kHeadDim, &out.scales.at<float>({i}));
     }

@@ -20,8 +20,13 @@ const T* raw(const Tensor& dense_tensor) {
   return reinterpret_cast<const T*>(dense_tensor.data());
 }
 
+[[noreturn]] inline void fail(const std::string& what) {
+  throw std::invalid_argument("indexer reference: " + what);
+}
+// For checks outside loops; inside loops write `if (!ok) fail(...)` so the message is built only
+// on failure.
 inline void expect(bool ok, const std::string& what) {
-  if (!ok) throw std::invalid_argument("indexer reference: " + what);
+  if (!ok) fail(what);
 }
 
 inline void expect_dtype(const Tensor& t, DType d, const char* name) {

@@ -86,9 +86,10 @@ Tensor mqa_logits(const Tensor& q, const Tensor& k, const Tensor& k_scale, const
     MatD S = Q.middleRows(i0 * H, (i1 - i0) * H) * K.middleRows(c0, c1 - c0).transpose();
     S = S.cwiseMax(0.0);
     const Eigen::VectorXd sc = scale.segment(c0, c1 - c0);
-    Eigen::RowVectorXd row;
+#pragma omp parallel for
     for (int64_t i = i0; i < i1; ++i) {
       if (lo[i] >= hi[i]) continue;
+      Eigen::RowVectorXd row;
       head_sum(S, (i - i0) * H, H, W, i, sc, row);
       for (int64_t j = lo[i]; j < hi[i]; ++j) dst[i * N + j] = static_cast<float>(row[j - c0]);
     }
@@ -114,12 +115,13 @@ Tensor paged_mqa_logits(const Tensor& q, const CacheView& c, const Tensor& weigh
          "weights must be [B*next_n, H]");
   expect(context_lens.numel() == B && block_table.ndim() == 2 && block_table.size(0) == B,
          "context_lens [B] and block_table [B, W] expected");
+  expect(c.layout == CacheLayout::normal || BS % kTile == 0,
+         "a SHUFFLE page needs a block size that is a multiple of 16");
   const MatD Q = fp8_rows(q), W = f32_matrix(weights, B * NN, H);
   const auto lut = detail::fp8_table(q.dtype());
   Tensor out =
       Tensor::full(DType::f32, {B * NN, max_model_len}, -std::numeric_limits<double>::infinity());
   auto* dst = reinterpret_cast<float*>(out.data());
-  uint8_t bytes[kHeadDim];
   for (int64_t b = 0; b < B; ++b) {
     const int64_t L = context_lens.at<int32_t>({b});
     expect(L >= 0, "negative context length");
@@ -129,9 +131,18 @@ Tensor paged_mqa_logits(const Tensor& q, const CacheView& c, const Tensor& weigh
            "request " + std::to_string(b) + " needs more blocks than the table has");
     MatD K(len, kHeadDim);
     Eigen::VectorXd scale(len);
+    const Tensor table_row = detail::dense(block_table.select(0, b));
+    const auto* table = detail::raw<int32_t>(table_row);
+    // Validated here: nothing may throw inside the parallel loop.
+    for (int64_t j = 0; j < (len + BS - 1) / BS; ++j)
+      if (table[j] < 0 || table[j] >= c.cache.size(0))
+        detail::fail("request " + std::to_string(b) + " maps to block " + std::to_string(table[j]) +
+                     " outside the cache");
+#pragma omp parallel for
     for (int64_t p = 0; p < len; ++p) {
+      uint8_t bytes[kHeadDim];
       float s = 0;
-      read_token(c, block_table.at<int32_t>({b, p / BS}), p % BS, bytes, &s);
+      read_token(c, table[p / BS], p % BS, bytes, &s);
       for (int64_t d = 0; d < kHeadDim; ++d) K(p, d) = lut[bytes[d]];
       scale[p] = s;
     }

@@ -72,10 +72,10 @@ int cmd_list(const Paths& p, const ListArgs& a) {
   }
   for (const auto& c : cases) {
     if (a.json) {
-      nlohmann::json j = {{"id", c.id},         {"op", c.op},
-                          {"tiers", c.tiers},   {"source", c.source},
-                          {"params", c.params}, {"known_bug", nullptr}};
-      if (c.known_bug) j["known_bug"] = {{"reason", c.known_bug->reason}, {"arch", c.known_bug->arch}};
+      nlohmann::json j = {{"id", c.id},         {"op", c.op},         {"tiers", c.tiers},
+                          {"source", c.source}, {"params", c.params}, {"known_bug", nullptr}};
+      if (c.known_bug)
+        j["known_bug"] = {{"reason", c.known_bug->reason}, {"arch", c.known_bug->arch}};
       std::cout << j.dump() << "\n";
       continue;
     }
@@ -128,14 +128,17 @@ int cmd_repro(const Paths& p, const ReproArgs& a) {
         for (const auto& c : cs) {
           size_t k = 0;
           while (k < c.id.size() && k < a.id.size() && c.id[k] == a.id[k]) ++k;
-          if (std::none_of(near.begin(), near.end(), [&](const auto& x) { return x.second == c.id; }))
+          if (std::none_of(near.begin(), near.end(),
+                           [&](const auto& x) { return x.second == c.id; }))
             near.emplace_back(k, c.id);
         }
-    std::stable_sort(near.begin(), near.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
+    std::stable_sort(near.begin(), near.end(),
+                     [](const auto& x, const auto& y) { return x.first > y.first; });
     std::cerr << "attncheck: no case '" << a.id << "' in " << p.cases;
     if (!near.empty() && near[0].first > 0) {
       std::cerr << "; nearest:";
-      for (size_t i = 0; i < std::min<size_t>(5, near.size()); ++i) std::cerr << "\n  " << near[i].second;
+      for (size_t i = 0; i < std::min<size_t>(5, near.size()); ++i)
+        std::cerr << "\n  " << near[i].second;
     }
     std::cerr << "\n";
     return 2;
@@ -159,8 +162,8 @@ int cmd_repro(const Paths& p, const ReproArgs& a) {
             << (o.expected_from.empty() ? "" : " (expected from the " + o.expected_from + ")")
             << "\n";
   if (o.has_artifacts && !o.artifacts.problem.kernel_params.empty())
-    std::cout << "kernel   " << o.artifacts.problem.kernel << " " << o.artifacts.problem.kernel_params.dump()
-              << "\n";
+    std::cout << "kernel   " << o.artifacts.problem.kernel << " "
+              << o.artifacts.problem.kernel_params.dump() << "\n";
   std::cout << "timings  generate " << num(r.timings.generate_ms) << " ms, reference "
             << num(r.timings.reference_ms) << " ms, kernel " << num(r.timings.kernel_ms) << " ms\n";
   for (const auto& ch : r.checks) {
@@ -169,7 +172,9 @@ int cmd_repro(const Paths& p, const ReproArgs& a) {
     std::cout << "\ncheck " << ch.name << ": " << (ch.passed ? "PASSED" : "FAILED") << "\n";
     if (b.kind == Budget::Kind::numeric)
       std::cout << "  budget   |a-e| <= " << num(b.atol) << " + " << num(b.rtol) << "*|e|"
-                << (b.max_mismatch_frac > 0 ? ", up to " + num(b.max_mismatch_frac) + " of elements beyond" : "")
+                << (b.max_mismatch_frac > 0
+                        ? ", up to " + num(b.max_mismatch_frac) + " of elements beyond"
+                        : "")
                 << (b.max_calc_diff >= 0 ? ", calc_diff <= " + num(b.max_calc_diff) : "") << "\n";
     else
       std::cout << "  budget   " << (b.kind == Budget::Kind::exact ? "bitwise" : "top-k as sets")
@@ -186,10 +191,11 @@ int cmd_repro(const Paths& p, const ReproArgs& a) {
     if (b.kind == Budget::Kind::topk_set)
       std::cout << ", missing " << m.topk_missing << ", invalid " << m.topk_invalid;
     std::cout << "\n";
-    if (o.has_artifacts && o.artifacts.expected.count(ch.name) && o.artifacts.actual.count(ch.name)) {
-      const auto worst = worst_elements(o.artifacts.expected.at(ch.name),
-                                        o.artifacts.actual.at(ch.name), b,
-                                        static_cast<size_t>(a.worst));
+    if (o.has_artifacts && o.artifacts.expected.count(ch.name) &&
+        o.artifacts.actual.count(ch.name)) {
+      const auto worst =
+          worst_elements(o.artifacts.expected.at(ch.name), o.artifacts.actual.at(ch.name), b,
+                         static_cast<size_t>(a.worst));
       if (!worst.empty()) {
         std::cout << "  worst elements (index: expected, actual, |err|, err/allowed):\n";
         for (const auto& w : worst)
@@ -261,8 +267,9 @@ int cmd_golden_verify(const Paths& p, const GoldenArgs& a) {
     return 2;
   }
   if (problems) {
-    std::cout << problems << " problem(s). A golden is changed only by `attncheck golden generate`, "
-                             "and a change of expected values must be explained in its commit.\n";
+    std::cout << problems
+              << " problem(s). A golden is changed only by `attncheck golden generate`, "
+                 "and a change of expected values must be explained in its commit.\n";
     return 1;
   }
   std::cout << "goldens verified\n";
@@ -323,7 +330,8 @@ int cmd_bench(const Paths& p, const BenchArgs& a) {
             << " TFLOP/s (measured now, same library)\n\n"
             << std::left << std::setw(60) << "case" << std::right << std::setw(11) << "time_us"
             << std::setw(10) << "GB/s" << std::setw(10) << "TFLOP/s" << std::setw(11) << "floor_us"
-            << std::setw(9) << "of_roof" << "\n";
+            << std::setw(9) << "of_roof"
+            << "\n";
   DeviceRunner runner(*lib, dev->arch);
   nlohmann::json rows = nlohmann::json::array();
   int errors = 0;
@@ -360,16 +368,17 @@ int cmd_bench(const Paths& p, const BenchArgs& a) {
                     {"roofline_floor_ms", floor_s * 1e3},
                     {"roofline_fraction", frac}});
   }
-  const nlohmann::json out = {{"attncheck_version", attncheck_version()},
-                              {"git_revision", git_revision(p.root)},
-                              {"device", dev->name},
-                              {"arch", dev->arch},
-                              {"kernels_library", lib->library()},
-                              {"started", utc_now_iso()},
-                              {"warmup", a.warmup},
-                              {"iters", a.iters},
-                              {"roofline", {{"copy_gbps", copy_gbps}, {"matrix_tflops", matrix_tflops}}},
-                              {"cases", rows}};
+  const nlohmann::json out = {
+      {"attncheck_version", attncheck_version()},
+      {"git_revision", git_revision(p.root)},
+      {"device", dev->name},
+      {"arch", dev->arch},
+      {"kernels_library", lib->library()},
+      {"started", utc_now_iso()},
+      {"warmup", a.warmup},
+      {"iters", a.iters},
+      {"roofline", {{"copy_gbps", copy_gbps}, {"matrix_tflops", matrix_tflops}}},
+      {"cases", rows}};
   write_file_atomic(a.json, out.dump(2) + "\n");
   std::cout << "\n" << rows.size() << " cases timed -> " << a.json << "\n";
   return errors ? 1 : 0;

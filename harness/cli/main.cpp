@@ -54,14 +54,16 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--arch", run.arch, "arch for known-bug marks [the device's]");
   run_cmd->add_option("--shard", run.shard, "i/n: run every n-th case from the i-th (0-based)")
       ->capture_default_str();
-  run_cmd->add_option("--repeat", run.repeat,
-                      "launches per case (>=2: never-written elements, determinism)")
+  run_cmd
+      ->add_option("--repeat", run.repeat,
+                   "launches per case (>=2: never-written elements, determinism)")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
   run_cmd->add_option("--jobs", run.jobs, "worker processes")
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
-  run_cmd->add_option("--out", run.out, "results directory (run.json, results.jsonl, junit.xml, repro/)");
+  run_cmd->add_option("--out", run.out,
+                      "results directory (run.json, results.jsonl, junit.xml, repro/)");
   run_cmd->add_option("--timeout", run.timeout_s, "seconds per case before it counts as hung")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();

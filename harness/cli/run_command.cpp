@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <optional>
 
@@ -52,8 +53,7 @@ std::string first_line(const std::string& s, size_t max = 400) {
 // A live progress line on a terminal; nothing in CI logs (no tty, or $CI set).
 class Progress {
  public:
-  explicit Progress(size_t total)
-      : total_(total), live_(::isatty(2) && !std::getenv("CI")) {}
+  explicit Progress(size_t total) : total_(total), live_(::isatty(2) && !std::getenv("CI")) {}
   void update(size_t done, int64_t failures, const std::string& id) {
     if (!live_) return;
     std::cerr << "\r\033[K[" << done << "/" << total_ << "] " << failures << " failed  " << id
@@ -62,7 +62,6 @@ class Progress {
   void clear() {
     if (live_) std::cerr << "\r\033[K" << std::flush;
   }
-  bool live() const { return live_; }
 
  private:
   size_t total_;
@@ -135,7 +134,9 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
   };
   auto record = [&](size_t i, nlohmann::json j) {
     summary.add(j);
-    if (jsonl.is_open()) jsonl << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n" << std::flush;
+    if (jsonl.is_open())
+      jsonl << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n"
+            << std::flush;
     const std::string v = j.value("verdict", "error");
     if (v == "failed" || v == "error") {
       progress.clear();
@@ -153,7 +154,8 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
   opt.kernels_path = kernels;
   opt.repro_extra = path_flags(paths);
   if (a.in_process) {
-    WorkerConfig cfg{paths.cases, paths.golden, kernels, a.arch, repro_dir, path_flags(paths), a.repeat};
+    WorkerConfig cfg{paths.cases, paths.golden,      kernels, a.arch,
+                     repro_dir,   path_flags(paths), a.repeat};
     CaseContext ctx = make_context(cfg);
     announce(context_hello(ctx));
     for (size_t i = 0; i < cases.size(); ++i) {
@@ -172,11 +174,17 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
     spec.case_timeout_s = a.timeout_s;
     spec.start_timeout_s = std::max(120.0, a.timeout_s);
     if (!a.out.empty()) spec.log_path = (fs::path(a.out) / "worker.log").string();
-    spec.args = {"--cases", fs::absolute(paths.cases).string(), "--golden",
-                 fs::absolute(paths.golden).string(), "worker", "--repeat", std::to_string(a.repeat)};
+    spec.args = {"--cases",
+                 fs::absolute(paths.cases).string(),
+                 "--golden",
+                 fs::absolute(paths.golden).string(),
+                 "worker",
+                 "--repeat",
+                 std::to_string(a.repeat)};
     if (!kernels.empty()) spec.args.insert(spec.args.end(), {"--kernels", kernels});
     if (!a.arch.empty()) spec.args.insert(spec.args.end(), {"--arch", a.arch});
-    if (!repro_dir.empty()) spec.args.insert(spec.args.end(), {"--repro-dir", fs::absolute(repro_dir).string()});
+    if (!repro_dir.empty())
+      spec.args.insert(spec.args.end(), {"--repro-dir", fs::absolute(repro_dir).string()});
     if (!path_flags(paths).empty())
       spec.args.insert(spec.args.end(), {"--repro-extra", path_flags(paths)});
     std::vector<std::string> ids;
@@ -233,7 +241,7 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
     }
     const nlohmann::json h = hello.value_or(nlohmann::json::object());
     const std::string arch = h.value("arch", "");
-    const std::string backend = arch.rfind("gfx", 0) == 0  ? "hip"
+    const std::string backend = arch.rfind("gfx", 0) == 0   ? "hip"
                                 : arch.rfind("sm_", 0) == 0 ? "cuda"
                                                             : "cpu";
     const nlohmann::json run_json = {

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/numeric.h"
+#include "core/policy.h"
 #include "core/rng.h"
 #include "ops/indexer_inputs.h"
 #include "reference/page_indices.h"
@@ -52,7 +53,7 @@ Tensor padded_rows(DType dtype, const Shape& shape, int64_t row_stride) {
 }
 
 void fill_quant_rows(const Tensor& rows, const std::string& case_id, const std::string& name,
-                     int64_t seed, float qmax) {
+                     int64_t seed, float qmax, RowMix mix) {
   const auto s = static_cast<uint64_t>(seed);
   fill_normal(rows, Rng(case_id, name, s));
   Rng rng(case_id, name + "/rows", s);
@@ -61,7 +62,8 @@ void fill_quant_rows(const Tensor& rows, const std::string& case_id, const std::
     const int e = static_cast<int>(rng.uniform_int(-12, 4));
     const double sign = rng.uniform() < 0.5 ? -1.0 : 1.0;
     const int64_t at = rng.uniform_int(0, D - 1);
-    switch (r % 16) {
+    const int64_t kind = r % 16 == 0 || mix == RowMix::edges ? r % 16 : 4;
+    switch (kind) {
       case 0:  // all zero: the amax floor decides the scale
         for (int64_t d = 0; d < D; ++d) rows.set({r, d}, 0.0);
         break;
@@ -69,22 +71,23 @@ void fill_quant_rows(const Tensor& rows, const std::string& case_id, const std::
       case 2:  // the next bf16 above: the scale doubles
         for (int64_t d = 0; d < D; ++d) rows.set({r, d}, rows.get({r, d}) * std::ldexp(1.0, e));
         rows.set({r, at}, sign * std::ldexp(static_cast<double>(qmax), e));
-        if (r % 16 == 2)
+        if (kind == 2)
           rows.set_bits(Index{r, at}, rows.get_bits(Index{r, at}) + 1);  // magnitude up one ulp
         break;
       case 3:  // a sweep over 2^-21 .. 1 of the peak: fp8 subnormals and values that flush to 0
         for (int64_t d = 0; d < D; ++d)
           rows.set({r, d}, (d % 2 ? -1.0 : 1.0) * std::ldexp(1.0, e - static_cast<int>(d % 22)));
         break;
-      default:  // ordinary rows at magnitudes 2^-12 .. 2^12
-        for (int64_t d = 0; d < D; ++d)
-          rows.set({r, d}, rows.get({r, d}) * std::ldexp(1.0, static_cast<int>(3 * e / 2)));
+      default: {  // ordinary rows: 2^-18 .. 2^6 (edges), 2^-2 .. 2^2 (model)
+        const int mag = mix == RowMix::edges ? 3 * e / 2 : e % 3;
+        for (int64_t d = 0; d < D; ++d) rows.set({r, d}, rows.get({r, d}) * std::ldexp(1.0, mag));
+      }
     }
   }
 }
 
 Tensor paged_cache(const std::string& case_id, const PagedLayout& layout, int64_t bs, int64_t pad,
-                   DType fp8, int64_t seed) {
+                   DType fp8, int64_t seed, RowMix mix) {
   const int64_t stride = bs * ix::kTokenBytes + pad, blocks = layout.num_blocks;
   Tensor storage = Tensor::empty(DType::u8, {blocks * stride});
   fill_uniform_int(storage, Rng(case_id, "kv_cache/stale", static_cast<uint64_t>(seed)), 0, 255);
@@ -99,7 +102,7 @@ Tensor paged_cache(const std::string& case_id, const PagedLayout& layout, int64_
   for (int64_t i = 0; i < T; ++i) slot.at<int64_t>({i}) = slots[static_cast<size_t>(i)];
   Tensor k = Tensor::empty(DType::bf16, {T, ix::kHeadDim});
   const float qmax = ix::quant_max(fp8, ix::QuantMaxVariant::vllm);
-  fill_quant_rows(k, case_id, "k", seed, qmax);
+  fill_quant_rows(k, case_id, "k", seed, qmax, mix);
   return ix::write_k_cache(cache, k, slot, ix::layout_for_block_size(bs), fp8, qmax);
 }
 
@@ -164,18 +167,16 @@ Budget logits_budget(const Tensor& q, const Tensor& weights, double max_key_fact
     }
     max_row = std::max(max_row, r);
   }
-  const double u = unit_roundoff(DType::f32);
-  const double eps = static_cast<double>(2 * ix::kHeadDim + H + 2) * u;
-  Budget b;
-  b.atol = eps * max_row * max_key_factor;
-  b.rtol = 2 * u;
-  b.why =
-      "fp32 logits: q.k of 128 exact fp8 products accumulated in fp32 (2u per add, any "
-      "order), weight product and " +
-      std::to_string(H) +
-      "-head sum (u each): atol = (2*128 + H + 2) u * max_i sum_h |w| sum_d |q| * max_j "
-      "k_scale max_d |k|; rtol 2u for the fp32 output; -inf outside the window exactly";
-  return b;
+  const double u = unit_roundoff(DType::f32), terms = max_row * max_key_factor;
+  return BudgetBuilder("logits")
+      .absolute(2 * gamma_n(ix::kHeadDim, u) * terms,
+                "q.k: 128 exact fp8 products summed in fp32, any order, x2 for tensor cores that "
+                "truncate (2 gamma_128 * max_i sum_h |w| sum_d |q| * max_j k_scale max_d |k|)")
+      .accumulation(H + 1, DType::f32, terms, Bound::worst_case,
+                    "weight product and " + std::to_string(H) + "-head sum")
+      .output_rounding(DType::f32)
+      .relative(u, "the expected value stored as fp32")
+      .build();
 }
 
 namespace {
@@ -225,7 +226,7 @@ class IndexerKCacheOp final : public Op {
     Tensor k_storage = Tensor::empty(DType::bf16, {T + 3, k_stride});
     fill_normal(k_storage, Rng(c.id, "k_storage", static_cast<uint64_t>(seed)));
     Tensor k = k_storage.slice(1, 0, ix::kHeadDim);
-    fill_quant_rows(k, c.id, "k", seed, quant_max_of(c.params));
+    fill_quant_rows(k, c.id, "k", seed, quant_max_of(c.params), RowMix::edges);
     const int64_t stride = bs * ix::kTokenBytes + pad;
     Tensor cache = Tensor::filled_bytes(DType::u8, {blocks * stride}, std::byte{0xFF})
                        .as_strided({blocks, bs, ix::kTokenBytes}, {stride, ix::kTokenBytes, 1}, 0);
@@ -289,11 +290,13 @@ class IndexerGatherOp final : public Op {
     Tensor scales = Tensor::empty(DType::f32, {N + 2});
     poison(values);
     poison(scales);
-    p.args = {{"kv_cache", paged_cache(c.id, layout, bs, pad, fp8_of(c.params), seed), Role::input},
-              {"block_table", layout.block_table, Role::input},
-              {"cu_seq_lens", cu, Role::input},
-              {"k_fp8", values.slice(0, 0, N), Role::output},
-              {"k_scale", scales.slice(0, 0, N), Role::output}};
+    p.args = {
+        {"kv_cache", paged_cache(c.id, layout, bs, pad, fp8_of(c.params), seed, RowMix::edges),
+         Role::input},
+        {"block_table", layout.block_table, Role::input},
+        {"cu_seq_lens", cu, Role::input},
+        {"k_fp8", values.slice(0, 0, N), Role::output},
+        {"k_scale", scales.slice(0, 0, N), Role::output}};
     p.bytes = static_cast<double>(N) * 2 * ix::kTokenBytes;
     return p;
   }
@@ -336,7 +339,8 @@ class IndexerQQuantOp final : public Op {
     if (T < 1 || H < 1) throw std::invalid_argument(c.id + ": tokens and heads must be >= 1");
     const DType fp8 = fp8_of(c.params);
     Tensor q = Tensor::empty(DType::bf16, {T, H, ix::kHeadDim});
-    fill_quant_rows(q.reshape({T * H, ix::kHeadDim}), c.id, "q", seed, quant_max_of(c.params));
+    fill_quant_rows(q.reshape({T * H, ix::kHeadDim}), c.id, "q", seed, quant_max_of(c.params),
+                    RowMix::edges);
     // weights_raw is the tail of the fused wk|weights_proj GEMM output [T, 128 + H].
     Tensor kw = Tensor::empty(DType::bf16, {T, ix::kHeadDim + H});
     fill_normal(kw, Rng(c.id, "kw", static_cast<uint64_t>(seed)));

@@ -20,17 +20,20 @@ DType fp8_of(const Params& p);
 float quant_max_of(const Params& p);  // from "fp8" and "quant_max" (vllm when the op has no axis)
 std::string block_size_problem(int64_t block_size);  // "" when valid, else the refusal reason
 
-// Fills bf16 rows [R, 128] (any strides) like RoPE'd K / q heads, with rows on the quantizer's
-// edges every 16 rows: all zero (amax floor), a peak of exactly M * 2^e, the next bf16 above it,
-// and a geometric sweep into fp8 subnormals and underflow.
+// How generated q / K rows are spread. `edges`: every 16 rows, rows on the quantizer's edges (all
+// zero: the amax floor; a peak of exactly M * 2^e; the next bf16 above it; a geometric sweep into
+// fp8 subnormals and underflow), the rest at magnitudes 2^-18 .. 2^6 (quantization ops, compared
+// bitwise). `model`: rows of comparable size, N(0,1) * 2^{-2..2}, every 16th all zero (logits
+// ops: a budget relative to the largest terms stays tight for every element).
+enum class RowMix { edges, model };
 void fill_quant_rows(const Tensor& rows, const std::string& case_id, const std::string& name,
-                     int64_t seed, float quant_max);
+                     int64_t seed, float quant_max, RowMix mix);
 
 // A paged indexer cache u8 [num_blocks, BS, 132] with page stride BS*132 + pad: random bytes
 // everywhere (stale memory), then every position < seq_lens[r] of every request written by the
 // reference writer in the layout the block size selects. Invalid block sizes get random bytes only.
 Tensor paged_cache(const std::string& case_id, const PagedLayout& layout, int64_t block_size,
-                   int64_t pad, DType fp8, int64_t seed);
+                   int64_t pad, DType fp8, int64_t seed, RowMix mix);
 
 // Prefill requests (vLLM BuildPrefillChunkMetadata): request r has L_r keys and q_r = min(qlen,
 // L_r) queries; query i of r sees keys [cu[r], cu[r] + L_r - q_r + 1 + i) ("causal"), or a random
@@ -48,10 +51,9 @@ Tensor padded_rows(DType dtype, const Shape& shape, int64_t row_stride);
 int64_t padded_stride(int64_t width);  // round up to 16, plus 16 columns nobody may write
 
 // Budget of fp32 indexer logits (docs/ops/indexer.md): per q.k, fp32 accumulation of 128 exact
-// products in any order (2u per add for tensor cores that truncate), then one rounding for the
-// weight, H for the head sum, one for the output. |err| <= eps * sum_h |w_h| * ks * sum_d |q k|,
-// bounded by eps * max_i R_i * max_j C_j with R_i = sum_h |w_ih| sum_d |q_ihd| and
-// C_j = ks_j max_d |k_jd|.
+// products in any order (tensor cores may truncate: 2 gamma_128), then the weight product and
+// the H-head sum (gamma_{H+1}), and the fp32 stores. Terms are bounded by R_i * C_j with
+// R_i = sum_h |w_ih| sum_d |q_ihd| and C_j = k_scale_j max_d |k_jd|; atol uses their maxima.
 Budget logits_budget(const Tensor& q, const Tensor& weights, double max_key_factor);
 // max_j k_scale[j] * max_d |k[j, d]| over fp8 rows.
 double key_factor(const Tensor& k_fp8, const Tensor& k_scale);

@@ -16,7 +16,8 @@ constexpr int64_t kMaxHeads = 128;
 ix::QuantizedQ make_q(const std::string& id, int64_t rows, int64_t H, DType fp8, int64_t seed) {
   const float qmax = ix::quant_max(fp8, ix::QuantMaxVariant::vllm);
   Tensor q = Tensor::empty(DType::bf16, {rows, H, ix::kHeadDim});
-  if (rows * H > 0) fill_quant_rows(q.reshape({rows * H, ix::kHeadDim}), id, "q", seed, qmax);
+  if (rows * H > 0)
+    fill_quant_rows(q.reshape({rows * H, ix::kHeadDim}), id, "q", seed, qmax, RowMix::model);
   Tensor raw = Tensor::empty(DType::bf16, {rows, H});
   fill_normal(raw, Rng(id, "weights_raw", static_cast<uint64_t>(seed)));
   return ix::quantize_q(q, raw, fp8, qmax);
@@ -62,7 +63,8 @@ class IndexerLogitsPrefillOp final : public Op {
     if (H < 0) throw std::invalid_argument(c.id + ": heads must be >= 0");
     const auto q = make_q(c.id, w.M, H, fp8, seed);
     Tensor kb = Tensor::empty(DType::bf16, {w.N, ix::kHeadDim});
-    fill_quant_rows(kb, c.id, "k", seed, ix::quant_max(fp8, ix::QuantMaxVariant::vllm));
+    fill_quant_rows(kb, c.id, "k", seed, ix::quant_max(fp8, ix::QuantMaxVariant::vllm),
+                    RowMix::model);
     const auto k = ix::quantize_k(kb, fp8, ix::quant_max(fp8, ix::QuantMaxVariant::vllm));
     p.args = {{"q", q.q_fp8, Role::input},
               {"k_fp8", k.values, Role::input},
@@ -101,24 +103,29 @@ class IndexerLogitsDecodeOp final : public Op {
  public:
   std::string name() const override { return "indexer_logits_decode"; }
   std::vector<Axis> axes() const override {
-    return {{"heads", "h", 32, {}, "index heads: 8/16 per rank when sharded, 32 GLM-5, 64 DSv3.2"},
-            {"next_n", "nn", 1, {}, "tokens decoded per request (MTP)"},
-            {"block_size",
-             "bs",
-             64,
-             {},
-             "cache block size: 1 reads NORMAL, multiples of 16 Preshuffle"},
-            {"batch", "b", 3, {}, "requests"},
-            {"max_ctx", "ctx", 300, {}, "longest context; ragged lengths with block-edge cases"},
-            {"chunk_q",
-             "cq",
-             64,
-             {},
-             "heads per program requested (clamped to heads; AITER default 64)"},
-            fp8_axis(),
-            {"pad", "pad", 0, {}, "bytes of padding after each page"},
-            {"table", "", "contiguous", {"contiguous", "strided"}, "strided: table row stride > W"},
-            {"seed", "s", 0, {}, "input seed"}};
+    return {
+        {"heads", "h", 32, {}, "index heads: 8/16 per rank when sharded, 32 GLM-5, 64 DSv3.2"},
+        {"next_n", "nn", 1, {}, "tokens decoded per request (MTP)"},
+        {"block_size",
+         "bs",
+         64,
+         {},
+         "cache block size: 1 reads NORMAL, multiples of 16 Preshuffle"},
+        {"batch",
+         "b",
+         8,
+         {},
+         "requests: block-edge lengths (0, 1, K-1, K, K+1, 2K+1), then random, the last max_ctx"},
+        {"max_ctx", "ctx", 300, {}, "longest context"},
+        {"chunk_q",
+         "cq",
+         64,
+         {},
+         "heads per program requested (clamped to heads; AITER default 64)"},
+        fp8_axis(),
+        {"pad", "pad", 0, {}, "bytes of padding after each page"},
+        {"table", "", "contiguous", {"contiguous", "strided"}, "strided: table row stride > W"},
+        {"seed", "s", 0, {}, "input seed"}};
   }
 
   Problem make(const Case& c) const override {
@@ -145,15 +152,16 @@ class IndexerLogitsDecodeOp final : public Op {
     const DType fp8 = fp8_of(c.params);
     if (H < 0) throw std::invalid_argument(c.id + ": heads must be >= 0");
     const auto q = make_q(c.id, rows, H, fp8, seed);
-    p.args = {{"q",
-               H > 0 ? q.q_fp8.reshape({B, NN, H, ix::kHeadDim})
-                     : Tensor::empty(fp8, {B, NN, 0, ix::kHeadDim}),
-               Role::input},
-              {"kv_cache", paged_cache(c.id, layout, bs, pad, fp8, seed), Role::input},
-              {"weights", q.weights, Role::input},
-              {"context_lens", layout.seq_lens, Role::input},
-              {"block_table", layout.block_table, Role::input},
-              {"logits", poisoned_logits(rows, max_model_len), Role::output}};
+    p.args = {
+        {"q",
+         H > 0 ? q.q_fp8.reshape({B, NN, H, ix::kHeadDim})
+               : Tensor::empty(fp8, {B, NN, 0, ix::kHeadDim}),
+         Role::input},
+        {"kv_cache", paged_cache(c.id, layout, bs, pad, fp8, seed, RowMix::model), Role::input},
+        {"weights", q.weights, Role::input},
+        {"context_lens", layout.seq_lens, Role::input},
+        {"block_table", layout.block_table, Role::input},
+        {"logits", poisoned_logits(rows, max_model_len), Role::output}};
     p.kernel_params = {{"fp8_format", param_str(c.params, "fp8")}, {"chunk_q", cq}};
     double pairs = 0;
     for (int64_t b = 0; b < B; ++b)

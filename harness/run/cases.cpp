@@ -96,6 +96,18 @@ std::string where_group(const CaseGroup& g) {
   return "group '" + g.name + "'";
 }
 
+std::string registered_ops() {
+  std::string s;
+  for (const Op* o : all_ops()) s += (s.empty() ? "" : ", ") + o->name();
+  return s;
+}
+
+std::string axis_names_of(const Op& op) {
+  std::string s;
+  for (const auto& a : op.axes()) s += (s.empty() ? "" : ", ") + a.name;
+  return s;
+}
+
 }  // namespace
 
 bool is_tier(std::string_view t) {
@@ -129,8 +141,8 @@ std::vector<Case> expand_group(const Op& op, const CaseFile& file, const CaseGro
         const auto ax = std::find_if(g.axes.begin(), g.axes.end(),
                                      [&](const auto& a) { return a.first == axis; });
         if (ax == g.axes.end()) {
-          can_fire = can_fire &&
-                     std::find(values.begin(), values.end(), base.at(axis)) != values.end();
+          can_fire =
+              can_fire && std::find(values.begin(), values.end(), base.at(axis)) != values.end();
           continue;
         }
         std::vector<std::pair<int, int>> options;
@@ -157,8 +169,8 @@ std::vector<Case> expand_group(const Op& op, const CaseFile& file, const CaseGro
     // A rule over non-varied axes only that fires excludes everything.
     for (const auto& c : constraints)
       if (c.empty()) return {};
-    const auto picked =
-        how == "pairwise" ? pairwise_rows(counts, constraints) : cartesian_rows(counts, constraints);
+    const auto picked = how == "pairwise" ? pairwise_rows(counts, constraints)
+                                          : cartesian_rows(counts, constraints);
     for (const auto& r : picked) {
       Params given = Params::object();
       for (size_t a = 0; a < g.axes.size(); ++a)
@@ -171,9 +183,9 @@ std::vector<Case> expand_group(const Op& op, const CaseFile& file, const CaseGro
   std::vector<Case> out;
   for (size_t i = 0; i < rows.size(); ++i) {
     Case c = op.make_case(rows[i]);
-    if (how == "list" &&
-        std::any_of(g.excludes.begin(), g.excludes.end(),
-                    [&](const auto& rule) { return exclude_matches(rule, c.params); }))
+    if (how == "list" && std::any_of(g.excludes.begin(), g.excludes.end(), [&](const auto& rule) {
+          return exclude_matches(rule, c.params);
+        }))
       continue;
     c.source = sources[i];
     out.push_back(std::move(c));
@@ -202,9 +214,7 @@ CaseFile load_case_file(const std::string& path) {
   f.op = as_string(path, *op_node, "op");
   const Op* op = find_op(f.op);
   if (!op) {
-    std::string known;
-    for (const Op* o : all_ops()) known += (known.empty() ? "" : ", ") + o->name();
-    fail(path, *op_node, "op: unknown op '" + f.op + "' (registered: " + known + ")");
+    fail(path, *op_node, "op: unknown op '" + f.op + "' (registered: " + registered_ops() + ")");
   }
   std::set<std::string> axis_names;
   for (const auto& a : op->axes()) axis_names.insert(a.name);
@@ -280,7 +290,8 @@ CaseFile load_case_file(const std::string& path) {
     for (const auto& [tier, how_node] : tt) {
       const std::string tier_name(tier.str());
       if (!is_tier(tier_name))
-        fail(path, how_node, gw + " tiers: unknown tier '" + tier_name + "' (tiers: smoke, quick, full)");
+        fail(path, how_node,
+             gw + " tiers: unknown tier '" + tier_name + "' (tiers: smoke, quick, full)");
       const std::string how = as_string(path, how_node, gw + " tiers." + tier_name);
       if (how != "cartesian" && how != "pairwise" && how != "list")
         fail(path, how_node,
@@ -300,9 +311,8 @@ CaseFile load_case_file(const std::string& path) {
         const std::string axis(k.str());
         const std::string field = gw + " axis '" + axis + "'";
         if (!axis_names.count(axis)) {
-          std::string known;
-          for (const auto& a : op->axes()) known += (known.empty() ? "" : ", ") + a.name;
-          fail(path, v, field + ": unknown axis of op '" + f.op + "' (axes: " + known + ")");
+          fail(path, v,
+               field + ": unknown axis of op '" + f.op + "' (axes: " + axis_names_of(*op) + ")");
         }
         auto values = value_list(path, v, field, false);
         const auto* arr = v.as_array();
@@ -323,24 +333,27 @@ CaseFile load_case_file(const std::string& path) {
           if (ax.first == a.name) ordered.push_back(std::move(ax));
       g.axes = std::move(ordered);
       if (!uses_axes)
-        fail(path, *axes, gw + ": has 'axes' but every tier uses 'list' (the axes would be unused)");
+        fail(path, *axes,
+             gw + ": has 'axes' but every tier uses 'list' (the axes would be unused)");
     } else if (uses_axes) {
-      fail(path, gnode, gw + ": a tier expands 'cartesian' or 'pairwise' but the group has no 'axes'");
+      fail(path, gnode,
+           gw + ": a tier expands 'cartesian' or 'pairwise' but the group has no 'axes'");
     }
 
     if (const toml::node* cases = t.get("cases")) {
       const auto* arr = cases->as_array();
       if (!arr || arr->empty())
-        fail(path, *cases, gw + " cases: expected a non-empty list of tables, e.g. [ { heads = 4 } ]");
+        fail(path, *cases,
+             gw + " cases: expected a non-empty list of tables, e.g. [ { heads = 4 } ]");
       for (const auto& e : *arr) {
         const auto& ct = as_table(path, e, gw + " cases entry");
         Params p = Params::object();
         for (const auto& [k, v] : ct) {
           const std::string axis(k.str());
           if (!axis_names.count(axis)) {
-            std::string known;
-            for (const auto& a : op->axes()) known += (known.empty() ? "" : ", ") + a.name;
-            fail(path, v, gw + " case: unknown axis '" + axis + "' of op '" + f.op + "' (axes: " + known + ")");
+            fail(path, v,
+                 gw + " case: unknown axis '" + axis + "' of op '" + f.op +
+                     "' (axes: " + axis_names_of(*op) + ")");
           }
           p[axis] = scalar(path, v, gw + " case axis '" + axis + "'");
           Params one = Params::object();
@@ -351,7 +364,8 @@ CaseFile load_case_file(const std::string& path) {
         g.case_sources.push_back(line_of(path, e.source()));
       }
       if (!uses_list)
-        fail(path, *cases, gw + ": has 'cases' but no tier uses 'list' (the cases would be unused)");
+        fail(path, *cases,
+             gw + ": has 'cases' but no tier uses 'list' (the cases would be unused)");
     } else if (uses_list) {
       fail(path, gnode, gw + ": a tier uses 'list' but the group has no 'cases'");
     }
@@ -491,9 +505,8 @@ std::vector<CaseFile> load_case_dir(const std::string& dir) {
 Shard parse_shard(std::string_view text) {
   const auto slash = text.find('/');
   auto number = [&](std::string_view s, int& out) {
-    if (s.empty() || s.size() > 6 || !std::all_of(s.begin(), s.end(), [](char ch) {
-          return ch >= '0' && ch <= '9';
-        }))
+    if (s.empty() || s.size() > 6 ||
+        !std::all_of(s.begin(), s.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
       return false;
     out = std::stoi(std::string(s));
     return true;
@@ -513,9 +526,7 @@ std::vector<Case> select_cases(const std::vector<CaseFile>& files, const Selecti
     throw std::invalid_argument("unknown tier '" + sel.tier + "' (tiers: smoke, quick, full, all)");
   for (const auto& o : sel.ops)
     if (!find_op(o)) {
-      std::string known;
-      for (const Op* op : all_ops()) known += (known.empty() ? "" : ", ") + op->name();
-      throw std::invalid_argument("unknown op '" + o + "' (registered: " + known + ")");
+      throw std::invalid_argument("unknown op '" + o + "' (registered: " + registered_ops() + ")");
     }
   std::optional<std::regex> re;
   if (!sel.filter.empty()) {

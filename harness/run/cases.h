@@ -82,7 +82,8 @@ struct Selection {
 
 // Cases of the selection in file order, then group order. Sharding is by position in the
 // tier's full list (before --op/--filter), index % count == shard index: the same case lands in the
-// same shard whatever the filters. Throws std::invalid_argument for an unknown tier/op or bad regex.
+// same shard whatever the filters. Throws std::invalid_argument for an unknown tier/op or bad
+// regex.
 std::vector<Case> select_cases(const std::vector<CaseFile>& files, const Selection& sel);
 
 // The case with this id in any tier, or nullopt.

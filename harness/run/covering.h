@@ -6,9 +6,10 @@
 // row may contain (the `exclude` rules of a group).
 //
 // The generator is greedy and deterministic (AETG-like, one candidate per row): seed a row with the
-// first uncovered pair, then give each remaining axis the value that covers the most uncovered pairs
-// with the axes already set, among the values that still leave the row completable. Rows that end
-// up covering nothing on their own are dropped at the end. Same input, same rows, on every machine.
+// first uncovered pair, then give each remaining axis the value that covers the most uncovered
+// pairs with the axes already set, among the values that still leave the row completable. Rows that
+// end up covering nothing on their own are dropped at the end. Same input, same rows, on every
+// machine.
 #pragma once
 #include <cstdint>
 #include <utility>

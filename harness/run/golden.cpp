@@ -52,7 +52,8 @@ std::string digest_difference(const nlohmann::json& golden, const nlohmann::json
   }
   for (const auto& [name, h] : ga.items())
     if (!na.contains(name)) add("argument '" + name + "' no longer exists");
-  if (golden.value("kernel_params", nlohmann::json()) != now.value("kernel_params", nlohmann::json()))
+  if (golden.value("kernel_params", nlohmann::json()) !=
+      now.value("kernel_params", nlohmann::json()))
     add("kernel_params " + now.value("kernel_params", nlohmann::json()).dump() + ", golden has " +
         golden.value("kernel_params", nlohmann::json()).dump());
   if (golden.value("expect_refusal", "") != now.value("expect_refusal", ""))
@@ -221,7 +222,8 @@ Result verify_against_golden(const Op& op, const Case& c, const GoldenCase& g,
       try {
         t0 = std::chrono::steady_clock::now();
         (void)op.reference(p);
-        problems.push_back("reference accepted an invalid configuration (" + p.expect_refusal + ")");
+        problems.push_back("reference accepted an invalid configuration (" + p.expect_refusal +
+                           ")");
       } catch (const InvalidConfig&) {
       }
       r.timings.reference_ms = seconds_since(t0) * 1e3;
@@ -240,7 +242,8 @@ Result verify_against_golden(const Op& op, const Case& c, const GoldenCase& g,
         r.checks.push_back(compare_output(name, it->second, it->second.dtype(), t));
       }
       for (const auto& [name, t] : g.outputs)
-        if (!now.count(name)) problems.push_back("golden output '" + name + "' is no longer produced");
+        if (!now.count(name))
+          problems.push_back("golden output '" + name + "' is no longer produced");
       const std::string drift = checks_message(r.checks);
       if (!drift.empty()) problems.push_back("reference drift: " + drift);
       r.verdict = problems.empty() ? Verdict::passed : Verdict::failed;
@@ -254,8 +257,9 @@ Result verify_against_golden(const Op& op, const Case& c, const GoldenCase& g,
   }
   for (const auto& s : problems) r.message += (r.message.empty() ? "" : "; ") + s;
   if (r.message.empty())
-    r.message = r.verdict == Verdict::refused_as_expected ? "reference refused, as the golden records"
-                                                          : "reference matches the golden";
+    r.message = r.verdict == Verdict::refused_as_expected
+                    ? "reference refused, as the golden records"
+                    : "reference matches the golden";
   return r;
 }
 
@@ -378,8 +382,8 @@ int golden_generate(const std::vector<CaseFile>& files, const GoldenOptions& opt
     e.cases = static_cast<int64_t>(cases.size());
     manifest[e.file] = e;
     out << "  " << std::left << std::setw(24) << op_name << std::right << std::setw(6)
-        << cases.size() << " cases " << std::setw(12) << fmt_bytes(e.size) << "  "
-        << std::fixed << std::setprecision(1) << seconds_since(t0) << " s\n";
+        << cases.size() << " cases " << std::setw(12) << fmt_bytes(e.size) << "  " << std::fixed
+        << std::setprecision(1) << seconds_since(t0) << " s\n";
   }
   std::vector<ManifestEntry> entries;
   for (const auto& [file, e] : manifest)
@@ -412,8 +416,7 @@ struct ManifestCheck {
 
 }  // namespace
 
-int golden_verify(const std::vector<CaseFile>& files, const GoldenOptions& opt,
-                  std::ostream& out) {
+int golden_verify(const std::vector<CaseFile>& files, const GoldenOptions& opt, std::ostream& out) {
   const auto per_op = golden_cases(files, opt.ops);
   int problems = 0;
   auto problem = [&](const std::string& s) {
@@ -525,8 +528,8 @@ int golden_diff(const std::vector<CaseFile>& files, const GoldenOptions& opt, st
   out << std::setprecision(3);
   for (const auto& [op_name, cases] : per_op) {
     const Op& op = *find_op(op_name);
-    std::vector<std::string> stored = store.has_op(op_name) ? store.case_ids(op_name)
-                                                            : std::vector<std::string>{};
+    std::vector<std::string> stored =
+        store.has_op(op_name) ? store.case_ids(op_name) : std::vector<std::string>{};
     std::set<std::string> stored_set(stored.begin(), stored.end());
     if (other) {
       // Golden vs golden: cases of either side.

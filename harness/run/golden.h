@@ -94,9 +94,10 @@ std::map<std::string, std::vector<Case>> golden_cases(const std::vector<CaseFile
 // Writes <dir>/<op>.h5 for each selected op (atomically) and updates MANIFEST; prints one line per
 // op (cases, bytes, seconds) and the total against the size budget. Returns 0, or 1 when the
 // total exceeds the budget (files are still written). Throws on reference errors.
-int golden_generate(const std::vector<CaseFile>& files, const GoldenOptions& opt, std::ostream& out);
-// Checks MANIFEST (every file listed with its sha256 and size, nothing missing or extra), the set of
-// cases per file against the case files, input digests and every output. Prints every problem,
+int golden_generate(const std::vector<CaseFile>& files, const GoldenOptions& opt,
+                    std::ostream& out);
+// Checks MANIFEST (every file listed with its sha256 and size, nothing missing or extra), the set
+// of cases per file against the case files, input digests and every output. Prints every problem,
 // returns the number of problems (0 = verified).
 int golden_verify(const std::vector<CaseFile>& files, const GoldenOptions& opt, std::ostream& out);
 // Which cases would change (recomputed reference, or opt.against) and by how much. Returns the

@@ -56,6 +56,7 @@ Worker spawn(const WorkerSpec& spec) {
     ::dup2(pin[0], 0);
     ::dup2(pout[1], 1);
     ::dup2(perr[1], 2);
+    ::close_range(3, ~0u, 0);  // nothing else of the parent (result files, ...) leaks into workers
     ::execv(spec.exe.c_str(), argv.data());
     [[maybe_unused]] auto n = ::write(2, exec_failed.data(), exec_failed.size());
     ::_exit(127);
@@ -70,7 +71,8 @@ Worker spawn(const WorkerSpec& spec) {
   w.err = perr[0];
   ::fcntl(w.out, F_SETFL, ::fcntl(w.out, F_GETFL) | O_NONBLOCK);
   ::fcntl(w.err, F_SETFL, ::fcntl(w.err, F_GETFL) | O_NONBLOCK);
-  w.deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(spec.start_timeout_s * 1e3));
+  w.deadline =
+      Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(spec.start_timeout_s * 1e3));
   return w;
 }
 
@@ -153,7 +155,8 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<std::string>& ids,
   std::vector<Worker> workers(static_cast<size_t>(jobs));
   size_t next = 0, done = 0;
   int start_failures = 0;
-  const auto case_timeout = std::chrono::milliseconds(static_cast<int64_t>(spec.case_timeout_s * 1e3));
+  const auto case_timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(spec.case_timeout_s * 1e3));
 
   auto lose_or_fail_start = [&](Worker& w, const std::string& what) {
     if (w.busy >= 0) {
@@ -197,7 +200,8 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<std::string>& ids,
     int wait_ms = 1000;
     if (earliest != Clock::time_point::max())
       wait_ms = static_cast<int>(std::clamp<int64_t>(
-          std::chrono::duration_cast<std::chrono::milliseconds>(earliest - Clock::now()).count() + 1,
+          std::chrono::duration_cast<std::chrono::milliseconds>(earliest - Clock::now()).count() +
+              1,
           0, 1000));
     if (::poll(fds.data(), fds.size(), wait_ms) < 0 && errno != EINTR)
       throw std::runtime_error(std::string("poll failed: ") + std::strerror(errno));
@@ -210,8 +214,7 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<std::string>& ids,
         if (!chunk.empty()) {
           if (log.is_open()) log << chunk << std::flush;
           w.err_tail += chunk;
-          if (w.err_tail.size() > kTailBytes)
-            w.err_tail.erase(0, w.err_tail.size() - kTailBytes);
+          if (w.err_tail.size() > kTailBytes) w.err_tail.erase(0, w.err_tail.size() - kTailBytes);
         }
         if (!open) close_fd(w.err);
       }
@@ -229,8 +232,7 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<std::string>& ids,
             if (log.is_open()) log << "[worker " << w.pid << " stdout] " << line << "\n";
             continue;
           }
-          if (j.contains("fatal"))
-            throw std::runtime_error(j["fatal"].get<std::string>());
+          if (j.contains("fatal")) throw std::runtime_error(j["fatal"].get<std::string>());
           if (j.contains("hello")) {
             w.ready = true;
             start_failures = 0;
@@ -268,8 +270,7 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<std::string>& ids,
   for (auto& w : workers) {
     if (w.pid < 0) continue;
     int status = 0;
-    while (Clock::now() < grace && ::waitpid(w.pid, &status, WNOHANG) == 0)
-      ::usleep(10000);
+    while (Clock::now() < grace && ::waitpid(w.pid, &status, WNOHANG) == 0) ::usleep(10000);
     if (::waitpid(w.pid, &status, WNOHANG) == 0) ::kill(w.pid, SIGKILL);
     reap(w, status, false);
   }

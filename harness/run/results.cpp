@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -19,26 +18,41 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr const char* kColumns[] = {"passed",    "failed",          "refused_as_expected",
-                                    "known_bug", "unexpected_pass", "skipped",
-                                    "error"};
-constexpr const char* kHeadings[] = {"passed", "failed", "refused", "known_bug",
+constexpr const char* kColumns[] = {
+    "passed", "failed", "refused_as_expected", "known_bug", "unexpected_pass", "skipped", "error"};
+constexpr const char* kHeadings[] = {"passed", "failed",  "refused", "known_bug",
                                      "xpass",  "skipped", "error"};
 
 std::string xml_escape(const std::string& s) {
   std::string o;
   for (unsigned char c : s) {
     switch (c) {
-      case '&': o += "&amp;"; break;
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '"': o += "&quot;"; break;
-      case '\'': o += "&apos;"; break;
-      case '\n': o += "&#10;"; break;
-      case '\t': o += "&#9;"; break;
+      case '&':
+        o += "&amp;";
+        break;
+      case '<':
+        o += "&lt;";
+        break;
+      case '>':
+        o += "&gt;";
+        break;
+      case '"':
+        o += "&quot;";
+        break;
+      case '\'':
+        o += "&apos;";
+        break;
+      case '\n':
+        o += "&#10;";
+        break;
+      case '\t':
+        o += "&#9;";
+        break;
       default:
-        if (c < 0x20) o += ' ';  // not allowed in XML 1.0
-        else o += static_cast<char>(c);
+        if (c < 0x20)
+          o += ' ';  // not allowed in XML 1.0
+        else
+          o += static_cast<char>(c);
     }
   }
   return o;
@@ -66,14 +80,7 @@ double seconds_of(const nlohmann::json& r) {
 
 std::string id_to_filename(const std::string& id) {
   std::string s;
-  for (char c : id) {
-    if (c == '/')
-      s += "__";
-    else if (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.')
-      s += c;
-    else
-      s += '_';
-  }
+  for (char c : id) s += c == '/' ? std::string("__") : std::string(1, c);
   return s;
 }
 
@@ -122,8 +129,8 @@ std::string junit_xml(const std::vector<nlohmann::json>& results, const std::str
       const double sec = seconds_of(*r);
       t += sec;
       cases << "    <testcase classname=\"" << xml_escape(op) << "\" name=\""
-            << xml_escape(r->value("id", "?")) << "\" time=\"" << std::fixed
-            << std::setprecision(3) << sec << std::defaultfloat << "\">\n";
+            << xml_escape(r->value("id", "?")) << "\" time=\"" << std::fixed << std::setprecision(3)
+            << sec << std::defaultfloat << "\">\n";
       cases << "      <properties>\n";
       auto prop = [&](const std::string& name, const std::string& value) {
         cases << "        <property name=\"" << xml_escape(name) << "\" value=\""
@@ -141,8 +148,7 @@ std::string junit_xml(const std::vector<nlohmann::json>& results, const std::str
             if (k != "why") prop(n + ".budget." + k, text_of(val));
           for (const auto& [k, val] : c["metrics"].items())
             if (k != "worst") prop(n + "." + k, text_of(val));
-          if (c["metrics"].contains("worst"))
-            prop(n + ".worst", c["metrics"]["worst"].dump());
+          if (c["metrics"].contains("worst")) prop(n + ".worst", c["metrics"]["worst"].dump());
         }
       cases << "      </properties>\n";
       const std::string msg = r->value("message", "");
@@ -167,9 +173,8 @@ std::string junit_xml(const std::vector<nlohmann::json>& results, const std::str
     skipped += s;
     time += t;
     suites << "  <testsuite name=\"" << xml_escape(op) << "\" tests=\"" << rs.size()
-           << "\" failures=\"" << f << "\" errors=\"" << e << "\" skipped=\"" << s
-           << "\" time=\"" << std::fixed << std::setprecision(3) << t << std::defaultfloat
-           << "\">\n"
+           << "\" failures=\"" << f << "\" errors=\"" << e << "\" skipped=\"" << s << "\" time=\""
+           << std::fixed << std::setprecision(3) << t << std::defaultfloat << "\">\n"
            << cases.str() << "  </testsuite>\n";
   }
   os << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"" << xml_escape(suite_name)
@@ -213,9 +218,10 @@ void write_repro_bundle(const std::string& path, const Result& r, const CaseArti
   for (const auto& arg : a.problem.args) {
     const std::string ds = "inputs/" + arg.name;
     f.write_tensor(ds, arg.tensor);
-    f.set_attr(ds, "role", arg.role == Role::input    ? "input"
-                           : arg.role == Role::output ? "output (initial contents)"
-                                                      : "inout (initial contents)");
+    f.set_attr(ds, "role",
+               arg.role == Role::input    ? "input"
+               : arg.role == Role::output ? "output (initial contents)"
+                                          : "inout (initial contents)");
     f.set_attr_json(ds, "layout",
                     {{"shape", arg.tensor.shape()},
                      {"strides", arg.tensor.strides()},
@@ -248,10 +254,9 @@ std::vector<WorstElement> worst_elements(const Tensor& expected, const Tensor& a
       if (ratio > 0) all.push_back({idx, e, a, err, ratio});
     });
     const size_t k = std::min(n, all.size());
-    std::partial_sort(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(k), all.end(),
-                      [](const WorstElement& x, const WorstElement& y) {
-                        return x.ratio > y.ratio;
-                      });
+    std::partial_sort(
+        all.begin(), all.begin() + static_cast<std::ptrdiff_t>(k), all.end(),
+        [](const WorstElement& x, const WorstElement& y) { return x.ratio > y.ratio; });
     all.resize(k);
     return all;
   }

@@ -13,13 +13,13 @@
 
 namespace attncheck {
 
-// "mla_decode/h8-bs16" -> "mla_decode__h8-bs16" (a file name).
+// "mla_decode/h8-bs16" -> "mla_decode__h8-bs16": the repro bundle's name (CONTRACTS.md).
 std::string id_to_filename(const std::string& id);
 
 // Counts per op and verdict, from Result JSON records.
 struct Summary {
   std::map<std::string, std::map<std::string, int64_t>> per_op;  // op -> verdict -> count
-  int64_t failures = 0;                                           // failed + error
+  int64_t failures = 0;                                          // failed + error
   void add(const nlohmann::json& result);
   void print(std::ostream& out) const;  // the table, one row per op and a total
 };

@@ -104,19 +104,21 @@ nlohmann::json Result::to_json() const {
                         {"budget", b},
                         {"metrics", metrics_json(c.metrics)}});
   }
-  return {{"id", id},
-          {"op", op},
-          {"params", params},
-          {"verdict", verdict_name(verdict)},
-          {"mode", mode},
-          {"message", message},
-          {"checks", checks_j},
-          {"timings_ms",
-           {{"generate", timings.generate_ms},
-            {"reference", timings.reference_ms},
-            {"kernel", timings.kernel_ms}}},
-          {"arch", arch},
-          {"repro", repro}};
+  nlohmann::json j = {{"id", id},
+                      {"op", op},
+                      {"params", params},
+                      {"verdict", verdict_name(verdict)},
+                      {"mode", mode},
+                      {"message", message},
+                      {"checks", checks_j},
+                      {"timings_ms",
+                       {{"generate", timings.generate_ms},
+                        {"reference", timings.reference_ms},
+                        {"kernel", timings.kernel_ms}}},
+                      {"arch", arch},
+                      {"repro", repro}};
+  if (device_error) j["device_error"] = true;
+  return j;
 }
 
 std::string repro_command(const Case& c, const RunOptions& opt) {
@@ -221,6 +223,7 @@ Result run_case_unmarked(const Op& op, const Case& c, const DeviceRunner* device
         return r;
       }
       const auto o = device->run(p);
+      r.device_error = o.status == ATTNCHECK_ERROR;
       if (o.status == ATTNCHECK_REFUSED) {
         r.verdict = Verdict::refused_as_expected;
         r.message = "refused: " + o.message;
@@ -247,6 +250,7 @@ Result run_case_unmarked(const Op& op, const Case& c, const DeviceRunner* device
     const auto o = device->run(p);
     r.timings.kernel_ms = o.wall_ms;
     if (artifacts) artifacts->actual = o.outputs;
+    r.device_error = o.status == ATTNCHECK_ERROR;
     if (o.status != ATTNCHECK_OK) {
       r.verdict = Verdict::failed;
       r.message = (o.status == ATTNCHECK_REFUSED ? "kernel refused a valid configuration: "
@@ -261,6 +265,7 @@ Result run_case_unmarked(const Op& op, const Case& c, const DeviceRunner* device
         // Second launch from the complemented poison: never-written elements and nondeterminism.
         const Problem q = with_flipped_poison(p);
         const auto o2 = device->run(q);
+        r.device_error = o2.status == ATTNCHECK_ERROR;
         if (o2.status != ATTNCHECK_OK) {
           problems.push_back("second launch: status " + std::to_string(o2.status) + ": " +
                              o2.message);
@@ -270,8 +275,8 @@ Result run_case_unmarked(const Op& op, const Case& c, const DeviceRunner* device
           for (const auto& a : p.args) {
             if (a.role != Role::output || !o.outputs.count(a.name) || !o2.outputs.count(a.name))
               continue;
-            const auto u = unwritten_elements(a.name, a.tensor, o.outputs.at(a.name),
-                                              q.arg(a.name), o2.outputs.at(a.name));
+            const auto u = unwritten_elements(a.name, a.tensor, o.outputs.at(a.name), q.arg(a.name),
+                                              o2.outputs.at(a.name));
             if (!u.empty()) problems.push_back(u);
             unwritten = unwritten || !u.empty();
           }
@@ -311,6 +316,7 @@ Result run_case_unmarked(const Op& op, const Case& c, const DeviceRunner* device
   } catch (const std::exception& e) {
     r.verdict = Verdict::error;
     r.message = e.what();
+    r.device_error = device != nullptr;
   }
   return r;
 }

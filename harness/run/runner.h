@@ -40,6 +40,9 @@ struct Result {
   Timings timings;
   std::string arch;
   std::string repro;  // one-line command that reruns this case
+  // The launch returned ATTNCHECK_ERROR or device I/O failed: the GPU context may be unusable
+  // (sticky faults), so a worker process starts afresh before the next case.
+  bool device_error = false;
   nlohmann::json to_json() const;
 };
 

@@ -75,10 +75,9 @@ CaseOutcome run_one(CaseContext& ctx, const Case& c) {
     return out;
   }
 
-  out.kernel_skipped = !ctx.lib ? ctx.no_device_reason
-                       : !ctx.device
-                           ? ctx.no_device_reason
-                           : "the kernel library has no '" + c.op + "' kernel";
+  out.kernel_skipped = !ctx.lib      ? ctx.no_device_reason
+                       : !ctx.device ? ctx.no_device_reason
+                                     : "the kernel library has no '" + c.op + "' kernel";
   if (!golden_error.empty()) {
     out.result.id = c.id;
     out.result.op = c.op;
@@ -165,6 +164,9 @@ int worker_main(const WorkerConfig& cfg) {
       }
     }
     emit(j);
+    // A GPU fault can leave the context unusable for every later launch: end this worker, the
+    // parent starts a fresh one for the next case.
+    if (o.result.device_error) return 0;
   }
   return 0;
 }

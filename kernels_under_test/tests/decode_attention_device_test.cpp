@@ -160,11 +160,12 @@ TEST(DecodeAttentionDevice, SmokeQuickAndExtraCasesPass) {
   std::string why;
   auto gpu = open_default(&why);
   if (!gpu) GTEST_SKIP() << why;
-  // ATTNCHECK_DA_TIERS narrows the run (e.g. "smoke" under compute-sanitizer's racecheck).
+  // ATTNCHECK_DA_TIERS picks the tiers: "smoke" under compute-sanitizer's racecheck, "full" too
+  // for a nightly-sized run.
   const char* only = std::getenv("ATTNCHECK_DA_TIERS");
   const std::string tiers = only ? only : "smoke,quick,extra";
   Tally all;
-  for (const std::string tier : {"smoke", "quick", "extra"}) {
+  for (const std::string tier : {"smoke", "quick", "extra", "full"}) {
     if (tiers.find(tier) == std::string::npos) continue;
     const auto cases = tier == "extra" ? extra_cases() : tier_cases(tier);
     ASSERT_FALSE(cases.empty()) << tier;

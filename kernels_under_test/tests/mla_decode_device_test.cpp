@@ -2,10 +2,9 @@
 // quick tiers of cases/mla_decode.toml and cases/sparse_mla.toml (every head count including the
 // invalid ones, block sizes 1/16/64, qlen 1..8, fp8 in both formats, strided and head-major views)
 // plus production-sized cases, with repeats (determinism); the roofline (the tile-MMA GEMM checks
-// itself before it is timed); timings against the roofline; and, when the mutant libraries sit
-// beside the library (or in ATTNCHECK_MUTANT_DIR), proof that each mutant of
-// kernels_under_test/mla.mutants is killed by the cases its regex names. Skips, with the reason,
-// when there is no library or no GPU.
+// itself before it is timed); timings against the roofline; and, with ATTNCHECK_MLA_MUTANT set,
+// proof that a mutant of kernels_under_test/mla.mutants is killed by the cases its regex names.
+// Skips, with the reason, when there is no library or no GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -50,7 +49,7 @@ std::optional<Gpu> open_gpu(const std::string& path, std::string* why) {
   g.lib = KernelLibrary::open(path);
   auto dev = g.lib->device(why);
   if (!dev) {
-    *why = "no GPU: " + *why;
+    *why = "no usable GPU: " + *why;
     return std::nullopt;
   }
   g.arch = dev->arch;
@@ -229,7 +228,8 @@ TEST(MlaDevice, Timings) {
   };
   for (const auto& [name, params] : timed) {
     const Case c = op(name).make_case(params);
-    const Problem p = op(name).make(c);
+    Problem p = op(name).make(c);
+    p.kernel = name;
     std::string err;
     const double ms = gpu->runner->time(p, 2, 10, &err);
     ASSERT_TRUE(err.empty()) << c.id << ": " << err;
@@ -250,8 +250,10 @@ std::vector<Mutant> mutants() {
   std::string line;
   while (std::getline(in, line)) {
     if (line.empty() || line[0] == '#') continue;
-    const auto a = line.find('|'), b = line.rfind('|');
-    if (a == std::string::npos || a == b) continue;
+    // name | seed bug | regex: the regex is everything after the second '|' (it may hold '|').
+    const auto a = line.find('|');
+    const auto b = a == std::string::npos ? a : line.find('|', a + 1);
+    if (b == std::string::npos) continue;
     auto trim = [](std::string s) {
       s.erase(0, s.find_first_not_of(" \t"));
       s.erase(s.find_last_not_of(" \t\r") + 1);
@@ -262,51 +264,46 @@ std::vector<Mutant> mutants() {
   return out;
 }
 
-// Each mutant must fail at least one quick-tier case its regex names. Cases outside the regex are
-// not required to pass (a mutant may break more than it aims at); their failures are counted.
-TEST(MlaDevice, MutantsAreKilled) {
-  const char* kernels = std::getenv("ATTNCHECK_KERNELS");
-  const char* dir = std::getenv("ATTNCHECK_MUTANT_DIR");
-  const fs::path base = dir ? fs::path(dir) : fs::path(kernels ? kernels : "").parent_path();
-  const auto list = mutants();
-  ASSERT_FALSE(list.empty()) << "kernels_under_test/mla.mutants lists no mutant";
-  int tested = 0;
-  for (const auto& m : list) {
-    const std::string path = (base / ("libattncheck_kernels_mutant_" + m.name + ".so")).string();
-    std::string why;
-    auto gpu = open_gpu(path, &why);
-    if (!gpu) {
-      std::printf("[mutant %s] not run: %s\n", m.name.c_str(), why.c_str());
-      continue;
-    }
-    ++tested;
-    const std::regex re(m.regex);
-    int matched = 0, killed = 0, others_failed = 0, others = 0;
-    std::string first;
-    for (const std::string name : {"mla_decode", "sparse_mla"}) {
-      const CaseFile f = load_case_file(repo_file("cases/" + name + ".toml"));
-      RunOptions opt;
-      opt.arch = gpu->arch;
-      for (const Case& c : f.tiers.at("quick")) {
-        const bool aimed = std::regex_search(c.id, re);
-        const Result r = run_case(op(name), c, gpu->runner.get(), opt);
-        const bool failed = verdict_is_failure(r.verdict);
-        if (aimed) {
-          ++matched;
-          if (failed && killed++ == 0) first = c.id + ": " + r.message.substr(0, 160);
-        } else {
-          ++others;
-          others_failed += failed;
-        }
+// ATTNCHECK_MLA_MUTANT=<name> with ATTNCHECK_KERNELS = that mutant's library (one mutant per
+// process: every plugin carries its own static GPU runtime). The mutant must fail at least one
+// quick-tier case its regex names; cases outside the regex may fail too (a mutant can break more
+// than it aims at) and are counted.
+TEST(MlaDevice, MutantIsKilled) {
+  const char* name = std::getenv("ATTNCHECK_MLA_MUTANT");
+  if (!name || !*name)
+    GTEST_SKIP() << "set ATTNCHECK_MLA_MUTANT=<name> and ATTNCHECK_KERNELS to its library";
+  std::string why;
+  auto gpu = open_default(&why);
+  if (!gpu) GTEST_SKIP() << why;
+  std::string regex;
+  for (const auto& m : mutants())
+    if (m.name == name) regex = m.regex;
+  ASSERT_FALSE(regex.empty()) << name << " is not listed in kernels_under_test/mla.mutants";
+  const std::regex re(regex);
+  int matched = 0, killed = 0, others_failed = 0, others = 0;
+  std::string first;
+  for (const std::string op_name : {"mla_decode", "sparse_mla"}) {
+    const CaseFile f = load_case_file(repo_file("cases/" + op_name + ".toml"));
+    RunOptions opt;
+    opt.arch = gpu->arch;
+    for (const Case& c : f.tiers.at("quick")) {
+      const bool aimed = std::regex_search(c.id, re);
+      const Result r = run_case(op(op_name), c, gpu->runner.get(), opt);
+      const bool failed = verdict_is_failure(r.verdict);
+      if (aimed) {
+        ++matched;
+        if (failed && killed++ == 0) first = c.id + ": " + r.message.substr(0, 200);
+      } else {
+        ++others;
+        others_failed += failed;
       }
     }
-    std::printf(
-        "[mutant %s] killed by %d of %d quick cases matching /%s/ (first: %s); %d of %d "
-        "other quick cases failed\n",
-        m.name.c_str(), killed, matched, m.regex.c_str(), first.c_str(), others_failed, others);
-    EXPECT_GT(killed, 0) << m.name << " survived every case matching " << m.regex;
   }
-  if (tested == 0) GTEST_SKIP() << "no mutant library beside " << base.string();
+  std::printf(
+      "[mutant %s] killed by %d of %d quick cases matching /%s/ (first: %s); %d of %d "
+      "other quick cases failed\n",
+      name, killed, matched, regex.c_str(), first.c_str(), others_failed, others);
+  EXPECT_GT(killed, 0) << name << " survived every case matching " << regex;
 }
 
 }  // namespace

@@ -293,7 +293,17 @@ TEST(DecodeAttention, ErrorTermsHandComputed) {
   // e^-2).
   const double e2 = std::exp(-2.0);
   EXPECT_NEAR(t.weighted_abs_v.get({0, 0}), (4 + 2 * e2) / (1 + e2), 1e-15);
+  EXPECT_NEAR(t.weighted_abs_v_rest.get({0, 0}), 2 * e2 / (1 + e2), 1e-15);  // token 0 is n*
+  // o = (-4 + 2 e^-2) / (1 + e^-2); spread = w0 |-4 - o| + w1 |2 - o| = 2 * w0 * w1 * 6.
+  EXPECT_NEAR(t.weighted_spread.get({0, 0}), 12 * e2 / ((1 + e2) * (1 + e2)), 1e-15);
+  EXPECT_DOUBLE_EQ(t.score_gap.get({0, 0}), 2.0);
   EXPECT_EQ(t.v_abs_max.get({0, 0}), 4.0);
+  // One token: nothing but the top token, no spread, an infinite gap.
+  in.seq_lens = i32({1}, {1});
+  const auto one = decode_error_terms(in);
+  EXPECT_EQ(one.weighted_abs_v_rest.get({0, 0}), 0.0);
+  EXPECT_EQ(one.weighted_spread.get({0, 0}), 0.0);
+  EXPECT_TRUE(std::isinf(one.score_gap.get({0, 0})));
 }
 
 void expect_invalid(const DecodeAttentionInputs& in, const std::string& message) {

@@ -137,6 +137,7 @@ TensorMap emulate(const Problem& p, bool mutant_tile) {
 struct Judged {
   bool passed = true;
   double worst_ratio = 0;  // max over outputs of the worst element's error / allowance
+  double atol_o = 0, atol_lse = 0;
   std::string message;
 };
 
@@ -148,6 +149,7 @@ Judged judge(const Case& c, bool mutant_tile) {
   for (const auto& r : results) {
     j.passed = j.passed && r.passed;
     j.worst_ratio = std::max(j.worst_ratio, r.metrics.worst.ratio);
+    (r.name == "o" ? j.atol_o : j.atol_lse) = r.budget.atol;
     j.message += r.name + ": " + r.message + "\n";
   }
   return j;
@@ -186,7 +188,7 @@ TEST(DecodeAttentionOp, StridedAndCrossLayerViews) {
   EXPECT_NE(s.arg("req_to_token").stride(0), s.arg("req_to_token").size(1));
   const Problem x = op().make(op().make_case({{"layout", "cross_layer"}, {"kv_heads", 2}}));
   const Tensor& k = x.arg("k_buffer");
-  EXPECT_EQ(k.strides(), (Shape{2 * 16 * 2 * 592, 2 * 592, 592, 1}));
+  EXPECT_EQ(k.strides(), (Shape{2 * 16 * 2 * 579, 2 * 579, 579, 1}));
 }
 
 TEST(DecodeAttentionOp, Fp8CachesCarryFormatAndScales) {
@@ -260,7 +262,8 @@ TEST(DecodeAttentionOp, Fp32EmulationOfTheKernelPassesEveryBudget) {
     const Case c = op().make_case(params);
     const Judged j = judge(c, false);
     EXPECT_TRUE(j.passed) << c.id << "\n" << j.message;
-    std::printf("%-90s error/budget %.3f\n", c.id.c_str(), j.worst_ratio);
+    std::printf("%-90s error/budget %.3f (atol o %.2g, lse %.2g)\n", c.id.c_str(), j.worst_ratio,
+                j.atol_o, j.atol_lse);
     worst = std::max(worst, j.worst_ratio);
   }
   std::printf("worst emulated error / budget: %.3f\n", worst);

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <regex>
 #include <set>
 
 #include "core/numeric.h"
@@ -268,6 +269,80 @@ TEST(IndexerOps, CaseFilesExpandAndStaySmall) {
     EXPECT_TRUE(std::any_of(ids.begin(), ids.end(), [&](const std::string& id) {
       return id.rfind(must, 0) == 0;
     })) << must;
+}
+
+}  // namespace
+}  // namespace attncheck
+
+namespace attncheck {
+namespace {
+
+// The ChunkQ seed (spec §6.4) as the mutant runs it: ChunkQ = 64 > H heads, so row r also scores
+// the 64 - H heads that follow it in memory (the next row's q and weights; zero past the end).
+Problem with_unclamped_chunk(const Problem& p) {
+  Problem wide = p;
+  const Tensor q = p.arg("q").contiguous();
+  const Tensor w = p.arg("weights").contiguous();
+  const int64_t B = q.size(0), NN = q.size(1), H = q.size(2), rows = B * NN;
+  Tensor q64 = Tensor::zeros(q.dtype(), {B, NN, 64, ix::kHeadDim});
+  Tensor w64 = Tensor::zeros(DType::f32, {rows, 64});
+  const auto* qs = reinterpret_cast<const uint8_t*>(q.data());
+  const auto* ws = reinterpret_cast<const float*>(w.data());
+  auto* qd = reinterpret_cast<uint8_t*>(q64.data());
+  auto* wd = reinterpret_cast<float*>(w64.data());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t h = 0; h < 64 && r * H + h < rows * H; ++h) {
+      std::memcpy(qd + (r * 64 + h) * ix::kHeadDim, qs + (r * H + h) * ix::kHeadDim, ix::kHeadDim);
+      wd[r * 64 + h] = ws[r * H + h];
+    }
+  wide.arg("q") = q64;
+  wide.arg("weights") = w64;
+  return wide;
+}
+
+TEST(IndexerOps, DecodeBudgetCatchesUnclampedChunkQ) {
+  const Op& o = op("indexer_logits_decode");
+  for (const Params& params : {Params{{"heads", 8}}, Params{{"heads", 16}, {"block_size", 1}},
+                               Params{{"heads", 32}, {"next_n", 2}, {"block_size", 16}}}) {
+    const Problem p = o.make(o.make_case(params));
+    const TensorMap expected = o.reference(p);
+    const Tensor wrong = o.reference(with_unclamped_chunk(p)).at("logits");
+    const auto r = judge(o, p, expected, {{"logits", wrong}});
+    EXPECT_FALSE(all_pass(r)) << params.dump();
+    // How tight the budget is: atol against the median |logit|.
+    std::vector<double> mags;
+    const Tensor& e = expected.at("logits");
+    for (int64_t i = 0; i < e.size(0); ++i)
+      for (int64_t j = 0; j < e.size(1); ++j)
+        if (std::isfinite(e.get({i, j}))) mags.push_back(std::fabs(e.get({i, j})));
+    std::nth_element(mags.begin(), mags.begin() + static_cast<std::ptrdiff_t>(mags.size() / 2),
+                     mags.end());
+    std::printf("%s: atol %.3g, median |logit| %.3g, mismatches %lld/%lld\n", params.dump().c_str(),
+                r.at(0).budget.atol, mags[mags.size() / 2],
+                static_cast<long long>(r.at(0).metrics.mismatches),
+                static_cast<long long>(r.at(0).metrics.count));
+  }
+}
+
+// Every quick case the chunkq mutant's regex names must fail under the emulated mutant.
+TEST(IndexerOps, UnclampedChunkQFailsEveryTargetedQuickCase) {
+  const std::string root =
+      std::string(__FILE__).substr(0, std::string(__FILE__).rfind("/harness/"));
+  const CaseFile f = load_case_file(root + "/cases/indexer_logits_decode.toml");
+  const std::regex re("^indexer_logits_decode/h(8|16|32)-.*-cq64-");
+  const Op& o = op("indexer_logits_decode");
+  int targeted = 0;
+  for (const Case& c : f.tiers.at("quick")) {
+    if (!std::regex_search(c.id, re)) continue;
+    const Problem p = o.make(c);
+    if (!p.expect_refusal.empty()) continue;  // invalid configurations are refused either way
+    ++targeted;
+    const TensorMap expected = o.reference(p);
+    const auto r =
+        judge(o, p, expected, {{"logits", o.reference(with_unclamped_chunk(p)).at("logits")}});
+    EXPECT_FALSE(all_pass(r)) << c.id << " escapes the emulated mutant";
+  }
+  EXPECT_GT(targeted, 0);
 }
 
 }  // namespace

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from . import FAILING_VERDICTS, VERDICTS
+from . import FAILING_VERDICTS, VERDICT_LABELS, VERDICTS
 from .results import CaseResult, ResultsError
 
 
@@ -29,7 +29,9 @@ def counts_by(cases, key) -> dict:
 
 
 def status_line(counts: Counter, warnings: list) -> tuple:
-    """('FAILED'|'PASSED'|'INCOMPLETE', explanation) for a set of verdict counts."""
+    """('FAILED'|'INCOMPLETE'|'NOT CHECKED'|'PASSED', explanation) for a set of verdict counts.
+    NOT CHECKED: no case compared an output (all skipped or refused, e.g. no kernel library and no
+    goldens), which must not read as a pass."""
     total = sum(counts.values())
     failing = sum(counts[v] for v in FAILING_VERDICTS)
     if failing:
@@ -37,10 +39,11 @@ def status_line(counts: Counter, warnings: list) -> tuple:
         return "FAILED", f"{', '.join(parts)} of {total} cases"
     if warnings:
         return "INCOMPLETE", f"no failures in {total} cases, but the results are incomplete"
-    checked = counts["passed"] + counts["refused_as_expected"] + counts["unexpected_pass"]
-    if checked == 0:
-        return "NOT CHECKED", f"none of {total} cases was checked (all skipped or known bugs)"
-    return "PASSED", f"{total} cases, none failed"
+    others = [f"{counts[v]} {VERDICT_LABELS[v]}" for v in ("skipped", "refused_as_expected",
+                                                          "known_bug") if counts[v]]
+    if counts["passed"] + counts["unexpected_pass"] == 0:
+        return "NOT CHECKED", f"none of {total} cases compared an output ({', '.join(others)})"
+    return "PASSED", f"{total} cases, none failed" + (f" ({', '.join(others)})" if others else "")
 
 
 def worst_cases(cases, limit: int) -> list:

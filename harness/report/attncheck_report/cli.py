@@ -40,8 +40,9 @@ def parse_args(argv):
     p.add_argument("--growth-floor", type=float, default=0.01,
                    help="ignore growth of ratios still below this (rounding noise)")
     p.add_argument("--exit-code", action="store_true",
-                   help="exit 1 when a case failed or errored, the results are incomplete, or a"
-                        " mutant survived (known bugs and unexpected passes do not fail)")
+                   help="exit 1 when a case failed or errored, the results are incomplete, no"
+                        " case compared an output, or a mutant survived (known bugs and"
+                        " unexpected passes do not fail)")
     return p.parse_args(argv)
 
 
@@ -102,6 +103,7 @@ def main(argv=None) -> int:
     survived = [o.name for o in mutation.outcomes if not o.killed] if mutation else []
     if survived:
         print(f"attncheck_report: mutants survived: {', '.join(survived)}", file=sys.stderr)
-    if args.exit_code and (failing or report.warnings or survived):
+    if args.exit_code and (failing or report.warnings or survived or
+                           report.status == "NOT CHECKED"):
         return EXIT_CASES_FAILED
     return EXIT_OK

@@ -178,12 +178,16 @@ class Cell:
 
 
 def grid(plan: HeatmapPlan, cases):
-    """[(arch, panel value, row values, col values, {(row, col): Cell})] in display order."""
+    """[(arch, panel value, row values, col values, {(row, col): Cell})] in display order.
+    Every panel has the same rows and columns (the op's values), so panels line up by eye; a
+    combination a panel lacks stays blank."""
 
     def val(c, axis):
         return "" if axis in (None, "op") else axis_value(c, axis)
 
     panel_values = sorted_values(val(c, plan.panels) for c in cases) if plan.panels else [""]
+    rows = sorted_values(val(c, plan.rows) for c in cases)
+    cols = sorted_values(val(c, plan.cols) for c in cases) if plan.cols else [""]
     out = []
     for arch in plan.arches:
         for pv in panel_values:
@@ -191,8 +195,6 @@ def grid(plan: HeatmapPlan, cases):
                    if c.arch == arch and (not plan.panels or val(c, plan.panels) == pv)]
             if not sel:
                 continue
-            rows = sorted_values(val(c, plan.rows) for c in sel)
-            cols = sorted_values(val(c, plan.cols) for c in sel) if plan.cols else [""]
             cells = {}
             for c in sel:
                 cells.setdefault((val(c, plan.rows), val(c, plan.cols) if plan.cols else ""),
@@ -255,7 +257,7 @@ def render_heatmap(plan: HeatmapPlan, cases) -> bytes:
     FigureCanvasAgg(fig)
 
     cmap = matplotlib.colormaps["RdBu_r"].copy()
-    cmap.set_bad("#ececec")
+    cmap.set_bad("white")  # a combination the tier does not have: blank
     norm = LogNorm(vmin=RATIO_MIN, vmax=RATIO_MAX)
     small = max_r * max_c > 160 or cell_w < 0.5
     for k, (arch, pv, rows, cols, cells) in enumerate(panels):
@@ -279,6 +281,9 @@ def render_heatmap(plan: HeatmapPlan, cases) -> bytes:
             if ratio is not None:
                 rgba = cmap(norm(min(max(ratio, RATIO_MIN), RATIO_MAX)))
                 dark = (0.299 * rgba[0] + 0.587 * rgba[1] + 0.114 * rgba[2]) < 0.5
+            else:  # cases without an error metric (refused, skipped, crashed): grey
+                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor="#dcdcdc",
+                                       edgecolor="none"))
             if state == "fail":  # hatch in a colour that stands out from the cell's
                 ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="////",
                                        edgecolor="white" if dark else "black", linewidth=0))

@@ -240,7 +240,9 @@ def _parse_case(raw: Any, run: Run, where: str) -> CaseResult:
     timings = raw.get("timings_ms") or {}
     if not isinstance(timings, dict):
         raise ResultsError(f"{where}: 'timings_ms' must be a JSON object")
-    arch = raw.get("arch") or run.meta.get("arch") or "unknown"
+    # Reference-only runs have no device and may leave the arch empty.
+    arch = raw.get("arch") or run.meta.get("arch") or (
+        "cpu" if run.meta.get("backend") == "cpu" else "unknown")
     case = CaseResult(
         id=raw["id"],
         op=raw["op"],

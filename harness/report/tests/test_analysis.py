@@ -26,10 +26,13 @@ def test_verdict_counts_per_arch(loaded):
 
 
 def test_status_line():
-    assert status_line(verdict_counts(["passed"] * 0), [])[0] == "NOT CHECKED"
+    counts = verdict_counts([])
+    counts.update({"skipped": 52, "refused_as_expected": 12})
+    assert status_line(counts, []) == (
+        "NOT CHECKED", "none of 64 cases compared an output (52 skipped, 12 refused as expected)")
     counts = verdict_counts([])
     counts.update({"passed": 3, "known_bug": 1, "unexpected_pass": 1})
-    assert status_line(counts, []) == ("PASSED", "5 cases, none failed")
+    assert status_line(counts, []) == ("PASSED", "5 cases, none failed (1 known bug)")
     assert status_line(counts, ["cut short"])[0] == "INCOMPLETE"
     counts.update({"error": 1})
     assert status_line(counts, []) == ("FAILED", "1 error of 6 cases")

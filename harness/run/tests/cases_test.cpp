@@ -84,12 +84,13 @@ name = "seed bug"
 tiers = { smoke = "list" }
 cases = [ { heads = 3 }, { heads = 4, seed = 7, n = 5 } ]
 )"));
-  EXPECT_EQ(ids(f.tiers.at("smoke")),
-            (std::vector<std::string>{
-                "selftest_axpy/h1-n16-f32-contiguous-s0", "selftest_axpy/h1-n16-bf16-strided-s0",
-                "selftest_axpy/h2-n16-f32-strided-s0", "selftest_axpy/h2-n16-bf16-contiguous-s0",
-                "selftest_axpy/h4-n16-f32-contiguous-s0", "selftest_axpy/h4-n16-bf16-strided-s0",
-                "selftest_axpy/h3-n16-f32-contiguous-s0", "selftest_axpy/h4-n5-f32-contiguous-s7"}));
+  EXPECT_EQ(
+      ids(f.tiers.at("smoke")),
+      (std::vector<std::string>{
+          "selftest_axpy/h1-n16-f32-contiguous-s0", "selftest_axpy/h1-n16-bf16-strided-s0",
+          "selftest_axpy/h2-n16-f32-strided-s0", "selftest_axpy/h2-n16-bf16-contiguous-s0",
+          "selftest_axpy/h4-n16-f32-contiguous-s0", "selftest_axpy/h4-n16-bf16-strided-s0",
+          "selftest_axpy/h3-n16-f32-contiguous-s0", "selftest_axpy/h4-n5-f32-contiguous-s7"}));
   EXPECT_EQ(f.tiers.at("full").size(), 12u);
   // Tier membership is recorded on every case.
   EXPECT_EQ(f.tiers.at("smoke")[0].tiers, (std::vector<std::string>{"smoke", "full"}));
@@ -98,8 +99,9 @@ cases = [ { heads = 3 }, { heads = 4, seed = 7, n = 5 } ]
 
 TEST(Covering, EveryPairCoveredForManyShapes) {
   const std::vector<std::vector<int>> shapes = {
-      {2, 2},    {3, 3, 3},       {4, 3, 3},          {2, 2, 2, 2, 2, 2, 2}, {5, 4, 3, 2, 2},
-      {3, 3, 3, 3}, {1, 4, 1, 3}, {6, 2, 5, 3, 4, 2}, {10, 10, 2}};
+      {2, 2},          {3, 3, 3},    {4, 3, 3},    {2, 2, 2, 2, 2, 2, 2},
+      {5, 4, 3, 2, 2}, {3, 3, 3, 3}, {1, 4, 1, 3}, {6, 2, 5, 3, 4, 2},
+      {10, 10, 2}};
   for (const auto& counts : shapes) {
     const auto rows = pairwise_rows(counts);
     EXPECT_TRUE(uncovered_pairs(rows, counts).empty()) << "shape of " << counts.size() << " axes";
@@ -213,6 +215,28 @@ reason = "upstream#2: everywhere"
   EXPECT_EQ(marked, 2);
 }
 
+TEST_F(CaseFiles, SeveralKnownBugsOnOneCaseKeepEachArch) {
+  const auto f = load_case_file(write("kb2.toml", R"(
+op = "selftest_axpy"
+[[group]]
+name = "g"
+tiers = { smoke = "list" }
+cases = [ { heads = 2 } ]
+[[known_bug]]
+id = "h2"
+arch = "gfx942"
+reason = "a#1"
+[[known_bug]]
+id = "f32"
+arch = "gfx950"
+reason = "b#2"
+)"));
+  const Case& c = f.tiers.at("smoke").at(0);
+  ASSERT_TRUE(c.known_bug);
+  EXPECT_EQ(c.known_bug->reason, "a#1 [arch gfx942]; b#2 [arch gfx950]");
+  EXPECT_EQ(c.known_bug->arch, "(?:gfx942)|(?:gfx950)");
+}
+
 TEST_F(CaseFiles, SelectionFilterOpAndShards) {
   write("a.toml", R"(
 op = "selftest_axpy"
@@ -254,7 +278,8 @@ cases = [ { block_size = 1 }, { block_size = 16 }, { block_size = 64 } ]
     Selection filtered = s;
     filtered.filter = "bf16";
     for (const auto& c : select_cases(files, filtered))
-      EXPECT_TRUE(std::any_of(part.begin(), part.end(), [&](const Case& x) { return x.id == c.id; }));
+      EXPECT_TRUE(
+          std::any_of(part.begin(), part.end(), [&](const Case& x) { return x.id == c.id; }));
   }
   EXPECT_EQ(seen.size(), 21u);
   EXPECT_EQ(std::set<std::string>(seen.begin(), seen.end()).size(), 21u);
@@ -324,11 +349,13 @@ TEST_F(CaseFiles, MalformedFilesGiveLocatedErrors) {
       {"op = \"mla_decod\"\n[[group]]\nname=\"g\"\ntiers={smoke=\"list\"}\ncases=[{}]\n",
        p + ":1:6: op: unknown op 'mla_decod' (registered: "},
       {"[[group]]\nname=\"g\"\n", p + ":1:1: missing 'op = \"<op name>\"'"},
-      {"op = \"selftest_axpy\"\n[[group]]\nname=\"g\"\ntiers={smoke=\"cartesian\"}\naxes={heads=[1],"
+      {"op = "
+       "\"selftest_axpy\"\n[[group]]\nname=\"g\"\ntiers={smoke=\"cartesian\"}\naxes={heads=[1],"
        "hedas=[2]}\n",
        p + ":5:23: group 'g' axis 'hedas': unknown axis of op 'selftest_axpy' (axes: heads, n, "
            "dtype, layout, seed)"},
-      {"op = \"selftest_axpy\"\n[[group]]\nname=\"g\"\ntiers={smoke=\"cartesian\"}\naxes={heads=[1, "
+      {"op = "
+       "\"selftest_axpy\"\n[[group]]\nname=\"g\"\ntiers={smoke=\"cartesian\"}\naxes={heads=[1, "
        "5]}\n",
        p + ":5:17: group 'g' axis 'heads': selftest_axpy: axis 'heads' value 5 is not one of 1, 2, "
            "3, 4"},
@@ -338,14 +365,17 @@ TEST_F(CaseFiles, MalformedFilesGiveLocatedErrors) {
       {"op = \"selftest_axpy\"\n[[group]]\nname=\"g\"\ntiers={nightly=\"cartesian\"}\naxes={heads=["
        "1]}\n",
        p + ":4:16: group 'g' tiers: unknown tier 'nightly' (tiers: smoke, quick, full)"},
-      {"op = \"selftest_axpy\"\n[[group]]\nname=\"g\"\ntiers={smoke=\"random\"}\naxes={heads=[1]}\n",
+      {"op = "
+       "\"selftest_axpy\"\n[[group]]\nname=\"g\"\ntiers={smoke=\"random\"}\naxes={heads=[1]}\n",
        p + ":4:14: group 'g' tiers.smoke: unknown expansion 'random' (expansions: cartesian, "
            "pairwise, list)"},
-      {"op = \"selftest_axpy\"\n[[group]]\nname=\"g\"\ntiers={smoke=\"cartesian\"}\naxes={heads=[1, "
+      {"op = "
+       "\"selftest_axpy\"\n[[group]]\nname=\"g\"\ntiers={smoke=\"cartesian\"}\naxes={heads=[1, "
        "2]}\nexclude=[{heads=[1,2]}]\n",
        p + ":2: group 'g' tier 'smoke' (cartesian) expands to no case: every combination is "
            "excluded"},
-      {"op = \"selftest_axpy\"\n[[group]]\nname=\"g\"\ntiers={smoke=\"cartesian\"}\naxes={heads=[1, "
+      {"op = "
+       "\"selftest_axpy\"\n[[group]]\nname=\"g\"\ntiers={smoke=\"cartesian\"}\naxes={heads=[1, "
        "2]}\nexclude=[{heads=4}]\n",
        p + ":6:10: group 'g' exclude: the rule matches no case of the group (heads takes none of "
            "the listed values in this group)"},
@@ -356,12 +386,14 @@ TEST_F(CaseFiles, MalformedFilesGiveLocatedErrors) {
        p + ":2:1: group 'g': a tier uses 'list' but the group has no 'cases'"},
       {"op = \"selftest_axpy\"\n[[group]]\nname=\"g\"\ntiers={smoke=\"list\"}\ncases=[{heads=1},{"
        "heads=1}]\n",
-       p + ":5: duplicate case id 'selftest_axpy/h1-n64-f32-contiguous-s0' in tier 'smoke', also "
+       p +
+           ":5: duplicate case id 'selftest_axpy/h1-n64-f32-contiguous-s0' in tier 'smoke', also "
            "produced at " +
            p + ":5 (drop one, or exclude it from one group)"},
       {"op = \"selftest_axpy\"\n[[group]]\nname=\"g\"\ntiers={smoke=\"list\"}\ncases=[{heads=1}]\n"
        "[[group]]\nname=\"h\"\ntiers={smoke=\"cartesian\"}\naxes={heads=[1]}\n",
-       p + ":6: duplicate case id 'selftest_axpy/h1-n64-f32-contiguous-s0' in tier 'smoke', also "
+       p +
+           ":6: duplicate case id 'selftest_axpy/h1-n64-f32-contiguous-s0' in tier 'smoke', also "
            "produced at " +
            p + ":5 (drop one, or exclude it from one group)"},
       {"op = \"selftest_axpy\"\n[defaults]\nsead = 1\n[[group]]\nname=\"g\"\ntiers={smoke=\"list\"}"
@@ -387,17 +419,22 @@ TEST_F(CaseFiles, MalformedFilesGiveLocatedErrors) {
 }
 
 TEST_F(CaseFiles, DuplicateIdsAcrossFilesNameBothSources) {
-  write("a.toml", "op = \"selftest_axpy\"\n[[group]]\nname=\"g\"\ntiers={quick=\"list\"}\ncases=[{heads=2}]\n");
-  write("b.toml", "op = \"selftest_axpy\"\n[[group]]\nname=\"g\"\ntiers={quick=\"list\"}\ncases=[{heads=2}]\n");
+  write(
+      "a.toml",
+      "op = \"selftest_axpy\"\n[[group]]\nname=\"g\"\ntiers={quick=\"list\"}\ncases=[{heads=2}]\n");
+  write(
+      "b.toml",
+      "op = \"selftest_axpy\"\n[[group]]\nname=\"g\"\ntiers={quick=\"list\"}\ncases=[{heads=2}]\n");
   try {
     (void)load_case_dir(dir_.string());
     ADD_FAILURE() << "duplicate accepted";
   } catch (const CaseFileError& e) {
-    EXPECT_EQ(std::string(e.what()), (dir_ / "b.toml").string() +
-                                         ":5: duplicate case id "
-                                         "'selftest_axpy/h2-n64-f32-contiguous-s0' in tier 'quick', "
-                                         "also produced at " +
-                                         (dir_ / "a.toml").string() + ":5 (drop one, or exclude it from one group)");
+    EXPECT_EQ(std::string(e.what()),
+              (dir_ / "b.toml").string() +
+                  ":5: duplicate case id "
+                  "'selftest_axpy/h2-n64-f32-contiguous-s0' in tier 'quick', "
+                  "also produced at " +
+                  (dir_ / "a.toml").string() + ":5 (drop one, or exclude it from one group)");
   }
   try {
     (void)load_case_dir((dir_ / "missing").string());

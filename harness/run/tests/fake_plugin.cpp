@@ -169,9 +169,11 @@ int run_impl(const char* op_name, const char* params_json, const attncheck_arg* 
   p.kernel = op_name;
   for (int i = 0; i < n_args; ++i) {
     const DLTensor& t = args[i].tensor;
-    const bool raw_bytes = tmpl.has_arg(args[i].name) && tmpl.arg(args[i].name).dtype() == DType::u8;
+    const bool raw_bytes =
+        tmpl.has_arg(args[i].name) && tmpl.arg(args[i].name).dtype() == DType::u8;
     auto dt = dtype_of(t.dtype, raw_bytes ? "" : fp8);
-    if (dt == DType::u8 && !raw_bytes && tmpl.has_arg(args[i].name) && is_fp8(tmpl.arg(args[i].name).dtype()))
+    if (dt == DType::u8 && !raw_bytes && tmpl.has_arg(args[i].name) &&
+        is_fp8(tmpl.arg(args[i].name).dtype()))
       dt = tmpl.arg(args[i].name).dtype();
     if (!dt) {
       put(msg, msg_len, std::string("fake library: unsupported dtype of '") + args[i].name + "'");
@@ -182,7 +184,8 @@ int run_impl(const char* op_name, const char* params_json, const attncheck_arg* 
       put(msg, msg_len, std::string("fake library: '") + args[i].name + "' is not device memory");
       return ATTNCHECK_ERROR;
     }
-    auto m = std::find_if(mirrors.begin(), mirrors.end(), [&](const Mirror& x) { return x.base == base; });
+    auto m = std::find_if(mirrors.begin(), mirrors.end(),
+                          [&](const Mirror& x) { return x.base == base; });
     if (m == mirrors.end()) {
       Mirror nm{base, bytes, std::make_shared<Storage>()};
       nm.host->bytes.assign(base, base + bytes);
@@ -190,7 +193,8 @@ int run_impl(const char* op_name, const char* params_json, const attncheck_arg* 
       m = mirrors.end() - 1;
     }
     const size_t es = dtype_size(*dt);
-    const auto first_byte = static_cast<size_t>(static_cast<const std::byte*>(t.data) - base) + t.byte_offset;
+    const auto first_byte =
+        static_cast<size_t>(static_cast<const std::byte*>(t.data) - base) + t.byte_offset;
     Tensor whole = Tensor::empty(*dt, {static_cast<int64_t>(bytes / es)});
     auto shared = m->host;
     if (whole.storage()->bytes.size() != shared->bytes.size()) {
@@ -206,7 +210,8 @@ int run_impl(const char* op_name, const char* params_json, const attncheck_arg* 
                                          [&](const Arg& x) { return x.name == args[i].name; })
                                 ->role
                           : Role::input;
-    p.args.push_back({args[i].name, whole.as_strided(shape, strides, static_cast<int64_t>(first_byte / es)),
+    p.args.push_back({args[i].name,
+                      whole.as_strided(shape, strides, static_cast<int64_t>(first_byte / es)),
                       role});
   }
   // Initial bytes, for "unwritten".
@@ -231,9 +236,9 @@ int run_impl(const char* op_name, const char* params_json, const attncheck_arg* 
     const Tensor& out = p.arg(name);
     // Same dtype, or same-size integer/fp8 codes (uint8 vs fp8): copy bits; else round the value.
     auto wide_float = [](DType t) { return is_floating(t) && !is_fp8(t); };
-    const bool bitwise = value.dtype() == out.dtype() ||
-                         (value.element_size() == out.element_size() &&
-                          !wide_float(value.dtype()) && !wide_float(out.dtype()));
+    const bool bitwise =
+        value.dtype() == out.dtype() || (value.element_size() == out.element_size() &&
+                                         !wide_float(value.dtype()) && !wide_float(out.dtype()));
     out.for_each_index([&](const Index& idx, int64_t) {
       if (bitwise)
         out.set_bits(idx, value.get_bits(idx));
@@ -356,7 +361,8 @@ int time_fn(const char* op, const char* params_json, const attncheck_arg* args, 
     const int st = run(op, params_json, args, n_args, msg, msg_len);
     if (st != ATTNCHECK_OK) return st;
   }
-  *ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / n;
+  *ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / n;
   return ATTNCHECK_OK;
 }
 
@@ -373,7 +379,9 @@ int roofline(double* copy_gbps, double* matrix_tflops, char*, size_t) {
   t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < n; ++i)
     for (int k = 0; k < n; ++k)
-      for (int j = 0; j < n; ++j) z[static_cast<size_t>(i * n + j)] += x[static_cast<size_t>(i * n + k)] * y[static_cast<size_t>(k * n + j)];
+      for (int j = 0; j < n; ++j)
+        z[static_cast<size_t>(i * n + j)] +=
+            x[static_cast<size_t>(i * n + k)] * y[static_cast<size_t>(k * n + j)];
   s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   *matrix_tflops = 2.0 * n * n * n / s / 1e12 + 0.0 * static_cast<double>(z[0]);
   return ATTNCHECK_OK;

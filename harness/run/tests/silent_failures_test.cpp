@@ -63,7 +63,8 @@ TEST_F(FakeKernels, CleanKernelsPass) {
     }
   for (const char* dt : {"f32", "bf16"})
     for (const char* layout : {"contiguous", "strided"}) {
-      const Result r = run("selftest_axpy", {{"dtype", dt}, {"layout", layout}, {"heads", 4}}, nullptr, 3);
+      const Result r =
+          run("selftest_axpy", {{"dtype", dt}, {"layout", layout}, {"heads", 4}}, nullptr, 3);
       EXPECT_EQ(r.verdict, Verdict::passed) << r.id << ": " << r.message;
       ASSERT_EQ(r.checks.size(), 1u);
       EXPECT_TRUE(r.checks[0].passed);
@@ -85,28 +86,46 @@ struct FaultCase {
 
 TEST_F(FakeKernels, EveryInjectedFaultIsReported) {
   const std::vector<FaultCase> faults = {
-      {"guard_after", "page_indices", {{"batch", 5}},
+      {"guard_after",
+       "page_indices",
+       {{"batch", 5}},
        "guard after buffer of 'page_indices' overwritten at byte +0"},
-      {"guard_before", "page_indices", {{"batch", 5}},
+      {"guard_before",
+       "page_indices",
+       {{"batch", 5}},
        "guard before buffer of 'page_indices' overwritten at byte -1"},
       {"past_view", "page_indices", {{"batch", 5}}, "(outside every argument's view)"},
-      {"modify_input", "page_indices", {{"batch", 5}},
+      {"modify_input",
+       "page_indices",
+       {{"batch", 5}},
        "byte 0 of buffer 'block_table' changed (input 'block_table')"},
-      {"unwritten", "page_indices", {{"batch", 5}}, "elements of 'page_indices' were never written"},
-      {"unwritten", "selftest_axpy", {{"heads", 2}},
+      {"unwritten",
+       "page_indices",
+       {{"batch", 5}},
+       "elements of 'page_indices' were never written"},
+      {"unwritten",
+       "selftest_axpy",
+       {{"heads", 2}},
        "1 of 128 elements of 'out' were never written (first at [1,63])"},
       {"nan", "selftest_axpy", {{"heads", 2}}, "NaN 1"},
-      {"nondeterministic", "page_indices", {{"batch", 5}}, "not deterministic: launch 2 of 'page_indices'"},
-      {"refuse", "page_indices", Params::object(), "kernel refused a valid configuration: fake kernel refuses (injected)"},
+      {"nondeterministic",
+       "page_indices",
+       {{"batch", 5}},
+       "not deterministic: launch 2 of 'page_indices'"},
+      {"refuse", "page_indices", Params::object(),
+       "kernel refused a valid configuration: fake kernel refuses (injected)"},
       {"error", "page_indices", Params::object(), "kernel error: fake kernel error (injected)"},
-      {"run_invalid", "selftest_axpy", {{"heads", 3}},
+      {"run_invalid",
+       "selftest_axpy",
+       {{"heads", 3}},
        "kernel ran an invalid configuration (heads must be a power of two)"},
   };
   for (const auto& f : faults) {
     const Result r = run(f.op, f.params, f.fault);
     EXPECT_EQ(r.verdict, Verdict::failed) << f.fault << " on " << r.id << ": " << r.message;
     EXPECT_TRUE(contains(r.message, f.expect))
-        << f.fault << ": message lacks \"" << f.expect << "\":\n" << r.message;
+        << f.fault << ": message lacks \"" << f.expect << "\":\n"
+        << r.message;
     ::unsetenv("ATTNCHECK_FAKE_FAULT");
   }
 }

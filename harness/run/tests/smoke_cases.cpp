@@ -94,9 +94,9 @@ std::string test_name(const ::testing::TestParamInfo<Case>& info) {
   static std::set<std::string> used;  // gtest names: letters, digits, '_' only, unique
   std::string s;
   for (char ch : info.param.id)
-    s += ch == '/' ? std::string("__")
+    s += ch == '/'                                      ? std::string("__")
          : std::isalnum(static_cast<unsigned char>(ch)) ? std::string(1, ch)
-                                                         : std::string("_");
+                                                        : std::string("_");
   std::string name = s;
   for (int i = 2; !used.insert(name).second; ++i) name = s + "_" + std::to_string(i);
   return name;
