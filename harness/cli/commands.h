@@ -51,7 +51,7 @@ struct GoldenArgs {
 };
 
 struct BenchArgs {
-  std::string tier = "quick";
+  std::string tier = "bench";
   std::vector<std::string> ops;
   std::string filter;
   std::string kernels;

@@ -30,11 +30,11 @@ int main(int argc, char** argv) {
       ->envname("ATTNCHECK_ROOT");
   auto* cases_opt = app.add_option("--cases", paths.cases, "case file directory [<root>/cases]");
   auto* golden_opt = app.add_option("--golden", paths.golden, "golden directory [<root>/golden]");
-  const std::vector<std::string> tiers = {"smoke", "quick", "full", "all"};
+  const std::vector<std::string> tiers = {"smoke", "quick", "full", "bench", "all"};
 
   ListArgs list;
   auto* list_cmd = app.add_subcommand("list", "list case ids of a tier");
-  list_cmd->add_option("--tier", list.tier, "smoke, quick, full or all")
+  list_cmd->add_option("--tier", list.tier, "smoke, quick, full, bench or all")
       ->check(CLI::IsMember(tiers))
       ->capture_default_str();
   list_cmd->add_option("--op", list.ops, "only these ops (repeatable)");
@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
   run.kernels = env_or("ATTNCHECK_KERNELS", "");
   auto* run_cmd = app.add_subcommand(
       "run", "run cases: kernel vs reference/golden, or reference vs golden without a GPU");
-  run_cmd->add_option("--tier", run.tier, "smoke, quick, full or all")
+  run_cmd->add_option("--tier", run.tier, "smoke, quick, full, bench or all")
       ->check(CLI::IsMember(tiers))
       ->capture_default_str();
   run_cmd->add_option("--op", run.ops, "only these ops (repeatable)");
@@ -97,7 +97,7 @@ int main(int argc, char** argv) {
   BenchArgs bench;
   bench.kernels = env_or("ATTNCHECK_KERNELS", "");
   auto* bench_cmd = app.add_subcommand("bench", "kernel time, GB/s, TFLOP/s against the roofline");
-  bench_cmd->add_option("--tier", bench.tier, "smoke, quick, full or all")
+  bench_cmd->add_option("--tier", bench.tier, "smoke, quick, full, bench or all")
       ->check(CLI::IsMember(tiers))
       ->capture_default_str();
   bench_cmd->add_option("--op", bench.ops, "only these ops (repeatable)");

@@ -16,7 +16,8 @@
 
 namespace attncheck {
 
-inline constexpr std::string_view kTiers[] = {"smoke", "quick", "full"};
+// bench: production-sized shapes for `attncheck bench` (timed, not part of the accuracy tiers).
+inline constexpr std::string_view kTiers[] = {"smoke", "quick", "full", "bench"};
 bool is_tier(std::string_view t);
 
 // A malformed case file; what() starts with "path:line:column:".

@@ -45,7 +45,12 @@ std::string default_root() {
 
 std::string git_revision(const std::string& root) {
   std::string rev, dirty;
-  if (!capture("git -C " + quote(root) + " rev-parse HEAD", rev) || rev.empty()) return "unknown";
+  if (!capture("git -C " + quote(root) + " rev-parse HEAD", rev) || rev.empty()) {
+    // A copy without .git (a CI artifact, a device machine): the revision the job says it runs.
+    for (const char* var : {"ATTNCHECK_GIT_REVISION", "GITHUB_SHA"})
+      if (const char* v = std::getenv(var); v && *v) return v;
+    return "unknown";
+  }
   capture("git -C " + quote(root) + " status --porcelain --untracked-files=no", dirty);
   return dirty.empty() ? rev : rev + "+dirty";
 }

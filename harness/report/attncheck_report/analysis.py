@@ -213,8 +213,9 @@ class Mutation:
 
 
 def mutation_analysis(mutant_runs, normal_cases, specs: dict) -> Mutation:
-    """A mutant is killed when a case of its op fails with the mutant library and not with the
-    normal one. 'error' verdicts (the harness could not run the case) do not kill."""
+    """A mutant is killed when a case fails with the mutant library and not with the normal one.
+    Every case of the run counts (a mutant of one kernel file may break any op built from it);
+    'error' verdicts (the harness could not run the case) do not kill."""
     by_name = defaultdict(list)
     for run in mutant_runs:
         name = run.mutant
@@ -232,8 +233,6 @@ def mutation_analysis(mutant_runs, normal_cases, specs: dict) -> Mutation:
         o = MutantOutcome(name, spec, by_name[name])
         for run in o.runs:
             for c in run.cases:
-                if spec is not None and c.op != spec.op:
-                    continue
                 o.considered += 1
                 if c.verdict != "failed":
                     continue

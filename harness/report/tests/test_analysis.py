@@ -122,3 +122,28 @@ def test_current_filter_applies_to_an_unfiltered_baseline(loaded):
     assert {ch.any.op for ch in reg.disappeared} == {"mla_decode"}  # not every other op
     assert len(reg.new_failures) == 3
 
+
+
+def test_mutant_runs_over_the_same_cases_and_other_ops(tmp_path, synth, loaded):
+    """ci/gpu-job runs every mutant over the whole quick tier: the mutant runs share case ids
+    (they must load side by side), and a mutant kills through any op, not only its file's."""
+    from attncheck_report.cli import main as report_main
+    from attncheck_report.results import load_run
+    records = synthetic.mla_cases("gfx942") + synthetic.other_cases("gfx942")
+    for r in records:
+        if r["op"] == "kv_gather" and r["verdict"] == "passed":
+            r["verdict"], r["checks"] = "failed", [synthetic.numeric_check("key", 50.0)]
+    a = synthetic.write_results(tmp_path / "m" / "a", records, "gfx942",
+                                kernels_library="x/libattncheck_kernels_mutant_kv_ignore_stride.so")
+    b = synthetic.write_results(
+        tmp_path / "m" / "b", synthetic.mla_cases("gfx942") + synthetic.other_cases("gfx942"),
+        "gfx942", kernels_library="x/libattncheck_kernels_mutant_mla_pad_heads.so")
+    mut = mutation_analysis([load_run(a), load_run(b)], loaded["cases"], loaded["specs"])
+    outcome = {o.name: o for o in mut.outcomes}
+    assert outcome["kv_ignore_stride"].killed and outcome["kv_ignore_stride"].expected_hit
+    assert not outcome["mla_pad_heads"].killed
+    # One --mutants list with both directories loads (no "overlapping shards" error).
+    rc = report_main([str(p) for p in synth["current"]] +
+                     ["--mutants", str(a), str(b), "--mutant-specs", str(synth["specs"]),
+                      "--out", str(tmp_path / "r")])
+    assert rc == 0 and (tmp_path / "r" / "report.html").exists()
