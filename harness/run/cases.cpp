@@ -110,6 +110,12 @@ std::string axis_names_of(const Op& op) {
 
 }  // namespace
 
+std::string tier_names() {
+  std::string s;
+  for (std::string_view t : kTiers) s += (s.empty() ? "" : ", ") + std::string(t);
+  return s;
+}
+
 bool is_tier(std::string_view t) {
   return std::find(std::begin(kTiers), std::end(kTiers), t) != std::end(kTiers);
 }
@@ -291,7 +297,7 @@ CaseFile load_case_file(const std::string& path) {
       const std::string tier_name(tier.str());
       if (!is_tier(tier_name))
         fail(path, how_node,
-             gw + " tiers: unknown tier '" + tier_name + "' (tiers: smoke, quick, full)");
+             gw + " tiers: unknown tier '" + tier_name + "' (tiers: " + tier_names() + ")");
       const std::string how = as_string(path, how_node, gw + " tiers." + tier_name);
       if (how != "cartesian" && how != "pairwise" && how != "list")
         fail(path, how_node,
@@ -523,7 +529,7 @@ Shard parse_shard(std::string_view text) {
 
 std::vector<Case> select_cases(const std::vector<CaseFile>& files, const Selection& sel) {
   if (sel.tier != "all" && !is_tier(sel.tier))
-    throw std::invalid_argument("unknown tier '" + sel.tier + "' (tiers: smoke, quick, full, all)");
+    throw std::invalid_argument("unknown tier '" + sel.tier + "' (tiers: " + tier_names() + ", all)");
   for (const auto& o : sel.ops)
     if (!find_op(o)) {
       throw std::invalid_argument("unknown op '" + o + "' (registered: " + registered_ops() + ")");

@@ -19,6 +19,7 @@ namespace attncheck {
 // bench: production-sized shapes for `attncheck bench` (timed, not part of the accuracy tiers).
 inline constexpr std::string_view kTiers[] = {"smoke", "quick", "full", "bench"};
 bool is_tier(std::string_view t);
+std::string tier_names();  // "smoke, quick, full, bench"
 
 // A malformed case file; what() starts with "path:line:column:".
 struct CaseFileError : std::runtime_error {

@@ -8,118 +8,17 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <regex>
 
-#include "run/cases.h"
-#include "run/device.h"
-#include "run/runner.h"
+#include "device_test_support.h"
 
 namespace attncheck {
 namespace {
 
-namespace fs = std::filesystem;
-
-std::string repo_file(const std::string& rel) {
-  if (const char* d = std::getenv("ATTNCHECK_SOURCE_DIR")) return std::string(d) + "/" + rel;
-  if (fs::exists(rel)) return rel;
-  return std::string(ATTNCHECK_SOURCE_DIR) + "/" + rel;
-}
-
-std::string mutant_library(const std::string& name) {
-  const char* kernels = std::getenv("ATTNCHECK_KERNELS");
-  const char* dir = std::getenv("ATTNCHECK_MUTANT_DIR");
-  const fs::path base = dir ? fs::path(dir) : fs::path(kernels ? kernels : "").parent_path();
-  return (base / ("libattncheck_kernels_mutant_" + name + ".so")).string();
-}
-
-std::string mutant_regex(const std::string& name) {
-  std::ifstream in(repo_file("kernels_under_test/decode_attention.mutants"));
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(name + " ", 0) != 0 && line.rfind(name + "|", 0) != 0) continue;
-    std::string re = line.substr(line.rfind('|') + 1);
-    re.erase(0, re.find_first_not_of(" \t"));
-    re.erase(re.find_last_not_of(" \t\r") + 1);
-    return re;
-  }
-  return "";
-}
-
-struct Gpu {
-  std::unique_ptr<KernelLibrary> lib;
-  std::unique_ptr<DeviceRunner> runner;
-  std::string arch;
-};
-
-std::optional<Gpu> open_gpu(const std::string& path, std::string* why) {
-  if (path.empty()) {
-    *why = "ATTNCHECK_KERNELS not set: no kernel library to test";
-    return std::nullopt;
-  }
-  if (!fs::exists(path)) {
-    *why = "no kernel library at " + path;
-    return std::nullopt;
-  }
-  Gpu g;
-  g.lib = KernelLibrary::open(path);
-  auto dev = g.lib->device(why);
-  if (!dev) {
-    *why = "no GPU: " + *why;
-    return std::nullopt;
-  }
-  g.arch = dev->arch;
-  g.runner = std::make_unique<DeviceRunner>(*g.lib, dev->arch);
-  return g;
-}
-
-std::optional<Gpu> open_default(std::string* why) {
-  const char* path = std::getenv("ATTNCHECK_KERNELS");
-  return open_gpu(path ? path : "", why);
-}
+using namespace devtest;
 
 const Op& op() {
-  const Op* o = find_op("decode_attention");
-  if (!o) throw std::runtime_error("decode_attention is not registered");
-  return *o;
-}
-
-std::vector<Case> tier_cases(const std::string& tier) {
-  const CaseFile f = load_case_file(repo_file("cases/decode_attention.toml"));
-  const auto it = f.tiers.find(tier);
-  return it == f.tiers.end() ? std::vector<Case>{} : it->second;
-}
-
-struct Tally {
-  int cases = 0, passed = 0, refused = 0;
-  double worst_ratio = 0;
-  std::string worst_id, worst_check;
-  double kernel_ms = 0;
-  std::vector<std::string> failures;
-  void add(const Case& c, const Result& r) {
-    ++cases;
-    kernel_ms += r.timings.kernel_ms;
-    if (r.verdict == Verdict::passed) ++passed;
-    if (r.verdict == Verdict::refused_as_expected) ++refused;
-    if (r.verdict != Verdict::passed && r.verdict != Verdict::refused_as_expected)
-      failures.push_back(c.id + ": " + std::string(verdict_name(r.verdict)) + ": " + r.message);
-    for (const auto& ch : r.checks)
-      if (ch.metrics.worst.ratio > worst_ratio) {
-        worst_ratio = ch.metrics.worst.ratio;
-        worst_id = c.id;
-        worst_check = ch.name;
-      }
-  }
-};
-
-Tally run_all(const std::vector<Case>& cases, const Gpu& gpu, int repeat) {
-  Tally t;
-  RunOptions opt;
-  opt.arch = gpu.arch;
-  opt.repeat = repeat;
-  for (const auto& c : cases) t.add(c, run_case(op(), c, gpu.runner.get(), opt));
-  return t;
+  return registered_op("decode_attention");
 }
 
 void print(const char* what, const Gpu& gpu, const Tally& t) {
@@ -127,7 +26,7 @@ void print(const char* what, const Gpu& gpu, const Tally& t) {
       "[decode_attention %s on %s] %d cases: %d passed, %d refused as expected, %zu failed; "
       "worst error/budget %.3f (%s of %s); kernel wall %.1f ms\n",
       what, gpu.arch.c_str(), t.cases, t.passed, t.refused, t.failures.size(), t.worst_ratio,
-      t.worst_check.c_str(), t.worst_id.c_str(), t.kernel_ms);
+      t.worst_check.c_str(), t.worst_case.c_str(), t.kernel_ms);
 }
 
 // Beyond the quick tier: DeepSeek-V3 / Kimi-K2 at TP1 (128 heads) and a long batch, every shape
@@ -158,7 +57,7 @@ std::vector<Case> extra_cases() {
 
 TEST(DecodeAttentionDevice, SmokeQuickAndExtraCasesPass) {
   std::string why;
-  auto gpu = open_default(&why);
+  auto gpu = open_default_gpu(&why, "no GPU: ");
   if (!gpu) GTEST_SKIP() << why;
   // ATTNCHECK_DA_TIERS picks the tiers: "smoke" under compute-sanitizer's racecheck, "full" too
   // for a nightly-sized run.
@@ -167,21 +66,12 @@ TEST(DecodeAttentionDevice, SmokeQuickAndExtraCasesPass) {
   Tally all;
   for (const std::string tier : {"smoke", "quick", "extra", "full"}) {
     if (tiers.find(tier) == std::string::npos) continue;
-    const auto cases = tier == "extra" ? extra_cases() : tier_cases(tier);
+    const auto cases = tier == "extra" ? extra_cases() : tier_cases("decode_attention", {tier});
     ASSERT_FALSE(cases.empty()) << tier;
-    const Tally t = run_all(cases, *gpu, 2);
+    const Tally t = run_all(op(), cases, *gpu, 2);
     print(tier.c_str(), *gpu, t);
     for (const auto& f : t.failures) ADD_FAILURE() << f;
-    all.cases += t.cases;
-    all.passed += t.passed;
-    all.refused += t.refused;
-    all.failures.insert(all.failures.end(), t.failures.begin(), t.failures.end());
-    all.kernel_ms += t.kernel_ms;
-    if (t.worst_ratio > all.worst_ratio) {
-      all.worst_ratio = t.worst_ratio;
-      all.worst_id = t.worst_id;
-      all.worst_check = t.worst_check;
-    }
+    all.merge(t);
   }
   ASSERT_GT(all.cases, 0) << "ATTNCHECK_DA_TIERS selected nothing: " << tiers;
   print("summary", *gpu, all);
@@ -189,7 +79,7 @@ TEST(DecodeAttentionDevice, SmokeQuickAndExtraCasesPass) {
 
 TEST(DecodeAttentionDevice, RefusesWhatItCannotServe) {
   std::string why;
-  auto gpu = open_default(&why);
+  auto gpu = open_default_gpu(&why, "no GPU: ");
   if (!gpu) GTEST_SKIP() << why;
   struct Bad {
     Params given;
@@ -223,7 +113,7 @@ TEST(DecodeAttentionDevice, RefusesWhatItCannotServe) {
 
 TEST(DecodeAttentionDevice, TimesDecodeShapes) {
   std::string why;
-  auto gpu = open_default(&why);
+  auto gpu = open_default_gpu(&why, "no GPU: ");
   if (!gpu) GTEST_SKIP() << why;
   const Params shapes[] = {
       {{"heads", 16}, {"batch", 8}, {"max_ctx", 3000}, {"splits", 8}},
@@ -250,12 +140,12 @@ TEST(DecodeAttentionDevice, TimesDecodeShapes) {
 
 TEST(DecodeAttentionDevice, TileFromLkMutantIsCaughtBy320x256MlaCasesOnly) {
   std::string why;
-  auto gpu = open_gpu(mutant_library("decode_tile_from_lk"), &why);
+  auto gpu = open_gpu(mutant_library("decode_tile_from_lk"), &why, "no GPU: ");
   if (!gpu) GTEST_SKIP() << "mutant: " << why;
-  const std::string re = mutant_regex("decode_tile_from_lk");
+  const std::string re = mutant_regex("decode_attention", "decode_tile_from_lk");
   ASSERT_EQ(re, "^decode_attention/d320x256-mla1-");
   std::vector<Case> targeted, controls;
-  for (const auto& c : tier_cases("quick")) {
+  for (const auto& c : tier_cases("decode_attention", {"quick"})) {
     if (std::regex_search(c.id, std::regex(re)))
       targeted.push_back(c);
     else if (c.params.at("is_mla") == true && c.params.at("lk_lv") != "128x128")
@@ -263,8 +153,8 @@ TEST(DecodeAttentionDevice, TileFromLkMutantIsCaughtBy320x256MlaCasesOnly) {
   }
   ASSERT_FALSE(targeted.empty());
   ASSERT_FALSE(controls.empty());
-  const Tally hit = run_all(targeted, *gpu, 1);
-  const Tally ctl = run_all(controls, *gpu, 1);
+  const Tally hit = run_all(op(), targeted, *gpu, 1);
+  const Tally ctl = run_all(op(), controls, *gpu, 1);
   const int killed = hit.cases - hit.passed - hit.refused;
   std::printf(
       "[mutant decode_tile_from_lk] quick cases matching %s: %d/%d fail (worst error/budget "

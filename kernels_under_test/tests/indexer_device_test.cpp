@@ -9,117 +9,54 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <regex>
-#include <set>
 
-#include "run/cases.h"
-#include "run/device.h"
-#include "run/runner.h"
+#include "device_test_support.h"
 
 namespace attncheck {
 namespace {
 
-namespace fs = std::filesystem;
+using namespace devtest;
 
 const char* const kOps[] = {
     "indexer_k_cache",       "indexer_gather",       "indexer_q_quant",    "indexer_logits_prefill",
     "indexer_logits_decode", "indexer_topk_prefill", "indexer_topk_decode"};
 
-std::string repo_file(const std::string& rel) {
-  if (const char* d = std::getenv("ATTNCHECK_SOURCE_DIR")) return std::string(d) + "/" + rel;
-  if (fs::exists(rel)) return rel;  // run from the repository root
-  return std::string(ATTNCHECK_SOURCE_DIR) + "/" + rel;
-}
-
-struct Gpu {
-  std::unique_ptr<KernelLibrary> lib;
-  std::unique_ptr<DeviceRunner> runner;
-  std::string arch;
-};
-
-std::optional<Gpu> open_gpu(const std::string& path, std::string* why) {
-  if (path.empty()) {
-    *why = "ATTNCHECK_KERNELS not set: no kernel library to test";
-    return std::nullopt;
-  }
-  if (!fs::exists(path)) {
-    *why = "no kernel library at " + path;
-    return std::nullopt;
-  }
-  Gpu g;
-  g.lib = KernelLibrary::open(path);
-  auto dev = g.lib->device(why);
-  if (!dev) {
-    *why = "no GPU: " + *why;
-    return std::nullopt;
-  }
-  g.arch = dev->arch;
-  g.runner = std::make_unique<DeviceRunner>(*g.lib, dev->arch);
-  return g;
-}
-
 std::optional<Gpu> main_gpu(std::string* why) {
-  const char* path = std::getenv("ATTNCHECK_KERNELS");
-  return open_gpu(path ? path : "", why);
+  return open_default_gpu(why, "no GPU: ");
 }
 
-// Cases of the given tiers, each id once.
-std::vector<Case> cases_of(const char* op, std::initializer_list<const char*> tiers) {
-  const CaseFile f = load_case_file(repo_file(std::string("cases/") + op + ".toml"));
-  std::vector<Case> out;
-  std::set<std::string> seen;
-  for (const char* t : tiers) {
-    const auto it = f.tiers.find(t);
-    if (it == f.tiers.end()) continue;
-    for (const auto& c : it->second)
-      if (seen.insert(c.id).second) out.push_back(c);
-  }
-  return out;
-}
-
-struct Tally {
-  int cases = 0, passed = 0, refused = 0;
-  double kernel_ms = 0, worst_ratio = 0, max_calc_diff = 0;
+// Worst error/budget and largest calc_diff over the numeric checks (exact ones compare bitwise).
+struct Numeric {
+  double worst_ratio = 0, max_calc_diff = 0;
   std::string worst_where;
-  std::vector<std::string> failures;
-};
-
-Tally run_all(const Op& op, const std::vector<Case>& cases, const Gpu& gpu, int repeat) {
-  Tally t;
-  RunOptions opt;
-  opt.arch = gpu.arch;
-  opt.repeat = repeat;
-  for (const auto& c : cases) {
-    const Result r = run_case(op, c, gpu.runner.get(), opt);
-    ++t.cases;
-    t.kernel_ms += r.timings.kernel_ms;
-    t.passed += r.verdict == Verdict::passed;
-    t.refused += r.verdict == Verdict::refused_as_expected;
-    if (r.verdict != Verdict::passed && r.verdict != Verdict::refused_as_expected)
-      t.failures.push_back(c.id + ": " + std::string(verdict_name(r.verdict)) + ": " + r.message);
+  void add(const Case& c, const Result& r) {
     for (const auto& ch : r.checks) {
-      if (ch.budget.kind == Budget::Kind::numeric)
-        t.max_calc_diff = std::max(t.max_calc_diff, ch.metrics.calc_diff);
-      if (ch.budget.kind == Budget::Kind::numeric && ch.metrics.worst.ratio > t.worst_ratio) {
-        t.worst_ratio = ch.metrics.worst.ratio;
-        t.worst_where = c.id + " " + ch.name;
+      if (ch.budget.kind != Budget::Kind::numeric) continue;
+      max_calc_diff = std::max(max_calc_diff, ch.metrics.calc_diff);
+      if (ch.metrics.worst.ratio > worst_ratio) {
+        worst_ratio = ch.metrics.worst.ratio;
+        worst_where = c.id + " " + ch.name;
       }
     }
   }
-  return t;
-}
+};
 
-void report(const char* what, const char* op, const Tally& t, const std::string& arch) {
+// Runs `cases` and prints "[what op on arch] ..." with the first failures.
+Tally run_and_report(const char* what, const char* op, const std::vector<Case>& cases,
+                     const Gpu& gpu, int repeat) {
+  Numeric n;
+  const Tally t = run_all(*find_op(op), cases, gpu, repeat,
+                          [&](const Case& c, const Result& r) { n.add(c, r); });
   std::printf(
       "[%s %s on %s] %d passed + %d refused as expected / %d, worst err/budget %.3g%s%s, calc_diff "
       "max %.2g, "
       "kernel wall %.1f ms\n",
-      what, op, arch.c_str(), t.passed, t.refused, t.cases, t.worst_ratio,
-      t.worst_where.empty() ? "" : " at ", t.worst_where.c_str(), t.max_calc_diff, t.kernel_ms);
+      what, op, gpu.arch.c_str(), t.passed, t.refused, t.cases, n.worst_ratio,
+      n.worst_where.empty() ? "" : " at ", n.worst_where.c_str(), n.max_calc_diff, t.kernel_ms);
   for (size_t i = 0; i < t.failures.size() && i < 5; ++i)
     std::printf("  FAIL %s\n", t.failures[i].c_str());
+  return t;
 }
 
 TEST(IndexerDevice, SmokeAndQuickTiersPass) {
@@ -129,10 +66,9 @@ TEST(IndexerDevice, SmokeAndQuickTiersPass) {
   for (const char* name : kOps) {
     const Op* op = find_op(name);
     ASSERT_NE(op, nullptr) << name;
-    const auto cases = cases_of(name, {"smoke", "quick"});
+    const auto cases = tier_cases(name, {"smoke", "quick"});
     ASSERT_FALSE(cases.empty()) << name;
-    const Tally t = run_all(*op, cases, *gpu, 2);
-    report("smoke+quick", name, t, gpu->arch);
+    const Tally t = run_and_report("smoke+quick", name, cases, *gpu, 2);
     EXPECT_TRUE(t.failures.empty())
         << name << ": " << t.failures.size() << " failures, first: " << t.failures.front();
   }
@@ -223,37 +159,16 @@ TEST(IndexerDevice, Timings) {
   }
 }
 
-std::vector<std::pair<std::string, std::string>> mutants() {  // name, case regex
-  std::ifstream in(repo_file("kernels_under_test/indexer.mutants"));
-  std::vector<std::pair<std::string, std::string>> out;
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty() || line[0] == '#') continue;
-    // name | description | regex: the regex may itself hold '|', the description may not.
-    const auto first = line.find('|'), last = line.find('|', first + 1);
-    auto trim = [](std::string s) {
-      s.erase(0, s.find_first_not_of(" \t"));
-      s.erase(s.find_last_not_of(" \t\r") + 1);
-      return s;
-    };
-    out.emplace_back(trim(line.substr(0, first)), trim(line.substr(last + 1)));
-  }
-  return out;
-}
-
 TEST(IndexerDevice, MutantsAreKilledByTheirCases) {
-  const auto list = mutants();
+  const auto list = read_mutants("indexer");
   ASSERT_EQ(list.size(),
             3u);  // indexer_shuffle_at_bs1, indexer_preshuffle_only_bs64, indexer_chunkq_unclamped
-  const char* kernels = std::getenv("ATTNCHECK_KERNELS");
-  const char* dir = std::getenv("ATTNCHECK_MUTANT_DIR");
-  const fs::path base = dir ? fs::path(dir) : fs::path(kernels ? kernels : "").parent_path();
   const char* only = std::getenv("ATTNCHECK_INDEXER_MUTANT");  // one mutant per process
   int tested = 0;
   for (const auto& [name, re] : list) {
     if (only && name != only) continue;
     std::string why;
-    auto gpu = open_gpu((base / ("libattncheck_kernels_mutant_" + name + ".so")).string(), &why);
+    auto gpu = open_gpu(mutant_library(name), &why, "no GPU: ");
     if (!gpu) {
       std::printf("[mutant %s] skipped: %s\n", name.c_str(), why.c_str());
       continue;
@@ -263,7 +178,7 @@ TEST(IndexerDevice, MutantsAreKilledByTheirCases) {
     std::string example;
     for (const char* op_name : kOps) {
       std::vector<Case> hit;
-      for (const auto& c : cases_of(op_name, {"quick"}))
+      for (const auto& c : tier_cases(op_name, {"quick"}))
         if (std::regex_search(c.id, std::regex(re))) hit.push_back(c);
       if (hit.empty()) continue;
       const Tally t = run_all(*find_op(op_name), hit, *gpu, 1);
@@ -289,8 +204,7 @@ TEST(IndexerDevice, FullTierPasses) {
   auto gpu = main_gpu(&why);
   if (!gpu) GTEST_SKIP() << why;
   for (const char* name : kOps) {
-    const Tally t = run_all(*find_op(name), cases_of(name, {"full"}), *gpu, 1);
-    report("full", name, t, gpu->arch);
+    const Tally t = run_and_report("full", name, tier_cases(name, {"full"}), *gpu, 1);
     EXPECT_TRUE(t.failures.empty()) << name << ": " << t.failures.front();
   }
 }

@@ -7,165 +7,44 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <regex>
 
-#include "run/cases.h"
-#include "run/device.h"
-#include "run/runner.h"
+#include "device_test_support.h"
 
 namespace attncheck {
 namespace {
 
-namespace fs = std::filesystem;
-
-std::string repo_file(const std::string& rel) {
-  if (const char* d = std::getenv("ATTNCHECK_SOURCE_DIR")) return std::string(d) + "/" + rel;
-  if (fs::exists(rel)) return rel;  // run from the repository root
-  return std::string(ATTNCHECK_SOURCE_DIR) + "/" + rel;
-}
-
-std::string mutant_library(const std::string& name) {
-  const char* kernels = std::getenv("ATTNCHECK_KERNELS");
-  const char* dir = std::getenv("ATTNCHECK_MUTANT_DIR");
-  const fs::path base = dir ? fs::path(dir) : fs::path(kernels ? kernels : "").parent_path();
-  return (base / ("libattncheck_kernels_mutant_" + name + ".so")).string();
-}
-
-// The "case id regex expected to catch it" of a mutant, from kernels_under_test/<op>.mutants.
-std::string mutant_regex(const std::string& file, const std::string& name) {
-  std::ifstream in(repo_file(file));
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(name + " ", 0) != 0 && line.rfind(name + "|", 0) != 0) continue;
-    // name | seed bug | regex: the regex is everything after the second '|'.
-    const auto first = line.find('|');
-    const auto second = first == std::string::npos ? first : line.find('|', first + 1);
-    if (second == std::string::npos) return "";
-    std::string re = line.substr(second + 1);
-    re.erase(0, re.find_first_not_of(" \t"));
-    re.erase(re.find_last_not_of(" \t\r") + 1);
-    return re;
-  }
-  return "";
-}
-
-struct Gpu {
-  std::unique_ptr<KernelLibrary> lib;
-  std::unique_ptr<DeviceRunner> runner;
-  std::string arch;
-};
-
-// nullopt + skip reason when there is no library or no device.
-std::optional<Gpu> open_gpu(const std::string& path, std::string* why) {
-  if (path.empty()) {
-    *why = "ATTNCHECK_KERNELS not set: no kernel library to test";
-    return std::nullopt;
-  }
-  if (!fs::exists(path)) {
-    *why = "no kernel library at " + path;
-    return std::nullopt;
-  }
-  Gpu g;
-  g.lib = KernelLibrary::open(path);
-  auto dev = g.lib->device(why);
-  if (!dev) return std::nullopt;  // `why` holds the library's reason
-  g.arch = dev->arch;
-  g.runner = std::make_unique<DeviceRunner>(*g.lib, dev->arch);
-  return g;
-}
-
-// Tiers to run: ATTNCHECK_DEVICE_TIERS (comma-separated), default smoke and quick.
-std::vector<std::string> device_tiers() {
-  const char* env = std::getenv("ATTNCHECK_DEVICE_TIERS");
-  std::string s = env && *env ? env : "smoke,quick";
-  std::vector<std::string> out;
-  for (size_t pos = 0; pos <= s.size();) {
-    const size_t comma = std::min(s.find(',', pos), s.size());
-    if (comma > pos) out.push_back(s.substr(pos, comma - pos));
-    pos = comma + 1;
-  }
-  return out;
-}
-
-std::vector<Case> tier_cases(const std::string& file, const std::string& tier) {
-  const CaseFile f = load_case_file(repo_file(file));
-  const auto it = f.tiers.find(tier);
-  return it == f.tiers.end() ? std::vector<Case>{} : it->second;
-}
-
-struct Tally {
-  int cases = 0, passed = 0;
-  double kernel_ms = 0;
-  std::vector<std::string> failures;
-};
-
-Tally run_all(const Op& op, const std::vector<Case>& cases, const Gpu& gpu, int repeat) {
-  Tally t;
-  RunOptions opt;
-  opt.arch = gpu.arch;
-  opt.repeat = repeat;
-  for (const auto& c : cases) {
-    const Result r = run_case(op, c, gpu.runner.get(), opt);
-    ++t.cases;
-    t.kernel_ms += r.timings.kernel_ms;
-    if (r.verdict == Verdict::passed || r.verdict == Verdict::refused_as_expected)
-      ++t.passed;
-    else
-      t.failures.push_back(c.id + ": " + std::string(verdict_name(r.verdict)) + ": " + r.message);
-  }
-  return t;
-}
-
-struct Worst {
-  double ratio = 0;  // worst |err| / (atol + rtol |expected|) over every check
-  std::string where;
-};
+using namespace devtest;
 
 TEST(RopeDevice, SmokeAndQuickTiersPass) {
   std::string why;
-  const char* path = std::getenv("ATTNCHECK_KERNELS");
-  auto gpu = open_gpu(path ? path : "", &why);
+  auto gpu = open_default_gpu(&why, "");
   if (!gpu) GTEST_SKIP() << why;
   for (const char* op_name : {"rope", "indexer_qk_rope"}) {
     const Op* op = find_op(op_name);
     ASSERT_NE(op, nullptr);
     for (const std::string& tier : device_tiers()) {
-      const auto cases = tier_cases(std::string("cases/") + op_name + ".toml", tier);
+      const auto cases = tier_cases(op_name, {tier});
       ASSERT_FALSE(cases.empty()) << op_name << " " << tier;
-      RunOptions opt;
-      opt.arch = gpu->arch;
-      opt.repeat = 2;
-      int passed = 0;
-      double kernel_ms = 0, max_abs = 0;
-      Worst worst;
-      for (const auto& c : cases) {
-        const Result r = run_case(*op, c, gpu->runner.get(), opt);
-        kernel_ms += r.timings.kernel_ms;
-        passed += r.verdict == Verdict::passed;
+      // Every case must pass: here a refusal is a failure too.
+      double max_abs = 0;
+      const Tally t = run_all(*op, cases, *gpu, 2, [&](const Case& c, const Result& r) {
         if (r.verdict != Verdict::passed)
           ADD_FAILURE() << c.id << ": " << verdict_name(r.verdict) << ": " << r.message;
-        for (const auto& ch : r.checks) {
-          max_abs = std::max(max_abs, ch.metrics.max_abs);
-          if (ch.metrics.worst.ratio > worst.ratio)
-            worst = {ch.metrics.worst.ratio, c.id + " " + ch.name};
-        }
-      }
+        for (const auto& ch : r.checks) max_abs = std::max(max_abs, ch.metrics.max_abs);
+      });
       std::printf(
           "[%s %s on %s] %d/%d passed (repeat 2), max |err| %.3g, worst err/budget %.3f "
           "(%s), kernel wall %.1f ms\n",
-          op_name, tier.c_str(), gpu->arch.c_str(), passed, static_cast<int>(cases.size()), max_abs,
-          worst.ratio, worst.where.c_str(), kernel_ms);
+          op_name, tier.c_str(), gpu->arch.c_str(), t.passed, t.cases, max_abs, t.worst_ratio,
+          t.worst_where().c_str(), t.kernel_ms);
     }
   }
 }
 
 TEST(RopeDevice, RefusesInconsistentArguments) {
   std::string why;
-  const char* path = std::getenv("ATTNCHECK_KERNELS");
-  auto gpu = open_gpu(path ? path : "", &why);
+  auto gpu = open_default_gpu(&why, "");
   if (!gpu) GTEST_SKIP() << why;
   {
     // q's rotated width must be the cache's rot.
@@ -191,24 +70,23 @@ TEST(RopeDevice, RefusesInconsistentArguments) {
 
 TEST(RopeDevice, DiscardOutOfPlaceMutantIsCaughtAtPositionsAboveZeroOnly) {
   std::string why;
-  auto gpu = open_gpu(mutant_library("rope_discard_out_of_place"), &why);
+  auto gpu = open_gpu(mutant_library("rope_discard_out_of_place"), &why, "");
   if (!gpu) GTEST_SKIP() << "mutant: " << why;
-  const std::string re =
-      mutant_regex("kernels_under_test/rope.mutants", "rope_discard_out_of_place");
+  const std::string re = mutant_regex("rope", "rope_discard_out_of_place");
   ASSERT_FALSE(re.empty());
   const Op* op = find_op("indexer_qk_rope");
   std::vector<Case> targeted, controls;
-  for (const auto& c : tier_cases("cases/indexer_qk_rope.toml", "quick"))
+  for (const auto& c : tier_cases("indexer_qk_rope", {"quick"}))
     (std::regex_search(c.id, std::regex(re)) ? targeted : controls).push_back(c);
   ASSERT_FALSE(targeted.empty());
   ASSERT_FALSE(controls.empty());
   const Tally hit = run_all(*op, targeted, *gpu, 1);
   const Tally ctl = run_all(*op, controls, *gpu, 1);
-  const int killed = hit.cases - hit.passed;
+  const int killed = hit.cases - hit.accepted();
   std::printf(
       "[mutant rope_discard_out_of_place] quick cases matching %s: %d/%d fail; generic "
       "path and position-0 controls: %d/%d pass\n",
-      re.c_str(), killed, hit.cases, ctl.passed, ctl.cases);
+      re.c_str(), killed, hit.cases, ctl.accepted(), ctl.cases);
   if (!hit.failures.empty()) std::printf("  e.g. %s\n", hit.failures.front().c_str());
   EXPECT_EQ(killed, hit.cases) << "some fast-path cases at positions >= 1 missed the mutant";
   for (const auto& f : ctl.failures) ADD_FAILURE() << "control failed: " << f;

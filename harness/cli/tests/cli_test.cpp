@@ -351,7 +351,7 @@ TEST_F(Cli, BadArgumentsAndBadCaseFilesFailClearly) {
     std::string expect;
   };
   const std::vector<Bad> bad = {
-      {" run --tier nightly", 105, "--tier: nightly not in {smoke,quick,full,all}"},
+      {" run --tier nightly", 105, "--tier: nightly not in {smoke,quick,full,bench,all}"},
       {" run --shard 3/2", 2, "shard '3/2': need 0 <= i < n"},
       {" run --op mla_decodee", 2, "unknown op 'mla_decodee' (registered: "},
       {" run --filter 'h(1'", 2, "bad --filter regex 'h(1'"},

@@ -303,7 +303,7 @@ TEST(Selection, BadArgumentsNameTheProblem) {
         try {
           select_cases(none, s);
         } catch (const std::invalid_argument& e) {
-          EXPECT_STREQ(e.what(), "unknown tier 'nightly' (tiers: smoke, quick, full, all)");
+          EXPECT_STREQ(e.what(), "unknown tier 'nightly' (tiers: smoke, quick, full, bench, all)");
           throw;
         }
       },
@@ -364,7 +364,7 @@ TEST_F(CaseFiles, MalformedFilesGiveLocatedErrors) {
        p + ":5:21: group 'g' axis 'dtype': selftest_axpy: axis 'dtype' expects a string, got 16"},
       {"op = \"selftest_axpy\"\n[[group]]\nname=\"g\"\ntiers={nightly=\"cartesian\"}\naxes={heads=["
        "1]}\n",
-       p + ":4:16: group 'g' tiers: unknown tier 'nightly' (tiers: smoke, quick, full)"},
+       p + ":4:16: group 'g' tiers: unknown tier 'nightly' (tiers: smoke, quick, full, bench)"},
       {"op = "
        "\"selftest_axpy\"\n[[group]]\nname=\"g\"\ntiers={smoke=\"random\"}\naxes={heads=[1]}\n",
        p + ":4:14: group 'g' tiers.smoke: unknown expansion 'random' (expansions: cartesian, "
