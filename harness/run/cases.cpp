@@ -529,7 +529,8 @@ Shard parse_shard(std::string_view text) {
 
 std::vector<Case> select_cases(const std::vector<CaseFile>& files, const Selection& sel) {
   if (sel.tier != "all" && !is_tier(sel.tier))
-    throw std::invalid_argument("unknown tier '" + sel.tier + "' (tiers: " + tier_names() + ", all)");
+    throw std::invalid_argument("unknown tier '" + sel.tier + "' (tiers: " + tier_names() +
+                                ", all)");
   for (const auto& o : sel.ops)
     if (!find_op(o)) {
       throw std::invalid_argument("unknown op '" + o + "' (registered: " + registered_ops() + ")");
