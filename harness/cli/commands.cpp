@@ -50,20 +50,26 @@ std::string num(double v, int precision = 4) {
 
 }  // namespace
 
+bool load_and_select(const Paths& p, const Selection& sel, std::vector<CaseFile>& files,
+                     std::vector<Case>& cases) {
+  if (!load(p, files)) return false;
+  try {
+    cases = select_cases(files, sel);
+    return true;
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "attncheck: " << e.what() << "\n";
+    return false;
+  }
+}
+
 int cmd_list(const Paths& p, const ListArgs& a) {
-  std::vector<CaseFile> files;
-  if (!load(p, files)) return 2;
   Selection sel;
   sel.tier = a.tier;
   sel.ops = a.ops;
   sel.filter = a.filter;
+  std::vector<CaseFile> files;
   std::vector<Case> cases;
-  try {
-    cases = select_cases(files, sel);
-  } catch (const std::invalid_argument& e) {
-    std::cerr << "attncheck: " << e.what() << "\n";
-    return 2;
-  }
+  if (!load_and_select(p, sel, files, cases)) return 2;
   std::map<std::string, std::map<std::string, int>> counts;  // op -> tier -> n (same op/filter)
   for (std::string_view t : kTiers) {
     Selection per_tier = sel;
@@ -290,19 +296,13 @@ int cmd_golden_diff(const Paths& p, const GoldenArgs& a) {
 }
 
 int cmd_bench(const Paths& p, const BenchArgs& a) {
-  std::vector<CaseFile> files;
-  if (!load(p, files)) return 2;
   Selection sel;
   sel.tier = a.tier;
   sel.ops = a.ops;
   sel.filter = a.filter;
+  std::vector<CaseFile> files;
   std::vector<Case> cases;
-  try {
-    cases = select_cases(files, sel);
-  } catch (const std::invalid_argument& e) {
-    std::cerr << "attncheck: " << e.what() << "\n";
-    return 2;
-  }
+  if (!load_and_select(p, sel, files, cases)) return 2;
   if (a.kernels.empty()) {
     std::cerr << "attncheck: bench needs a kernel library (--kernels or ATTNCHECK_KERNELS)\n";
     return 2;

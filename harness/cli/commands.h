@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "run/cases.h"
+
 namespace attncheck::cli {
 
 struct Paths {
@@ -64,6 +66,11 @@ struct WorkerArgs {
   std::string kernels, arch, repro_dir, repro_extra;
   int repeat = 2;
 };
+
+// Loads <cases>/*.toml and selects `sel`; on a bad case file or selection prints the reason
+// ("attncheck: ...") and returns false.
+bool load_and_select(const Paths& p, const Selection& sel, std::vector<CaseFile>& files,
+                     std::vector<Case>& cases);
 
 int cmd_list(const Paths& p, const ListArgs& a);
 int cmd_run(const Paths& p, const RunArgs& a);

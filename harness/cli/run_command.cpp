@@ -71,25 +71,19 @@ class Progress {
 }  // namespace
 
 int cmd_run(const Paths& paths, const RunArgs& a) {
-  std::vector<CaseFile> files;
-  try {
-    files = load_case_dir(paths.cases);
-  } catch (const CaseFileError& e) {
-    std::cerr << "attncheck: bad case file: " << e.what() << "\n";
-    return 2;
-  }
   Selection sel;
   sel.tier = a.tier;
   sel.ops = a.ops;
   sel.filter = a.filter;
-  std::vector<Case> cases;
   try {
     sel.shard = parse_shard(a.shard);
-    cases = select_cases(files, sel);
   } catch (const std::invalid_argument& e) {
     std::cerr << "attncheck: " << e.what() << "\n";
     return 2;
   }
+  std::vector<CaseFile> files;
+  std::vector<Case> cases;
+  if (!load_and_select(paths, sel, files, cases)) return 2;
   if (cases.empty()) {
     std::cerr << "attncheck: no case matches (tier " << a.tier << ", filter '" << a.filter
               << "', shard " << a.shard << ")\n";

@@ -99,21 +99,13 @@ class MlaDecodeOp final : public Op {
   }
 
   std::vector<OutputCheck> checks(const Problem& p, const TensorMap&) const override {
-    const auto& kp = p.kernel_params;
     const Tensor& lens = p.arg("seq_lens");
-    const Tensor slots_t =
-        ref::page_indices(p.arg("block_table"), lens, kp.at("kernel_block_size").get<int64_t>());
-    std::vector<int64_t> slots(static_cast<size_t>(slots_t.numel()));
-    for (size_t i = 0; i < slots.size(); ++i)
-      slots[i] = slots_t.at<int32_t>({static_cast<int64_t>(i)});
+    const Tensor slots = ref::page_indices(p.arg("block_table"), lens,
+                                           p.kernel_params.at("kernel_block_size").get<int64_t>());
     int64_t keys_max = 0;
     for (int64_t r = 0; r < lens.size(0); ++r)
       keys_max = std::max<int64_t>(keys_max, lens.at<int32_t>({r}));
-    const Tensor& q = p.arg("q");
-    const auto s = ref::mla_input_scales(q, {p.arg("kv_cache"), kp.at("kv_scale").get<double>()},
-                                         slots, kp.at("lv").get<int64_t>(), keys_max);
-    return mla::budgets(s, q.dtype(), p.arg("out").dtype(), q.size(2),
-                        kp.at("scale").get<double>());
+    return mla::problem_checks(p, slots, keys_max);
   }
 };
 

@@ -159,4 +159,18 @@ inline std::vector<OutputCheck> budgets(const ref::MlaInputScales& s, DType q_dt
   return {{"out", out, {}, {}}, {"lse", lse, {}, {}}};
 }
 
+// The checks of an MLA problem (mla_decode or sparse_mla): budgets from the inputs it reads, i.e.
+// the flat cache `slots` (int32 tensor) and the longest key list of any query row.
+inline std::vector<OutputCheck> problem_checks(const Problem& p, const Tensor& slots_i32,
+                                               int64_t keys_max) {
+  const auto& kp = p.kernel_params;
+  std::vector<int64_t> slots(static_cast<size_t>(slots_i32.numel()));
+  for (size_t i = 0; i < slots.size(); ++i)
+    slots[i] = slots_i32.at<int32_t>({static_cast<int64_t>(i)});
+  const Tensor& q = p.arg("q");
+  const auto s = ref::mla_input_scales(q, {p.arg("kv_cache"), kp.at("kv_scale").get<double>()},
+                                       slots, kp.at("lv").get<int64_t>(), keys_max);
+  return budgets(s, q.dtype(), p.arg("out").dtype(), q.size(2), kp.at("scale").get<double>());
+}
+
 }  // namespace attncheck::mla

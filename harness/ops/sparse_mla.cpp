@@ -144,20 +144,12 @@ class SparseMlaOp final : public Op {
   }
 
   std::vector<OutputCheck> checks(const Problem& p, const TensorMap&) const override {
-    const auto& kp = p.kernel_params;
     const auto idx = packed(p);
-    std::vector<int64_t> slots(static_cast<size_t>(idx.indices.numel()));
-    for (size_t i = 0; i < slots.size(); ++i)
-      slots[i] = idx.indices.at<int32_t>({static_cast<int64_t>(i)});
     int64_t keys_max = 0;
     for (int64_t t = 0; t + 1 < idx.indptr.numel(); ++t)
       keys_max = std::max<int64_t>(keys_max,
                                    idx.indptr.at<int32_t>({t + 1}) - idx.indptr.at<int32_t>({t}));
-    const Tensor& q = p.arg("q");
-    const auto s = ref::mla_input_scales(q, {p.arg("kv_cache"), kp.at("kv_scale").get<double>()},
-                                         slots, kp.at("lv").get<int64_t>(), keys_max);
-    return mla::budgets(s, q.dtype(), p.arg("out").dtype(), q.size(2),
-                        kp.at("scale").get<double>());
+    return mla::problem_checks(p, idx.indices, keys_max);
   }
 };
 
