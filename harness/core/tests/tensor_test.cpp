@@ -237,3 +237,18 @@ TEST(Tensor, IntegerEncodingRejectsUnrepresentableValues) {
 
 }  // namespace
 }  // namespace attncheck
+
+namespace attncheck {
+namespace {
+
+TEST(Tensor, ZeroSizedTensorsAreContiguous) {
+  // Every dimension order of an empty tensor is "contiguous": there is no element out of place.
+  EXPECT_TRUE(Tensor::empty(DType::f32, {128, 0}).is_contiguous());
+  EXPECT_TRUE(Tensor::empty(DType::f32, {0, 128}).is_contiguous());
+  EXPECT_TRUE(Tensor::empty(DType::bf16, {4, 0, 16}).reshape({0, 64}).is_contiguous());
+  // A non-empty strided view still is not.
+  EXPECT_FALSE(Tensor::empty(DType::f32, {4, 8}).slice(1, 0, 8, 2).is_contiguous());
+}
+
+}  // namespace
+}  // namespace attncheck
