@@ -28,9 +28,12 @@ extern "C" {
 enum attncheck_status {
   ATTNCHECK_OK = 0,
   ATTNCHECK_REFUSED = 1,    /* the kernel cannot serve this configuration; msg says why */
-  ATTNCHECK_ERROR = 2,      /* launch or runtime failure; msg says what */
-  ATTNCHECK_UNKNOWN_OP = 3, /* the library has no kernel for this op */
+  ATTNCHECK_ERROR = 2,      /* launch or runtime failure on the device; msg says what. The
+                               harness starts a fresh process for the next case (sticky faults) */
+  ATTNCHECK_UNKNOWN_OP = 3, /* the library has no entry of this name */
   ATTNCHECK_NO_DEVICE = 4,  /* no usable GPU */
+  ATTNCHECK_HOST_ERROR = 5, /* the entry failed on the host before or without a device fault
+                               (an exception in argument handling); the device is still usable */
 };
 
 typedef struct attncheck_arg {
@@ -41,7 +44,8 @@ typedef struct attncheck_arg {
 typedef struct attncheck_plugin_v1 {
   uint32_t abi_version; /* ATTNCHECK_ABI_VERSION */
   const char* library;  /* e.g. "attncheck-kernels 0.1.0 (cuda sm_90)" */
-  /* Comma-separated op names this library implements. */
+  /* Comma-separated kernel entry names this library implements ("mla_decode,rope_inplace,...").
+     Listing entries must not need a GPU. */
   const char* (*ops)(void);
   /* Device name and arch ("gfx942", "sm_90"); returns ATTNCHECK_NO_DEVICE without a GPU. */
   int (*device_info)(char* name, size_t name_len, char* arch, size_t arch_len, char* msg,

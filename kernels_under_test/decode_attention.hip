@@ -1,9 +1,9 @@
-// decode_attention: vLLM's Triton split-KV decode attention (spec/mla_decode_and_kv_gather.md §B)
-// as two kernels. Stage 1 follows the grouped kernel of §B.2: grid (B, head groups, splits), up to
+// decode_attention: vLLM's Triton split-KV decode attention (docs/ops/decode_attention.md) as
+// two kernels. Stage 1 follows vLLM's grouped stage-1 kernel: grid (B, head groups, splits), up to
 // BLOCK_H query heads of one KV head per program, BLOCK_N tokens per step found through the page
 // table with the cache's real page/token/head strides, fp32 online softmax, p rounded to the q
 // dtype before P.V, and for MLA the K tile reused as V. Stage 2 merges the split partials by their
-// log-sum-exp (§B.4). The tile comes from (Lk, Lv) by the rule of vLLM PR #41119 (§B.5); the mutant
+// log-sum-exp. The tile comes from (Lk, Lv) by the rule of vLLM PR #41119; the mutant
 // AC_MUTANT_DECODE_TILE_FROM_LK re-creates the pre-fix rule (vLLM #40966).
 #include <algorithm>
 #include <cmath>
@@ -30,8 +30,8 @@ struct Tiles {
 };
 
 // The tile rule (reference/decode_tiles.cpp holds the spec'd version for both vendors and both
-// rules, tested against spec §B.6). kv_group_num == 1 is vLLM's normal kernel: one head per
-// program, no tl.dot (so no p rounding), BLOCK_N 64 (8 on HIP).
+// rules, tested against docs/ops/decode_attention.md's tile table). kv_group_num == 1 is vLLM's
+// normal kernel: one head per program, no tl.dot (so no p rounding), BLOCK_N 64 (8 on HIP).
 Tiles choose_tiles(int64_t lk, int64_t lv, bool is_mla, int64_t group) {
 #if defined(AC_HIP)
   const bool hip = true;

@@ -1,12 +1,12 @@
-// Indexer kernels that touch the paged fp8 K cache (spec/indexer.md §2, §3, §4.2): the K quantize +
+// Indexer kernels that touch the paged fp8 K cache (docs/ops/indexer.md): the K quantize +
 // cache writer, the prefill gather, and the paged decode logits. The page layout is chosen by the
 // block size, as the fixed vLLM does it: NORMAL iff BS == 1, SHUFFLE (MFMA 16x16 tiles) otherwise;
 // the decode reader uses the Preshuffle formula iff BS > 1.
 //
 // Mutants (indexer.mutants) re-create the seed bugs:
-//   AC_MUTANT_INDEXER_SHUFFLE_AT_BS1: writer and gather hard-coded SHUFFLE (gfx950 seed, §6.1);
-//   AC_MUTANT_INDEXER_PRESHUFFLE_ONLY_BS64: decode Preshuffle only when BS == 64 (§6.2);
-//   AC_MUTANT_INDEXER_CHUNKQ_UNCLAMPED: ChunkQ = 64 whatever the head count (§6.4).
+//   AC_MUTANT_INDEXER_SHUFFLE_AT_BS1: writer and gather hard-coded SHUFFLE (gfx950, #43781);
+//   AC_MUTANT_INDEXER_PRESHUFFLE_ONLY_BS64: decode Preshuffle only when BS == 64;
+//   AC_MUTANT_INDEXER_CHUNKQ_UNCLAMPED: ChunkQ = 64 whatever the head count (aiter #2891).
 #include <string>
 #include <vector>
 

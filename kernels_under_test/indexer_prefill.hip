@@ -1,4 +1,4 @@
-// Indexer kernels of the prefill path without the paged cache (spec/indexer.md §1.3, §4.1): the
+// Indexer kernels of the prefill path without the paged cache (docs/ops/indexer.md): the
 // per-(token, head) q quantizer with the head weights, and the fp8 MQA logits over ks/ke windows.
 #include <cmath>
 #include <string>

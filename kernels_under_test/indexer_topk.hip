@@ -1,4 +1,4 @@
-// Indexer top-k (spec/indexer.md §5): per row, the k largest logits of its window as request-local
+// Indexer top-k (docs/ops/indexer.md): per row, the k largest logits of its window as request-local
 // indices, valid first, -1 after. One workgroup per row: a 4-pass 8-bit radix select finds the
 // k-th largest key, then an in-order compaction (block scans, no atomics on the output) writes the
 // larger ones and the first ties by column, so the result is deterministic.

@@ -1,9 +1,9 @@
-// kv_gather (cp_mha_gather_cache, spec §C.3): one workgroup per (output token, KV head), lanes
-// copy the head's D elements in vectors of up to 16 bytes. Every cache offset goes through the
-// view's real strides (block, slot, head, and the SHUFFLE tile strides): hybrid attention+Mamba
-// caches have a block stride of 2H, and a padded cache has no contiguous dimension but the last.
-// fp8 caches are dequantized with the per-tensor scale in fp32 and rounded once to the output
-// dtype.
+// kv_gather (cp_mha_gather_cache, docs/ops/kv_gather.md): one workgroup per (output token, KV
+// head), lanes copy the head's D elements in vectors of up to 16 bytes. Every cache offset goes
+// through the view's real strides (block, slot, head, and the SHUFFLE tile strides): hybrid
+// attention+Mamba caches have a block stride of 2H, and a padded cache has no contiguous dimension
+// but the last. fp8 caches are dequantized with the per-tensor scale in fp32 and rounded once to
+// the output dtype.
 #include <algorithm>
 #include <cstdint>
 #include <stdexcept>

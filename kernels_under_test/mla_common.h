@@ -96,7 +96,7 @@ AC_DEVICE uint16_t to_bits(float x, AcMmaIn t) {
   return t == AcMmaIn::bf16 ? ac_float_to_bf16(x) : ac_float_to_f16(x);
 }
 
-// Repeat-interleave: padded head j of token t is real head j / r (§A.7), contiguous [T, 16, lk].
+// Repeat-interleave (16-head rule): padded head j of token t is real head j / r, [T, 16, lk].
 __global__ void pad_heads(uint16_t* dst, const uint16_t* q, int64_t ts, int64_t hs, int lk, int r) {
   const int t = static_cast<int>(blockIdx.x), j = static_cast<int>(blockIdx.y);
   const uint16_t* src = q + t * ts + (j / r) * hs;
@@ -295,7 +295,7 @@ __global__ void merge_stage2(const float* part_o, const float* part_lse, int hea
   if (threadIdx.x == 0) lse[t * l_ts + h * l_hs] = mx != -INFINITY ? mx + logf(total) : -INFINITY;
 }
 
-// Un-pad (§A.7): real head h is padded head h * r, i.e. the strided view o_pad[:, ::r].
+// Un-pad (16-head rule): real head h is padded head h * r, i.e. the strided view o_pad[:, ::r].
 __global__ void unpad_heads(uint16_t* out, int64_t o_ts, int64_t o_hs, float* lse, int64_t l_ts,
                             int64_t l_hs, const uint16_t* o_pad, const float* lse_pad, int lv,
                             int r) {
@@ -355,7 +355,7 @@ inline int64_t validate_common(const ack::KParams& p, const ack::KArgs& args, At
     throw ack::Refusal("out must be [T, N, Lv] and lse [T, N] for q [T, N, Lk]");
   if (kv.size(2) != lk)
     throw ack::Refusal("kv_cache rows must have Lk = " + std::to_string(lk) + " elements");
-  // §A.3: the kernel sees the cache as page-size-1 rows [num_blocks * P, Lk].
+  // As in AITER, the kernel sees the cache as page-size-1 rows [num_blocks * P, Lk].
   if (kv.stride(2) != 1 || kv.stride(1) != lk || kv.stride(0) != kv.size(1) * lk)
     throw ack::Refusal(
         "kv_cache must be contiguous in its last three dims (flattened to "

@@ -1,5 +1,5 @@
 // mla_decode: absorbed MLA decode over a paged latent cache, built the way the AITER path is
-// (spec §A.3-A.9): page-index expansion on the device into the flattened page-size-1 view
+// (docs/ops/mla_decode.md): page-index expansion on the device into the flattened page-size-1 view
 // (kernel block size = cache block size), per-token causal limits for qlen 1..8, heads in groups
 // of 16 with padding for N < 16, split-KV stage 1 + LSE merge (mla_common.h). ABI in
 // docs/ops/mla_decode.md.
@@ -13,7 +13,7 @@
 
 namespace {
 
-// §A.5: page_indices[indptr[r] + t] = block_table[r, t / K] * K + t % K for t < seq_lens[r].
+// page_indices[indptr[r] + t] = block_table[r, t / K] * K + t % K for t < seq_lens[r].
 __global__ void expand_page_indices(int32_t* out, const int32_t* table, int64_t row_stride,
                                     int64_t col_stride, const int32_t* seq_lens,
                                     const int32_t* indptr, int32_t K) {
@@ -25,7 +25,7 @@ __global__ void expand_page_indices(int32_t* out, const int32_t* table, int64_t 
 }
 
 // Row lists of the query tokens: token t (local position i of a request with qlen rows and
-// kv_len keys) attends the request's first kv_len - qlen + i + 1 slots (§A.6).
+// kv_len keys) attends the request's first kv_len - qlen + i + 1 slots (the causal rule).
 __global__ void causal_rows(int32_t* row_begin, int32_t* row_len, const int32_t* qsl, int B,
                             const int32_t* seq_lens, const int32_t* indptr, int T) {
   const int t = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);

@@ -30,7 +30,9 @@ int device_info(char* name, size_t name_len, char* arch, size_t arch_len, char* 
   hipError_t e = hipGetDeviceCount(&n);
   if (e != hipSuccess || n == 0) {
     (void)hipGetLastError();
-    put(msg, msg_len, e != hipSuccess ? gpu_error("no GPU", e) : "no GPU visible");
+    // The reason alone: attncheck's message already starts "no GPU: ".
+    put(msg, msg_len, e != hipSuccess ? gpu_error("hipGetDeviceCount", e)
+                                      : "hipGetDeviceCount found 0 devices");
     return ATTNCHECK_NO_DEVICE;
   }
   int dev = 0;
@@ -103,8 +105,15 @@ int launch(const char* op, const char* params_json, const attncheck_arg* args, i
     put(msg, msg_len, r.what());
     return ATTNCHECK_REFUSED;
   } catch (const std::exception& ex) {
+    // An exception from the entry's host code: a device fault only if the device reports one.
+    hipError_t e = hipDeviceSynchronize();
+    if (e == hipSuccess) e = hipGetLastError();
+    if (e != hipSuccess) {
+      put(msg, msg_len, std::string(ex.what()) + "; " + gpu_error(op, e));
+      return ATTNCHECK_ERROR;
+    }
     put(msg, msg_len, ex.what());
-    return ATTNCHECK_ERROR;
+    return ATTNCHECK_HOST_ERROR;
   }
 }
 

@@ -1,8 +1,8 @@
-// sparse_mla: DeepSeek-V3.2-style sparse MLA (spec §A.12). Request-local top-k positions become
-// flat cache slots exactly as triton_convert_req_index_to_global_index does, each row's valid
-// slots are packed into a ragged list (order kept, -1 allowed anywhere in the row), and every token
-// attends its own list without a causal mask through the same 16-head-group split-KV core as the
-// dense decode (mla_common.h). A token with no valid slot gets out = 0 and lse = -inf.
+// sparse_mla: DeepSeek-V3.2-style sparse MLA (docs/ops/sparse_mla.md). Request-local top-k
+// positions become flat cache slots exactly as triton_convert_req_index_to_global_index does, each
+// row's valid slots are packed into a ragged list (order kept, -1 allowed anywhere in the row), and
+// every token attends its own list without a causal mask through the same 16-head-group split-KV
+// core as the dense decode (mla_common.h). A token with no valid slot gets out = 0 and lse = -inf.
 #include <algorithm>
 #include <string>
 #include <vector>

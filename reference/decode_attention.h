@@ -1,8 +1,8 @@
-// Decode attention over a paged KV cache (spec/mla_decode_and_kv_gather.md §B): one query token
+// Decode attention over a paged KV cache (docs/ops/decode_attention.md): one query token
 // per request, softmax(sm_scale * q k^T [soft-capped]) v over the request's tokens found through
 // the page table. Covers MHA/GQA/MQA/MLA (kv_group_num = Hq / Hkv) and fp8 KV with per-tensor
-// scales. Also emulates vLLM's split-KV evaluation: stage-1 partials per split (§B.2) and the LSE
-// merge (§B.4), so that tests can show any split count equals the one-pass result.
+// scales. Also emulates vLLM's split-KV evaluation: stage-1 partials per split and the LSE
+// merge of stage 2, so that tests can show any split count equals the one-pass result.
 #pragma once
 #include <cstdint>
 #include <utility>

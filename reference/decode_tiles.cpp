@@ -14,8 +14,8 @@ int64_t next_pow2(int64_t x) {
 
 namespace {
 
-// The normal kernel (§B.3): one head per program, element-wise dot products. PR #41119 changed only
-// the grouped wrapper, so this is the same before and after.
+// The normal kernel (kv_group_num == 1): one head per program, element-wise dot products. PR #41119
+// changed only the grouped wrapper, so this is the same before and after.
 DecodeTiles normal_tiles(int64_t lk, int64_t lv, GpuVendor vendor) {
   DecodeTiles t;
   t.grouped = false;

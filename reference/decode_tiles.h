@@ -1,5 +1,5 @@
-// Tile choice of vLLM's Triton split-KV decode attention (spec/mla_decode_and_kv_gather.md §B.3,
-// §B.5-B.7) as a pure function of the shape, before and after PR #41119, for AMD and NVIDIA; a
+// Tile choice of vLLM's Triton split-KV decode attention (docs/ops/decode_attention.md, Tile
+// rule) as a pure function of the shape, before and after PR #41119, for AMD and NVIDIA; a
 // shared-memory estimate per tile; and the predicate that says whether a tile can compute a shape.
 // The seed bug it pins down: a tile sized from Lk while the IS_MLA path reuses the K tile as V
 // (320/256 MLA: BLOCK_DMODEL 512 against BLOCK_DV 256).

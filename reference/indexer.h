@@ -1,6 +1,6 @@
-// DeepSeek-V3.2 / GLM-5 sparse-attention indexer (spec/indexer.md): K quantization and the paged
-// fp8 cache (block-flat NORMAL / SHUFFLE layouts), the prefill gather, q quantization with the
-// head weights, fp8 MQA logits (prefill ks/ke windows, paged decode with next_n) and top-k.
+// DeepSeek-V3.2 / GLM-5 sparse-attention indexer (docs/ops/indexer.md): K quantization and the
+// paged fp8 cache (block-flat NORMAL / SHUFFLE layouts), the prefill gather, q quantization with
+// the head weights, fp8 MQA logits (prefill ks/ke windows, paged decode with next_n) and top-k.
 //
 // Quantization is reproduced bit for bit (fp32 amax / division, exact power-of-two ue8m0 scales,
 // round-to-nearest-even fp8). Logits accumulate in float64 over the exact fp8 values: every q.k

@@ -1,4 +1,4 @@
-// The indexer's paged fp8 K cache (spec/indexer.md §2.3, §2.4, §3): block-flat pages of BS*128
+// The indexer's paged fp8 K cache (docs/ops/indexer.md, Cache pages): block-flat pages of BS*128
 // value bytes followed by BS fp32 scales; values row-major per token (NORMAL, block size 1) or in
 // 16x16 MFMA tiles (SHUFFLE, block sizes that are multiples of 16).
 #include <cstring>

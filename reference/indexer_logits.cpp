@@ -1,4 +1,4 @@
-// fp8 MQA logits of the indexer (spec/indexer.md §1.4, §4.1, §4.2). q.k over 128 fp8 products is
+// fp8 MQA logits of the indexer (docs/ops/indexer.md, Logits). q.k over 128 fp8 products is
 // exact in float64 (fp8 values are multiples of 2^-10 below 2^9, so a dot product needs < 53
 // bits), so the Eigen product is exact whatever its summation order; only the products with the
 // fp32 head weights round.

@@ -1,4 +1,4 @@
-// Indexer quantizers (spec/indexer.md §1.3 steps 5-6, §2.2, §8.1, §8.4): fp32 arithmetic on the
+// Indexer quantizers (docs/ops/indexer.md, Quantization and Weights): fp32 arithmetic on the
 // bf16 inputs exactly as the kernels do it, so scales and bytes compare bitwise.
 #include <algorithm>
 #include <cmath>

@@ -1,6 +1,6 @@
-// Top-k over the indexer logits (spec/indexer.md §5): the k largest values of each row's window,
-// as request-local indices, valid ones first, -1 after. The reference breaks ties by the lower
-// column; kernels may break them differently (checks compare sets with a tie rule).
+// Top-k over the indexer logits (docs/ops/indexer.md, Top-k): the k largest values of each row's
+// window, as request-local indices, valid ones first, -1 after. The reference breaks ties by the
+// lower column; kernels may break them differently (checks compare sets with a tie rule).
 #include <algorithm>
 #include <cmath>
 #include <string>

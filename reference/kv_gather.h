@@ -1,7 +1,7 @@
-// Paged K/V gather (cp_mha_gather_cache, spec/mla_decode_and_kv_gather.md §C.3): cached context
+// Paged K/V gather (cp_mha_gather_cache, docs/ops/kv_gather.md): cached context
 // tokens of chunked-prefill requests copied into contiguous [total_tokens, Hkv, D] workspaces.
 // The reference walks the 5-step procedure through the caches' real strides, so hybrid
-// [K0][V0][K1][V1]... caches (§C.2), padded caches and SHUFFLE tiles all read the right bytes.
+// [K0][V0][K1][V1]... caches, padded caches and SHUFFLE tiles all read the right bytes.
 #pragma once
 #include <optional>
 #include <vector>
@@ -12,13 +12,13 @@ namespace attncheck::ref {
 
 enum class KvLayout {
   nhd,      // K and V [nb, P, Hkv, D]
-  shuffle,  // K [nb, Hkv, D/x, P, x], V [nb, Hkv, P/x, D, x], x = 16 / element size (§C.1)
+  shuffle,  // K [nb, Hkv, D/x, P, x], V [nb, Hkv, P/x, D, x], x = 16 / element size
 };
 
 // Where the two caches live inside their single storage.
 enum class KvStrides {
   contiguous,  // (2, nb, P, Hkv, D) contiguous: K blocks then V blocks
-  hybrid,      // the attention+Mamba re-striding: [K0][V0][K1][V1]..., block stride 2H (§C.2)
+  hybrid,      // the attention+Mamba re-striding: [K0][V0][K1][V1]..., block stride 2H
   padded,      // every stride padded by one 16-byte line (K region, then V region)
 };
 
@@ -40,7 +40,7 @@ KvCacheViews make_kv_cache(DType dtype, KvLayout layout, KvStrides strides, int6
 Index kv_cache_index(KvLayout layout, bool is_value, int64_t x, int64_t blk, int64_t s, int64_t h,
                      int64_t d);
 
-// Gather metadata for one pass over the context (§C.4).
+// Gather metadata for one pass over the context (vLLM's chunked-context builder).
 struct KvGatherMeta {
   Tensor cu_seqlens_kv;   // [B + 1] int32
   Tensor token_to_batch;  // [total_tokens + pad] int32; the pad holds B, as the builder's cumsum

@@ -8,12 +8,12 @@
 
 #include "core/numeric.h"
 #include "eigen_bridge.h"
-#include "ops/op.h"
+#include "core/case.h"
 #include "page_indices.h"
 
 namespace attncheck::ref {
 
-// ---- §A.7 ----
+// ---- the 16-head rule ----
 bool mla_num_heads_valid(int64_t n) {
   if (n < 1) return false;
   return n >= kMlaHeadTile ? n % kMlaHeadTile == 0 : kMlaHeadTile % n == 0;
@@ -205,7 +205,7 @@ MlaResult mla_decode(const Tensor& q, const LatentCache& kv, const Tensor& block
                                   std::to_string(seq_lens.at<int32_t>({b})) +
                                   " is shorter than its " + std::to_string(qlen) + " query tokens");
   }
-  // §A.14 steps 1-2: padded heads, flat page-size-1 slots.
+  // Padded heads, flat page-size-1 slots (as the AITER path does it).
   const Tensor qp = mla_pad_q(q);
   const int64_t Np = qp.size(1);
   const Tensor slots_t = page_indices(block_table, seq_lens, P);

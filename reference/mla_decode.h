@@ -1,4 +1,4 @@
-// Absorbed MLA decode over a paged latent cache (spec/mla_decode_and_kv_gather.md §A.1-A.7, A.14):
+// Absorbed MLA decode over a paged latent cache (docs/ops/mla_decode.md, Semantics):
 // one shared latent KV row per token, N query heads, scores over all Lk dims, V = the first Lv
 // dims of the same row, bottom-right causal rule among the qlen query positions of a request.
 // Float64 over the exact input values (fp8 rows times kv_scale, exactly).
@@ -10,7 +10,7 @@
 
 namespace attncheck::ref {
 
-// ---- §A.7: the 16-head rule of AITER's decode kernels (16 = the MMA tile's M dimension) ----
+// ---- the 16-head rule of AITER's decode kernels (16 = the MMA tile's M dimension) ----
 inline constexpr int64_t kMlaHeadTile = 16;
 // Valid: a multiple of 16, or a divisor of 16 (1, 2, 4, 8).
 bool mla_num_heads_valid(int64_t num_heads);
@@ -39,10 +39,10 @@ struct MlaResult {
   Tensor lse;  // f64 [T, N]: natural-log sum of exp(scores); -inf for a row that sees no key
 };
 
-// Dense decode, §A.14. q [T, N, Lk] (any dtype, any strides); block_table [B, W] int32;
+// Dense decode. q [T, N, Lk] (any dtype, any strides); block_table [B, W] int32;
 // seq_lens [B] int32 = KV length including the request's query tokens; query_start_loc [B+1]
 // int32 (ragged qlen allowed). Local query i of a request with qlen rows and kv_len keys sees key
-// t iff t <= kv_len - qlen + i. Throws InvalidConfig for a head count §A.7 refuses and
+// t iff t <= kv_len - qlen + i. Throws InvalidConfig for a head count the 16-head rule refuses and
 // std::invalid_argument for malformed metadata (kv_len < qlen, table too narrow, block id out of
 // range).
 MlaResult mla_decode(const Tensor& q, const LatentCache& kv, const Tensor& block_table,

@@ -1,4 +1,4 @@
-// Page-index expansion (spec/mla_decode_and_kv_gather.md §A.5): block table -> per-token flat slots
+// Page-index expansion (docs/abi.md, page_indices): block table -> per-token flat slots
 // for the flattened page-size-1 view the MLA decode kernels see.
 #pragma once
 #include "core/tensor.h"

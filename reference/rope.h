@@ -1,5 +1,5 @@
 // Rotary position embedding on the last dimension of a (possibly strided) view
-// (spec/indexer.md §1.2): the indexer rotates dims 0..63 of its 128-dim heads, MLA rotates the
+// (docs/ops/rope.md): the indexer rotates dims 0..63 of its 128-dim heads, MLA rotates the
 // last 64 dims of its q/k heads; the kernels see the rotated slice as a view of the full heads.
 #pragma once
 #include "core/tensor.h"
@@ -33,8 +33,8 @@ struct RotatedQK {
   Tensor q;  // [T, H, head_dim] contiguous
   Tensor k;  // [T, head_dim] contiguous
 };
-// The indexer's RoPE step (§1.3 step 4): dims [0, rot) of every q head and of k rotated,
-// rot = cos_sin_cache.size(1); dims [rot, head_dim) copied bit for bit.
+// The indexer's RoPE step (indexer_qk_rope in docs/ops/rope.md): dims [0, rot) of every q head and
+// of k rotated, rot = cos_sin_cache.size(1); dims [rot, head_dim) copied bit for bit.
 RotatedQK indexer_qk_rope(const Tensor& q, const Tensor& k, const Tensor& positions,
                           const Tensor& cos_sin_cache, RopeStyle style);
 

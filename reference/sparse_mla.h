@@ -1,4 +1,4 @@
-// Sparse MLA (spec/mla_decode_and_kv_gather.md §A.12, DeepSeek-V3.2 style): every query token
+// Sparse MLA (docs/ops/sparse_mla.md, DeepSeek-V3.2 style): every query token
 // attends, without a causal mask, to its own set of cache rows chosen by the indexer's top-k
 // (request-local token positions, -1 = padding). Same absorbed-MLA math and 16-head rule as the
 // dense decode (mla_decode.h).
@@ -30,7 +30,7 @@ struct RaggedIndices {
 RaggedIndices sparse_mla_pack(const Tensor& global_indices);
 
 // out f64 [T, N, Lv], lse f64 [T, N] over each token's packed slots. Throws InvalidConfig for a
-// head count §A.7 refuses (the helper-aware sparse backend pads heads like the dense one).
+// head count the 16-head rule refuses (the helper-aware sparse backend pads heads like dense).
 MlaResult sparse_mla(const Tensor& q, const LatentCache& kv, const RaggedIndices& indices,
                      double scale, int64_t lv);
 

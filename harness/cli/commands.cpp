@@ -92,60 +92,49 @@ int cmd_list(const Paths& p, const ListArgs& a) {
     std::cout << "\n";
   }
   if (a.json) return 0;
-  std::cout << "\n" << std::left << std::setw(22) << "op" << std::right;
-  for (std::string_view t : kTiers) std::cout << std::setw(8) << t;
-  std::cout << "   groups (file)\n";
+  // The table goes to stderr: stdout stays a plain list of ids for scripts.
+  std::cerr << "\n" << std::left << std::setw(22) << "op" << std::right;
+  for (std::string_view t : kTiers) std::cerr << std::setw(8) << t;
+  std::cerr << "   groups (file)\n";
   for (const auto& f : files) {
     if (!counts.count(f.op)) continue;
-    std::cout << std::left << std::setw(22) << f.op << std::right;
-    for (std::string_view t : kTiers) std::cout << std::setw(8) << counts[f.op][std::string(t)];
-    std::cout << "   " << f.groups.size() << " (" << f.path << ")\n";
+    std::cerr << std::left << std::setw(22) << f.op << std::right;
+    for (std::string_view t : kTiers) std::cerr << std::setw(8) << counts[f.op][std::string(t)];
+    std::cerr << "   " << f.groups.size() << " (" << f.path << ")\n";
   }
-  std::cout << cases.size() << " cases listed (tier " << a.tier << ")\n";
+  std::cerr << cases.size() << " cases listed (tier " << a.tier << ")\n";
   return 0;
 }
 
 int cmd_repro(const Paths& p, const ReproArgs& a) {
-  WorkerConfig cfg;
-  cfg.cases_dir = p.cases;
-  cfg.golden_dir = p.golden;
-  cfg.kernels = a.kernels.empty() ? "" : fs::absolute(a.kernels).string();
-  cfg.arch = a.arch;
-  cfg.repeat = a.repeat;
-  cfg.repro_extra = path_flags(p);
-  if (!a.kernels.empty() && !fs::exists(a.kernels)) {
+  const bool py = a.kernels.rfind("py:", 0) == 0;
+  if (!a.kernels.empty() && !py && !fs::exists(a.kernels)) {
     std::cerr << "attncheck: kernel library '" << a.kernels << "' does not exist\n";
     return 2;
   }
-  CaseContext ctx;
+  WorkerConfig cfg;
+  cfg.cases_dir = p.cases;
+  cfg.golden_dir = p.golden;
+  cfg.kernels = a.kernels.empty() || py ? a.kernels : fs::absolute(a.kernels).string();
+  cfg.arch = a.arch;
+  cfg.repeat = a.repeat;
+  cfg.repro_extra = path_flags(p);
+  cfg.allow_missing_goldens = a.allow_missing_goldens;
+  std::unique_ptr<CaseContext> ctx;
   try {
     ctx = make_context(cfg);
   } catch (const CaseFileError& e) {
     std::cerr << "attncheck: bad case file: " << e.what() << "\n";
     return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "attncheck: " << e.what() << "\n";
+    return 2;
   }
-  ctx.golden_as_expected = false;  // the reference is the authority when reproducing
-  const auto found = find_case(ctx.files, a.id);
+  ctx->eval.golden_as_expected = false;  // the reference is the authority when reproducing
+  const auto found = find_case(ctx->files, a.id);
   if (!found) {
-    // Nearest ids: same op, longest common prefix.
-    std::vector<std::pair<size_t, std::string>> near;
-    for (const auto& f : ctx.files)
-      for (const auto& [tier, cs] : f.tiers)
-        for (const auto& c : cs) {
-          size_t k = 0;
-          while (k < c.id.size() && k < a.id.size() && c.id[k] == a.id[k]) ++k;
-          if (std::none_of(near.begin(), near.end(),
-                           [&](const auto& x) { return x.second == c.id; }))
-            near.emplace_back(k, c.id);
-        }
-    std::stable_sort(near.begin(), near.end(),
-                     [](const auto& x, const auto& y) { return x.first > y.first; });
-    std::cerr << "attncheck: no case '" << a.id << "' in " << p.cases;
-    if (!near.empty() && near[0].first > 0) {
-      std::cerr << "; nearest:";
-      for (size_t i = 0; i < std::min<size_t>(5, near.size()); ++i)
-        std::cerr << "\n  " << near[i].second;
-    }
+    std::cerr << "attncheck: no case '" << a.id << "' in " << p.cases << "; nearest:";
+    for (const auto& id : nearest_case_ids(ctx->files, a.id)) std::cerr << "\n  " << id;
     std::cerr << "\n";
     return 2;
   }
@@ -156,20 +145,21 @@ int cmd_repro(const Paths& p, const ReproArgs& a) {
   if (c.known_bug)
     std::cout << "known    " << c.known_bug->reason
               << (c.known_bug->arch.empty() ? "" : " (arch " + c.known_bug->arch + ")") << "\n";
-  if (ctx.device)
-    std::cout << "kernels  " << ctx.lib->library() << " on " << ctx.device->name << " ("
-              << ctx.device->arch << ")\n";
+  if (ctx->device)
+    std::cout << "kernels  " << ctx->lib->library() << " on " << ctx->device->name << " ("
+              << ctx->device->arch << ")\n";
   else
-    std::cout << "kernels  none: " << ctx.no_device_reason << "\n";
+    std::cout << "kernels  REFERENCE ONLY, kernels not checked: " << ctx->eval.no_kernel_reason
+              << "\n";
 
-  CaseOutcome o = run_one(ctx, c);
-  const Result& r = o.result;
-  std::cout << "mode     " << r.mode
-            << (o.expected_from.empty() ? "" : " (expected from the " + o.expected_from + ")")
+  CaseArtifacts artifacts;
+  const Result r = evaluate(c, ctx->eval, &artifacts);
+  std::cout << "mode     " << mode_name(r.mode)
+            << (r.expected_from.empty() ? "" : " (expected from the " + r.expected_from + ")")
             << "\n";
-  if (o.has_artifacts && !o.artifacts.problem.kernel_params.empty())
-    std::cout << "kernel   " << o.artifacts.problem.kernel << " "
-              << o.artifacts.problem.kernel_params.dump() << "\n";
+  if (artifacts.present)
+    std::cout << "kernel   " << artifacts.problem.kernel << " "
+              << artifacts.problem.kernel_params.dump() << "\n";
   std::cout << "timings  generate " << num(r.timings.generate_ms) << " ms, reference "
             << num(r.timings.reference_ms) << " ms, kernel " << num(r.timings.kernel_ms) << " ms\n";
   for (const auto& ch : r.checks) {
@@ -197,11 +187,9 @@ int cmd_repro(const Paths& p, const ReproArgs& a) {
     if (b.kind == Budget::Kind::topk_set)
       std::cout << ", missing " << m.topk_missing << ", invalid " << m.topk_invalid;
     std::cout << "\n";
-    if (o.has_artifacts && o.artifacts.expected.count(ch.name) &&
-        o.artifacts.actual.count(ch.name)) {
-      const auto worst =
-          worst_elements(o.artifacts.expected.at(ch.name), o.artifacts.actual.at(ch.name), b,
-                         static_cast<size_t>(a.worst));
+    if (artifacts.expected.count(ch.name) && artifacts.actual.count(ch.name)) {
+      const auto worst = worst_elements(artifacts.expected.at(ch.name),
+                                        artifacts.actual.at(ch.name), b, static_cast<size_t>(a.worst));
       if (!worst.empty()) {
         std::cout << "  worst elements (index: expected, actual, |err|, err/allowed):\n";
         for (const auto& w : worst)
@@ -222,11 +210,11 @@ int cmd_repro(const Paths& p, const ReproArgs& a) {
   }
   std::cout << msg << "\n";
 
-  if (o.has_artifacts) {
+  if (artifacts.present) {
     const std::string bundle =
         a.bundle.empty() ? (fs::path("repro") / (id_to_filename(c.id) + ".h5")).string() : a.bundle;
     try {
-      write_repro_bundle(bundle, r, o.artifacts, context_hello(ctx));
+      write_repro_bundle(bundle, r, artifacts, context_hello(*ctx));
       std::cout << "bundle   " << fs::absolute(bundle).string()
                 << " (inputs/, expected/, actual/ + metadata; h5py reads it)\n";
     } catch (const std::exception& e) {
@@ -234,7 +222,7 @@ int cmd_repro(const Paths& p, const ReproArgs& a) {
     }
   }
   std::cout << "rerun    " << r.repro << "\n";
-  return verdict_is_failure(r.verdict) ? 1 : 0;
+  return r.failing() ? 1 : 0;
 }
 
 namespace {
@@ -307,12 +295,13 @@ int cmd_bench(const Paths& p, const BenchArgs& a) {
     std::cerr << "attncheck: bench needs a kernel library (--kernels or ATTNCHECK_KERNELS)\n";
     return 2;
   }
-  if (!fs::exists(a.kernels)) {
+  if (a.kernels.rfind("py:", 0) != 0 && !fs::exists(a.kernels)) {
     std::cerr << "attncheck: kernel library '" << a.kernels << "' does not exist\n";
     return 2;
   }
   // In-process: timing is for cases that already pass `run`; a crash here ends the bench.
-  const auto lib = KernelLibrary::open(fs::absolute(a.kernels).string());
+  const auto lib = KernelLibrary::open(
+      a.kernels.rfind("py:", 0) == 0 ? a.kernels : fs::absolute(a.kernels).string());
   std::string why;
   const auto dev = lib->device(&why);
   if (!dev) {
@@ -336,11 +325,15 @@ int cmd_bench(const Paths& p, const BenchArgs& a) {
   nlohmann::json rows = nlohmann::json::array();
   int errors = 0;
   for (const auto& c : cases) {
-    if (!lib->has_op(c.op)) continue;
-    const Op& op = *find_op(c.op);
-    Problem prob = op.make(c);
+    const Problem prob = find_op(c.op)->problem(c);
     if (!prob.expect_refusal.empty()) continue;
-    if (prob.kernel.empty()) prob.kernel = op.name();
+    if (!lib->has_entry(prob.kernel)) {
+      ++errors;
+      std::cout << std::left << std::setw(60) << c.id << "  not run: the library has no entry '"
+                << prob.kernel << "'\n";
+      rows.push_back({{"id", c.id}, {"op", c.op}, {"error", "no entry '" + prob.kernel + "'"}});
+      continue;
+    }
     std::string err;
     const double ms = runner.time(prob, a.warmup, a.iters, &err);
     if (ms < 0) {
@@ -382,6 +375,30 @@ int cmd_bench(const Paths& p, const BenchArgs& a) {
   write_file_atomic(a.json, out.dump(2) + "\n");
   std::cout << "\n" << rows.size() << " cases timed -> " << a.json << "\n";
   return errors ? 1 : 0;
+}
+
+int cmd_kernels(const Paths&, const KernelsArgs& a) {
+  std::unique_ptr<KernelLibrary> lib;
+  try {
+    lib = KernelLibrary::open(a.kernels);
+  } catch (const std::exception& e) {
+    std::cerr << "attncheck: " << e.what() << "\n";
+    return 2;
+  }
+  std::cout << lib->library() << " (" << a.kernels << ")\n";
+  std::cout << "entries: " << join(lib->entries(), ", ") << "\n\n";
+  int missing = 0;
+  for (const Op* op : all_ops()) {
+    for (const auto& entry : op->kernel_entries()) {
+      const bool has = lib->has_entry(entry);
+      missing += has ? 0 : 1;
+      std::cout << "  " << (has ? "ok      " : "MISSING ") << std::left << std::setw(26) << entry
+                << std::right << " op " << op->name() << "\n";
+    }
+  }
+  std::cout << (missing ? std::to_string(missing) + " entries the ops ask for are missing\n"
+                        : "every entry the ops ask for is present\n");
+  return a.check && missing ? 1 : 0;
 }
 
 int cmd_report(const Paths& p, const std::vector<std::string>& args) {

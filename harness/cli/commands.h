@@ -35,6 +35,7 @@ struct RunArgs {
   std::string out;
   double timeout_s = 120;
   bool in_process = false;
+  bool allow_missing_goldens = false;
 };
 
 struct ReproArgs {
@@ -44,6 +45,7 @@ struct ReproArgs {
   std::string bundle;  // default repro/<id>.h5
   int repeat = 2;
   int worst = 10;
+  bool allow_missing_goldens = false;
 };
 
 struct GoldenArgs {
@@ -65,6 +67,12 @@ struct BenchArgs {
 struct WorkerArgs {
   std::string kernels, arch, repro_dir, repro_extra;
   int repeat = 2;
+  bool allow_missing_goldens = false;
+};
+
+struct KernelsArgs {
+  std::string kernels;
+  bool check = false;
 };
 
 // Loads <cases>/*.toml and selects `sel`; on a bad case file or selection prints the reason
@@ -81,6 +89,7 @@ int cmd_golden_diff(const Paths& p, const GoldenArgs& a);
 int cmd_bench(const Paths& p, const BenchArgs& a);
 int cmd_report(const Paths& p, const std::vector<std::string>& args);
 int cmd_worker(const Paths& p, const WorkerArgs& a);
+int cmd_kernels(const Paths& p, const KernelsArgs& a);
 
 // " --cases X --golden Y" when they differ from the defaults, for repro lines.
 std::string path_flags(const Paths& p);

@@ -67,6 +67,9 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--timeout", run.timeout_s, "seconds per case before it counts as hung")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  run_cmd->add_flag("--allow-missing-goldens", run.allow_missing_goldens,
+                    "reference mode: a case without a golden runs the reference with nothing to "
+                    "compare (skipped) instead of an error");
   run_cmd->add_flag("--in-process", run.in_process,
                     "no worker processes (for a debugger; a crash ends the run)");
 
@@ -78,6 +81,8 @@ int main(int argc, char** argv) {
   repro_cmd->add_option("--arch", repro.arch, "arch for known-bug marks [the device's]");
   repro_cmd->add_option("--bundle", repro.bundle, "bundle path [repro/<id>.h5]");
   repro_cmd->add_option("--repeat", repro.repeat, "launches")->check(CLI::Range(1, 1000));
+  repro_cmd->add_flag("--allow-missing-goldens", repro.allow_missing_goldens,
+                      "run without a golden directory");
   repro_cmd->add_option("--worst", repro.worst, "worst elements shown per output")
       ->check(CLI::Range(0, 10000));
 
@@ -121,6 +126,15 @@ int main(int argc, char** argv) {
   worker_cmd->add_option("--repeat", worker.repeat);
   worker_cmd->add_option("--repro-dir", worker.repro_dir);
   worker_cmd->add_option("--repro-extra", worker.repro_extra);
+  worker_cmd->add_flag("--allow-missing-goldens", worker.allow_missing_goldens);
+
+  KernelsArgs kernels;
+  kernels.kernels = env_or("ATTNCHECK_KERNELS", "");
+  auto* kernels_cmd = app.add_subcommand(
+      "kernels", "list a kernel library's entries against those the ops ask for (no GPU needed)");
+  kernels_cmd->add_option("--kernels", kernels.kernels, "kernel library (.so) [$ATTNCHECK_KERNELS]")
+      ->required();
+  kernels_cmd->add_flag("--check", kernels.check, "exit 1 when an entry the ops ask for is missing");
 
   try {
     app.parse(argc, argv);
@@ -129,7 +143,7 @@ int main(int argc, char** argv) {
     if (app.get_subcommands().empty() && !app.remaining().empty() &&
         app.remaining().front().rfind("-", 0) != 0) {
       std::cerr << "attncheck: unknown command '" << app.remaining().front()
-                << "' (commands: list, run, repro, golden, bench, report)\n";
+                << "' (commands: list, run, repro, golden, bench, kernels, report)\n";
       return 2;
     }
     return app.exit(e);
@@ -149,6 +163,7 @@ int main(int argc, char** argv) {
     if (*bench_cmd) return cmd_bench(paths, bench);
     if (*report_cmd) return cmd_report(paths, report_cmd->remaining());
     if (*worker_cmd) return cmd_worker(paths, worker);
+    if (*kernels_cmd) return cmd_kernels(paths, kernels);
   } catch (const std::exception& e) {
     std::cerr << "attncheck: " << e.what() << "\n";
     return 2;

@@ -38,6 +38,7 @@ int cmd_worker(const Paths& p, const WorkerArgs& a) {
   cfg.repeat = a.repeat;
   cfg.repro_dir = a.repro_dir;
   cfg.repro_extra = a.repro_extra;
+  cfg.allow_missing_goldens = a.allow_missing_goldens;
   return worker_main(cfg);
 }
 
@@ -89,17 +90,25 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
               << "', shard " << a.shard << ")\n";
     return 2;
   }
-  if (!a.kernels.empty() && !fs::exists(a.kernels)) {
+  if (!a.kernels.empty() && a.kernels.rfind("py:", 0) != 0 && !fs::exists(a.kernels)) {
     std::cerr << "attncheck: kernel library '" << a.kernels << "' does not exist\n";
+    return 2;
+  }
+  if (!fs::is_directory(paths.golden) && !a.allow_missing_goldens) {
+    std::cerr << "attncheck: golden directory '" << paths.golden
+              << "' does not exist (pass --golden DIR, or --allow-missing-goldens to run "
+                 "without goldens)\n";
     return 2;
   }
   std::string repro_dir;
   if (!a.out.empty()) {
     fs::create_directories(a.out);
-    repro_dir = (fs::path(a.out) / "repro").string();
+    repro_dir = fs::absolute(fs::path(a.out) / "repro").string();
     fs::create_directories(repro_dir);
   }
-  const std::string kernels = a.kernels.empty() ? "" : fs::absolute(a.kernels).string();
+  const std::string kernels =
+      a.kernels.empty() || a.kernels.rfind("py:", 0) == 0 ? a.kernels
+                                                           : fs::absolute(a.kernels).string();
   const std::string started = utc_now_iso();
   const auto t0 = Clock::now();
 
@@ -118,50 +127,42 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
     if (a.shard != "0/1") std::cout << ", shard " << a.shard;
     if (!a.filter.empty()) std::cout << ", filter '" << a.filter << "'";
     std::cout << ")\n";
-    if (!h.value("device", "").empty())
+    if (h.value("mode", "") == "kernel")
       std::cout << "  kernels: " << h.value("library", "") << " on " << h.value("device", "")
                 << " (" << h.value("device_arch", "") << ")\n";
     else
-      std::cout << "  KERNEL CHECKS SKIPPED: " << h.value("no_device", "")
-                << "\n  checking the reference against the goldens only\n";
+      std::cout << "  REFERENCE ONLY, kernels not checked: " << h.value("no_device", "")
+                << "\n  checking the reference against the goldens\n";
     std::cout << std::flush;
   };
-  auto record = [&](size_t i, nlohmann::json j) {
-    summary.add(j);
+  auto record = [&](size_t i, const Result& r) {
+    summary.add(r);
+    nlohmann::json j = r.to_json();
     if (jsonl.is_open())
       jsonl << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n"
             << std::flush;
-    const std::string v = j.value("verdict", "error");
-    if (v == "failed" || v == "error") {
+    if (r.failing()) {
       progress.clear();
-      std::cout << (v == "failed" ? "FAIL  " : "ERROR ") << j.value("id", "?") << "\n      "
-                << first_line(j.value("message", "")) << "\n      repro: " << j.value("repro", "")
-                << "\n"
+      std::cout << (r.verdict == Verdict::error ? "ERROR " : "FAIL  ") << r.id << "\n      "
+                << first_line(r.message) << "\n      repro: " << r.repro << "\n"
                 << std::flush;
     }
     results[i] = std::move(j);
     progress.update(++done, summary.failures, cases[i].id);
   };
 
-  RunOptions opt;
-  opt.repeat = a.repeat;
-  opt.kernels_path = kernels;
-  opt.repro_extra = path_flags(paths);
   if (a.in_process) {
-    WorkerConfig cfg{paths.cases, paths.golden,      kernels, a.arch,
-                     repro_dir,   path_flags(paths), a.repeat};
-    CaseContext ctx = make_context(cfg);
-    announce(context_hello(ctx));
-    for (size_t i = 0; i < cases.size(); ++i) {
-      CaseOutcome o = run_one(ctx, cases[i]);
-      nlohmann::json j = o.to_json();
-      if (o.has_artifacts && !repro_dir.empty() && verdict_is_failure(o.result.verdict)) {
-        const auto path = (fs::path(repro_dir) / (id_to_filename(cases[i].id) + ".h5")).string();
-        write_repro_bundle(path, o.result, o.artifacts, context_hello(ctx));
-        j["bundle"] = path;
-      }
-      record(i, std::move(j));
+    WorkerConfig cfg{paths.cases,       paths.golden, kernels, a.arch, repro_dir,
+                     path_flags(paths), a.repeat,     a.allow_missing_goldens};
+    std::unique_ptr<CaseContext> ctx;
+    try {
+      ctx = make_context(cfg);
+    } catch (const std::exception& e) {
+      std::cerr << "attncheck: " << e.what() << "\n";
+      return 2;
     }
+    announce(context_hello(*ctx));
+    for (size_t i = 0; i < cases.size(); ++i) record(i, run_case_id(*ctx, cases[i].id));
   } else {
     WorkerSpec spec;
     spec.jobs = a.jobs;
@@ -177,29 +178,34 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
                  std::to_string(a.repeat)};
     if (!kernels.empty()) spec.args.insert(spec.args.end(), {"--kernels", kernels});
     if (!a.arch.empty()) spec.args.insert(spec.args.end(), {"--arch", a.arch});
-    if (!repro_dir.empty())
-      spec.args.insert(spec.args.end(), {"--repro-dir", fs::absolute(repro_dir).string()});
+    if (!repro_dir.empty()) spec.args.insert(spec.args.end(), {"--repro-dir", repro_dir});
     if (!path_flags(paths).empty())
       spec.args.insert(spec.args.end(), {"--repro-extra", path_flags(paths)});
+    if (a.allow_missing_goldens) spec.args.push_back("--allow-missing-goldens");
     std::vector<std::string> ids;
     for (const auto& c : cases) ids.push_back(c.id);
+    RunOptions lost_opt;
+    lost_opt.kernels_path = kernels;
+    lost_opt.repro_extra = path_flags(paths);
     PoolCallbacks cb;
     cb.on_hello = announce;
-    cb.on_result = [&](size_t i, const nlohmann::json& j) { record(i, j); };
+    cb.on_result = [&](size_t i, const nlohmann::json& j) {
+      try {
+        record(i, Result::from_json(j));
+      } catch (const std::invalid_argument& e) {
+        lost_opt.arch = hello ? hello->value("arch", "") : a.arch;
+        Result r = lost_case_result(cases[i], Mode::none, lost_opt,
+                                    std::string("the worker's result line is unreadable: ") +
+                                        e.what());
+        r.verdict = Verdict::error;
+        record(i, r);
+      }
+    };
     cb.on_lost = [&](size_t i, const std::string& what) {
-      const Case& c = cases[i];
-      Result r;
-      r.id = c.id;
-      r.op = c.op;
-      r.params = c.params;
-      r.mode = hello && !hello->value("device", "").empty() ? "kernel" : "reference";
-      r.verdict = Verdict::failed;
-      r.message = what;
-      r.arch = hello ? hello->value("arch", "") : a.arch;
-      opt.arch = r.arch;
-      r.repro = repro_command(c, opt);
-      if (r.mode == "kernel") apply_known_bug(r, c, r.arch);
-      record(i, r.to_json());
+      lost_opt.arch = hello ? hello->value("arch", "") : a.arch;
+      const Mode mode =
+          hello && hello->value("mode", "") == "kernel" ? Mode::kernel : Mode::reference;
+      record(i, lost_case_result(cases[i], mode, lost_opt, what));
     };
     try {
       run_in_workers(spec, ids, cb);
@@ -214,16 +220,17 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
 
   std::cout << "\n";
   summary.print(std::cout);
-  const bool kernel_mode = hello && !hello->value("device", "").empty();
+  const bool kernel_mode = hello && hello->value("mode", "") == "kernel";
   if (!kernel_mode)
-    std::cout << "kernel checks were skipped for all " << cases.size()
-              << " cases: " << (hello ? hello->value("no_device", "") : "") << "\n";
+    std::cout << "REFERENCE ONLY: kernels not checked for any of the " << cases.size()
+              << " cases (" << (hello ? hello->value("no_device", "") : "") << ")\n";
   if (summary.failures > 0) {
     std::cout << "\n" << summary.failures << " failing case(s); rerun one with:\n";
     for (const auto& j : results)
-      if (j.value("verdict", "") == "failed" || j.value("verdict", "") == "error")
-        std::cout << "  " << j.value("repro", "") << "\n";
+      if (j.value("failing", false)) std::cout << "  " << j.value("repro", "") << "\n";
   }
+  if (summary.compared == 0)
+    std::cout << "\nNOTHING COMPARED: no case compared a kernel output or a golden\n";
   std::cout << "wall time " << std::fixed << std::setprecision(1) << wall_s << " s\n";
 
   if (!a.out.empty()) {
@@ -256,12 +263,14 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
         {"wall_s", wall_s},
         {"mode", kernel_mode ? "kernel" : "reference"},
         {"kernel_skipped_reason", kernel_mode ? "" : h.value("no_device", "")},
+        {"compared", summary.compared},
         {"repeat", a.repeat}};
     write_file_atomic((out / "run.json").string(), run_json.dump(2) + "\n");
     write_file_atomic((out / "junit.xml").string(), junit_xml(results, "attncheck " + a.tier));
     std::cout << "results: " << fs::absolute(out).string() << "\n";
   }
-  return summary.failures > 0 ? 1 : 0;
+  // Nothing compared is a failed gate, unless reference-vs-nothing was asked for.
+  return summary.failures > 0 || (summary.compared == 0 && !a.allow_missing_goldens) ? 1 : 0;
 }
 
 }  // namespace attncheck::cli

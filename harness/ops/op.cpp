@@ -37,18 +37,14 @@ std::vector<const Op*> all_ops() {
   return v;
 }
 
-const Tensor& Problem::arg(std::string_view name) const {
-  for (const auto& a : args)
-    if (a.name == name) return a.tensor;
-  throw std::out_of_range("problem has no argument '" + std::string(name) + "'");
-}
-Tensor& Problem::arg(std::string_view name) {
-  for (auto& a : args)
-    if (a.name == name) return a.tensor;
-  throw std::out_of_range("problem has no argument '" + std::string(name) + "'");
-}
-bool Problem::has_arg(std::string_view name) const {
-  return std::any_of(args.begin(), args.end(), [&](const Arg& a) { return a.name == name; });
+Problem Op::problem(const Case& c) const {
+  Problem p = make(c);
+  if (p.kernel.empty()) p.kernel = name();
+  const auto entries = kernel_entries();
+  if (std::find(entries.begin(), entries.end(), p.kernel) == entries.end())
+    throw std::logic_error(name() + ": make() chose kernel entry '" + p.kernel +
+                           "', which kernel_entries() does not declare");
+  return p;
 }
 
 std::string Op::vars(const Params& p) const {

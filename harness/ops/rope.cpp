@@ -94,6 +94,10 @@ class RopeOp final : public Op {
     };
   }
 
+  std::vector<std::string> kernel_entries() const override {
+    return {"rope_inplace", "rope_out_of_place"};
+  }
+
   Problem make(const Case& c) const override {
     const auto& p = c.params;
     const DType dt = parse_model_dtype(p);

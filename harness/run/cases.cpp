@@ -448,6 +448,16 @@ CaseFile load_case_file(const std::string& path) {
       }
     }
   }
+  // The accuracy tiers nest, smoke within quick within full, so the PR gate (quick) and the
+  // nightly run (full) never skip a case the smoke tier checks. Inherited cases follow the tier's
+  // own, in file order.
+  for (const auto& [lower, upper] : {std::pair{"smoke", "quick"}, std::pair{"quick", "full"}}) {
+    const auto it = f.tiers.find(lower);
+    if (it == f.tiers.end()) continue;
+    const std::vector<Case> inherited = it->second;
+    for (const auto& c : inherited)
+      if (seen[upper].emplace(c.id, c.source).second) f.tiers[upper].push_back(c);
+  }
   // Tier membership and known-bug marks.
   std::vector<char> rule_used(f.known_bugs.size(), 0);
   for (auto& [tier, cs] : f.tiers) {
@@ -496,14 +506,18 @@ std::vector<CaseFile> load_case_dir(const std::string& dir) {
   std::map<std::string, std::map<std::string, std::string>> seen;  // tier -> id -> source
   for (const auto& p : paths) {
     files.push_back(load_case_file(p));
-    for (const auto& [tier, cs] : files.back().tiers)
-      for (const auto& c : cs) {
+    for (std::string_view t : kTiers) {  // smallest tier first: the one a duplicate starts in
+      const std::string tier(t);
+      const auto found = files.back().tiers.find(tier);
+      if (found == files.back().tiers.end()) continue;
+      for (const auto& c : found->second) {
         auto [it, fresh] = seen[tier].emplace(c.id, c.source);
         if (!fresh)
           throw CaseFileError(c.source + ": duplicate case id '" + c.id + "' in tier '" + tier +
                               "', also produced at " + it->second +
                               " (drop one, or exclude it from one group)");
       }
+    }
   }
   return files;
 }

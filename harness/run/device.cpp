@@ -2,7 +2,10 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
 #include <cstring>
 #include <map>
 #include <sstream>
@@ -14,6 +17,21 @@ namespace attncheck {
 
 namespace {
 constexpr size_t kMsg = 2048;
+
+// The bridge library: $ATTNCHECK_PYBRIDGE, else beside this executable's build tree
+// (<build>/harness/cli/attncheck -> <build>/bridge/libattncheck_pybridge.so).
+std::string python_bridge_path() {
+  if (const char* env = std::getenv("ATTNCHECK_PYBRIDGE"); env && *env) return env;
+  std::error_code ec;
+  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  const auto candidate = exe.parent_path().parent_path().parent_path() / "bridge" /
+                         "libattncheck_pybridge.so";
+  if (ec || !std::filesystem::exists(candidate))
+    throw std::runtime_error(
+        "--kernels py:...: the Python bridge library was not found (looked for " +
+        candidate.string() + "; build it, or set ATTNCHECK_PYBRIDGE; docs/bridge.md)");
+  return candidate.string();
+}
 
 std::vector<std::string> split_csv(const char* s) {
   std::vector<std::string> out;
@@ -149,9 +167,18 @@ std::byte guard_byte(size_t i) {
   return static_cast<std::byte>((0xA5u ^ (i * 0x3Bu) ^ (i >> 8)) & 0xFFu);
 }
 
-std::unique_ptr<KernelLibrary> KernelLibrary::open(const std::string& path) {
+std::unique_ptr<KernelLibrary> KernelLibrary::open(const std::string& spec) {
   std::unique_ptr<KernelLibrary> lib(new KernelLibrary());
-  lib->path_ = path;
+  lib->path_ = spec;
+  std::string path = spec;
+  if (spec.rfind("py:", 0) == 0) {
+    // The Python bridge is a plugin like any other; the adapter module travels in the
+    // environment so that worker processes started later load the same one.
+    const std::string module = spec.substr(3);
+    if (module.empty()) throw std::runtime_error("--kernels py: names no adapter module");
+    ::setenv("ATTNCHECK_PY_ADAPTER", module.c_str(), 1);
+    path = python_bridge_path();
+  }
   lib->handle_ = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!lib->handle_)
     throw std::runtime_error("cannot load kernel library '" + path + "': " + dlerror());
@@ -164,7 +191,7 @@ std::unique_ptr<KernelLibrary> KernelLibrary::open(const std::string& path) {
     throw std::runtime_error("kernel library '" + path + "' speaks ABI version " +
                              (lib->api_ ? std::to_string(lib->api_->abi_version) : "?") +
                              ", harness " + std::to_string(ATTNCHECK_ABI_VERSION));
-  lib->ops_ = split_csv(lib->api_->ops());
+  lib->entries_ = split_csv(lib->api_->ops());
   return lib;
 }
 
@@ -172,10 +199,8 @@ KernelLibrary::~KernelLibrary() {
   // Never dlclose: GPU runtimes register atexit handlers inside the library.
 }
 
-bool KernelLibrary::has_op(const std::string& op) const {
-  for (const auto& o : ops_)
-    if (o == op) return true;
-  return false;
+bool KernelLibrary::has_entry(const std::string& entry) const {
+  return std::find(entries_.begin(), entries_.end(), entry) != entries_.end();
 }
 
 std::optional<DeviceInfo> KernelLibrary::device(std::string* why) const {
@@ -191,6 +216,17 @@ DeviceRunner::DeviceRunner(const KernelLibrary& lib, std::string arch)
     : lib_(lib), arch_(std::move(arch)) {}
 
 DeviceOutcome DeviceRunner::run(const Problem& p) const {
+  try {
+    return run_unguarded(p);
+  } catch (const std::exception& e) {
+    DeviceOutcome out;
+    out.status = ATTNCHECK_ERROR;
+    out.message = std::string("device I/O failed: ") + e.what();
+    return out;
+  }
+}
+
+DeviceOutcome DeviceRunner::run_unguarded(const Problem& p) const {
   const auto& api = lib_.api();
   DeviceOutcome out;
   DeviceBuffers bufs(api);
@@ -205,7 +241,7 @@ DeviceOutcome DeviceRunner::run(const Problem& p) const {
   out.wall_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   out.message = msg;
-  if (out.status == ATTNCHECK_ERROR || out.status == ATTNCHECK_UNKNOWN_OP) return out;
+  if (out.status != ATTNCHECK_OK && out.status != ATTNCHECK_REFUSED) return out;
 
   for (auto& s : bufs.all()) {
     const auto back = bufs.read_back(s);

@@ -21,6 +21,7 @@ struct DeviceInfo {
 class KernelLibrary {
  public:
   // Throws std::runtime_error naming the path (missing file, missing symbol, ABI mismatch).
+  // "py:<module>" opens the Python bridge (docs/bridge.md) with that adapter module.
   static std::unique_ptr<KernelLibrary> open(const std::string& path);
   ~KernelLibrary();
   KernelLibrary(const KernelLibrary&) = delete;
@@ -29,7 +30,9 @@ class KernelLibrary {
   const attncheck_plugin_v1& api() const { return *api_; }
   const std::string& path() const { return path_; }
   std::string library() const { return api_->library ? api_->library : "?"; }
-  bool has_op(const std::string& op) const;
+  // The kernel entries the library lists (no GPU needed).
+  const std::vector<std::string>& entries() const { return entries_; }
+  bool has_entry(const std::string& entry) const;
   // nullopt when there is no usable device; `why` gets the library's message.
   std::optional<DeviceInfo> device(std::string* why = nullptr) const;
 
@@ -38,7 +41,7 @@ class KernelLibrary {
   void* handle_ = nullptr;
   const attncheck_plugin_v1* api_ = nullptr;
   std::string path_;
-  std::vector<std::string> ops_;
+  std::vector<std::string> entries_;
 };
 
 struct DeviceOutcome {
@@ -52,7 +55,8 @@ struct DeviceOutcome {
 class DeviceRunner {
  public:
   explicit DeviceRunner(const KernelLibrary& lib, std::string arch = "");
-  // One launch of the problem's kernel.
+  // One launch of the problem's kernel. Device I/O failures (allocation, copies) come back as
+  // status ATTNCHECK_ERROR, never as exceptions.
   DeviceOutcome run(const Problem& p) const;
   // Mean device time per launch (ms), via the library's timer.
   double time(const Problem& p, int warmup, int iters, std::string* err) const;
@@ -62,6 +66,7 @@ class DeviceRunner {
   static constexpr size_t kGuardBytes = 4096;
 
  private:
+  DeviceOutcome run_unguarded(const Problem& p) const;
   const KernelLibrary& lib_;
   std::string arch_;
 };

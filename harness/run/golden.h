@@ -18,7 +18,8 @@
 
 #include "core/hdf5io.h"
 #include "run/cases.h"
-#include "run/runner.h"
+#include "core/result.h"
+#include "ops/op.h"
 
 namespace attncheck {
 
@@ -55,20 +56,25 @@ class GoldenStore {
   // std::runtime_error naming the file when it is unreadable (corrupt, truncated).
   std::optional<GoldenCase> load(const std::string& op, const std::string& id);
   std::vector<std::string> case_ids(const std::string& op);  // ids stored for op
+  // An in-memory golden that load() returns instead of the file's (tests of the comparison).
+  void put(const std::string& op, GoldenCase g) { overrides_[op + "\n" + g.id] = std::move(g); }
   std::string path_of(const std::string& op) const;
 
  private:
   H5File& file(const std::string& op);
   std::string dir_;
   std::map<std::string, std::unique_ptr<H5File>> open_;
+  std::map<std::string, GoldenCase> overrides_;
 };
 
-// Reference vs golden for one case (mode "reference"): inputs must hash as recorded, an invalid
-// configuration must still be refused, every output must meet golden_budget(). Verdict passed,
-// refused_as_expected or failed, with every problem in the message.
-// artifacts (optional): the problem, expected = the golden, actual = the recomputed reference.
-Result verify_against_golden(const Op& op, const Case& c, const GoldenCase& g,
-                             CaseArtifacts* artifacts = nullptr);
+// What differs between two input-digest records, in words; empty when equal.
+std::string digest_difference(const nlohmann::json& golden, const nlohmann::json& now);
+// A recomputed output against its stored golden, under golden_budget() of its reference dtype.
+CheckResult compare_golden_output(const std::string& name, const Tensor& golden,
+                                  DType golden_ref_dtype, const Tensor& now);
+// Every recomputed output against the golden's; outputs present on one side only go to `problems`.
+std::vector<CheckResult> compare_with_golden(const GoldenCase& g, const TensorMap& now,
+                                             std::vector<std::string>& problems);
 
 struct ManifestEntry {
   std::string file;  // name inside the golden directory

@@ -26,7 +26,8 @@ struct Worker {
   std::string out_buf, err_tail;
   bool ready = false;
   bool out_eof = false;
-  long busy = -1;  // case index being run
+  bool retiring = false;  // said it exits after its last result: gets no further case
+  long busy = -1;         // case index being run
   Clock::time_point deadline;
 };
 
@@ -176,7 +177,7 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<std::string>& ids,
     const auto now = Clock::now();
     for (auto& w : workers) {
       if (w.pid < 0 && next < ids.size()) w = spawn(spec);
-      if (w.pid >= 0 && w.ready && w.busy < 0 && next < ids.size()) {
+      if (w.pid >= 0 && w.ready && !w.retiring && w.busy < 0 && next < ids.size()) {
         const std::string line = ids[next] + "\n";
         if (::write(w.in, line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
           // The worker is gone; its end of file arrives through poll below.
@@ -195,7 +196,7 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<std::string>& ids,
       if (w.pid < 0) continue;
       if (w.out >= 0) fds.push_back({w.out, POLLIN, 0});
       if (w.err >= 0) fds.push_back({w.err, POLLIN, 0});
-      if (w.busy >= 0 || !w.ready) earliest = std::min(earliest, w.deadline);
+      if (w.busy >= 0 || !w.ready || w.retiring) earliest = std::min(earliest, w.deadline);
     }
     int wait_ms = 1000;
     if (earliest != Clock::time_point::max())
@@ -237,11 +238,16 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<std::string>& ids,
             w.ready = true;
             start_failures = 0;
             if (cb.on_hello) cb.on_hello(j["hello"]);
-          } else if (w.busy >= 0) {
+          } else if (w.busy >= 0 && j.contains("result")) {
             const auto idx = static_cast<size_t>(w.busy);
             w.busy = -1;
             ++done;
-            cb.on_result(idx, j);
+            if (j.value("retire", false)) {
+              w.retiring = true;
+              w.deadline = Clock::now() + std::chrono::seconds(30);  // to exit
+              close_fd(w.in);
+            }
+            cb.on_result(idx, j["result"]);
           }
         }
         if (!open) w.out_eof = true;
@@ -249,12 +255,16 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<std::string>& ids,
       if (w.out_eof) {
         int status = 0;
         reap(w, status, false);
+        if (w.retiring && w.busy < 0) {  // left as announced, owing nothing
+          w = Worker{};
+          continue;
+        }
         lose_or_fail_start(w, "worker process died with " + describe_wait_status(status) +
                                   (w.busy >= 0 ? " while running this case" : ""));
         w = Worker{};
         continue;
       }
-      if ((w.busy >= 0 || !w.ready) && Clock::now() > w.deadline) {
+      if ((w.busy >= 0 || !w.ready || w.retiring) && Clock::now() > w.deadline) {
         int status = 0;
         reap(w, status, true);
         const double limit = w.ready ? spec.case_timeout_s : spec.start_timeout_s;

@@ -25,7 +25,7 @@ struct WorkerSpec {
 struct PoolCallbacks {
   // A worker's first line: {"hello": {...}} (device, arch, library, ...).
   std::function<void(const nlohmann::json& hello)> on_hello;
-  // The result line of case `index`.
+  // The result of case `index` (the "result" member of the worker's line).
   std::function<void(size_t index, const nlohmann::json& result)> on_result;
   // Case `index` produced no result: `what` says why (signal, exit status, timeout) and ends with
   // the worker's last stderr lines.

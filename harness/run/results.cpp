@@ -18,10 +18,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr const char* kColumns[] = {
-    "passed", "failed", "refused_as_expected", "known_bug", "unexpected_pass", "skipped", "error"};
-constexpr const char* kHeadings[] = {"passed", "failed",  "refused", "known_bug",
-                                     "xpass",  "skipped", "error"};
+// The summary table's columns: every verdict, and how many cases compared a kernel's output.
+constexpr Verdict kColumns[] = {Verdict::passed,          Verdict::failed,      Verdict::refused_as_expected,
+                                Verdict::known_bug,       Verdict::unexpected_pass,
+                                Verdict::unsupported,     Verdict::skipped,     Verdict::error};
+constexpr const char* kHeadings[] = {"passed", "failed",      "refused", "known_bug",
+                                     "xpass",  "unsupported", "skipped", "error"};
 
 std::string xml_escape(const std::string& s) {
   std::string o;
@@ -84,33 +86,37 @@ std::string id_to_filename(const std::string& id) {
   return s;
 }
 
-void Summary::add(const nlohmann::json& r) {
-  const std::string op = r.value("op", "?");
-  const std::string v = r.value("verdict", "error");
-  ++per_op[op][v];
-  if (v == "failed" || v == "error") ++failures;
+void Summary::add(const Result& r) {
+  ++per_op[r.op][r.verdict];
+  if (r.mode == Mode::kernel) ++kernel_mode[r.op];
+  if (r.mode != Mode::none) ++compared;
+  if (r.failing()) ++failures;
 }
 
 void Summary::print(std::ostream& out) const {
   size_t w = 8;
   for (const auto& [op, counts] : per_op) w = std::max(w, op.size() + 2);
   out << std::left << std::setw(static_cast<int>(w)) << "op" << std::right;
-  for (const char* h : kHeadings) out << std::setw(10) << h;
-  out << "\n";
-  std::map<std::string, int64_t> total;
+  for (const char* h : kHeadings) out << std::setw(12) << h;
+  out << std::setw(12) << "kernel_run" << "\n";
+  std::map<Verdict, int64_t> total;
+  int64_t total_kernel = 0;
   for (const auto& [op, counts] : per_op) {
     out << std::left << std::setw(static_cast<int>(w)) << op << std::right;
-    for (const char* c : kColumns) {
-      const auto it = counts.find(c);
+    for (Verdict v : kColumns) {
+      const auto it = counts.find(v);
       const int64_t n = it == counts.end() ? 0 : it->second;
-      total[c] += n;
-      out << std::setw(10) << n;
+      total[v] += n;
+      out << std::setw(12) << n;
     }
-    out << "\n";
+    const auto k = kernel_mode.find(op);
+    const int64_t nk = k == kernel_mode.end() ? 0 : k->second;
+    total_kernel += nk;
+    out << std::setw(12) << nk << "\n";
   }
   out << std::left << std::setw(static_cast<int>(w)) << "total" << std::right;
-  for (const char* c : kColumns) out << std::setw(10) << total[c];
-  out << "\n";
+  for (Verdict v : kColumns) out << std::setw(12) << total[v];
+  out << std::setw(12) << total_kernel << "\n";
 }
 
 std::string junit_xml(const std::vector<nlohmann::json>& results, const std::string& suite_name) {
@@ -153,15 +159,15 @@ std::string junit_xml(const std::vector<nlohmann::json>& results, const std::str
       cases << "      </properties>\n";
       const std::string msg = r->value("message", "");
       const std::string body = msg + "\nrepro: " + r->value("repro", "");
-      if (v == "failed") {
+      if (r->value("failing", true) && v != "error") {
         ++f;
         cases << "      <failure message=\"" << xml_escape(msg) << "\">" << xml_escape(body)
               << "</failure>\n";
-      } else if (v == "error") {
+      } else if (r->value("failing", true)) {
         ++e;
         cases << "      <error message=\"" << xml_escape(msg) << "\">" << xml_escape(body)
               << "</error>\n";
-      } else if (v == "skipped" || v == "known_bug") {
+      } else if (v == "skipped" || v == "known_bug" || v == "unsupported") {
         ++s;
         cases << "      <skipped message=\"" << xml_escape(v + ": " + msg) << "\"/>\n";
       }
@@ -206,7 +212,7 @@ void write_repro_bundle(const std::string& path, const Result& r, const CaseArti
   f.set_attr("/", "kernel", a.problem.kernel);
   f.set_attr("/", "expect_refusal", a.problem.expect_refusal);
   f.set_attr("/", "verdict", std::string(verdict_name(r.verdict)));
-  f.set_attr("/", "mode", r.mode);
+  f.set_attr("/", "mode", std::string(mode_name(r.mode)));
   f.set_attr("/", "message", r.message);
   f.set_attr("/", "repro", r.repro);
   f.set_attr("/", "arch", r.arch);

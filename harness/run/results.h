@@ -1,4 +1,4 @@
-// What a run leaves behind (CONTRACTS.md "Results directory"): run.json, results.jsonl, junit.xml,
+// What a run leaves behind (docs/cli.md "Results directory"): run.json, results.jsonl, junit.xml,
 // repro/<id>.h5 bundles; and the per-op summary table printed at the end of a run.
 #pragma once
 #include <cstdint>
@@ -9,18 +9,21 @@
 
 #include <nlohmann/json.hpp>
 
-#include "run/runner.h"
+#include "core/result.h"
+#include "run/evaluate.h"
 
 namespace attncheck {
 
-// "mla_decode/h8-bs16" -> "mla_decode__h8-bs16": the repro bundle's name (CONTRACTS.md).
+// "mla_decode/h8-bs16" -> "mla_decode__h8-bs16": the repro bundle's name.
 std::string id_to_filename(const std::string& id);
 
-// Counts per op and verdict, from Result JSON records.
+// Counts per op and verdict, and how many cases compared a kernel's output.
 struct Summary {
-  std::map<std::string, std::map<std::string, int64_t>> per_op;  // op -> verdict -> count
-  int64_t failures = 0;                                          // failed + error
-  void add(const nlohmann::json& result);
+  std::map<std::string, std::map<Verdict, int64_t>> per_op;  // op -> verdict -> count
+  std::map<std::string, int64_t> kernel_mode;                // op -> cases in kernel mode
+  int64_t compared = 0;                                      // cases that compared anything
+  int64_t failures = 0;                                      // Result::failing()
+  void add(const Result& r);
   void print(std::ostream& out) const;  // the table, one row per op and a total
 };
 

@@ -1,7 +1,8 @@
-#include "worker.h"
+#include "run/worker.h"
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
 
@@ -10,116 +11,115 @@
 
 namespace attncheck {
 
-CaseContext make_context(const WorkerConfig& cfg) {
-  CaseContext ctx;
-  ctx.files = load_case_dir(cfg.cases_dir);
-  ctx.goldens = std::make_unique<GoldenStore>(cfg.golden_dir);
-  ctx.options.repeat = cfg.repeat;
-  ctx.options.kernels_path = cfg.kernels;
-  ctx.options.repro_extra = cfg.repro_extra;
+namespace fs = std::filesystem;
+
+std::unique_ptr<CaseContext> make_context(const WorkerConfig& cfg) {
+  auto ctx = std::make_unique<CaseContext>();
+  ctx->files = load_case_dir(cfg.cases_dir);
+  ctx->repro_dir = cfg.repro_dir;
+  if (fs::is_directory(cfg.golden_dir))
+    ctx->goldens = std::make_unique<GoldenStore>(cfg.golden_dir);
+  else if (!cfg.allow_missing_goldens)
+    throw std::runtime_error("golden directory '" + cfg.golden_dir +
+                             "' does not exist (pass --golden DIR, or --allow-missing-goldens to "
+                             "run without goldens)");
+  EvalContext& e = ctx->eval;
+  e.goldens = ctx->goldens.get();
+  e.require_goldens = !cfg.allow_missing_goldens;
+  e.options.repeat = cfg.repeat;
+  e.options.kernels_path = cfg.kernels;
+  e.options.repro_extra = cfg.repro_extra;
   if (cfg.kernels.empty()) {
-    ctx.no_device_reason = "no kernel library (pass --kernels or set ATTNCHECK_KERNELS)";
+    e.no_kernel_reason = "no kernel library (pass --kernels or set ATTNCHECK_KERNELS)";
   } else {
-    ctx.lib = KernelLibrary::open(cfg.kernels);
+    ctx->lib = KernelLibrary::open(cfg.kernels);
     std::string why;
-    ctx.device = ctx.lib->device(&why);
-    if (!ctx.device) ctx.no_device_reason = "no GPU: " + why;
+    ctx->device = ctx->lib->device(&why);
+    if (!ctx->device)
+      throw std::runtime_error("--kernels " + cfg.kernels + ": no usable GPU (" +
+                               (why.empty() ? std::string("the library gave no reason") : why) +
+                               ")");
   }
-  ctx.arch = !cfg.arch.empty() ? cfg.arch : ctx.device ? ctx.device->arch : "";
-  ctx.options.arch = ctx.arch;
+  e.options.arch = !cfg.arch.empty() ? cfg.arch : ctx->device ? ctx->device->arch : "";
+  if (ctx->device) {
+    ctx->runner = std::make_unique<DeviceRunner>(*ctx->lib, e.options.arch);
+    e.device = ctx->runner.get();
+  }
   return ctx;
 }
 
-nlohmann::json CaseOutcome::to_json() const {
-  nlohmann::json j = result.to_json();
-  if (!expected_from.empty()) j["expected_from"] = expected_from;
-  if (!kernel_skipped.empty()) j["kernel_skipped"] = kernel_skipped;
-  return j;
-}
-
-CaseOutcome run_one(CaseContext& ctx, const Case& c) {
-  CaseOutcome out;
-  const Op* op = find_op(c.op);
-  if (!op) {
-    out.result.id = c.id;
-    out.result.op = c.op;
-    out.result.verdict = Verdict::error;
-    out.result.message = "op '" + c.op + "' is not registered in this attncheck";
-    return out;
-  }
-  std::optional<GoldenCase> golden;
-  std::string golden_error;
-  try {
-    golden = ctx.goldens->load(c.op, c.id);
-  } catch (const std::exception& e) {
-    golden_error = e.what();
-  }
-
-  const bool kernel = ctx.device && ctx.lib->has_op(c.op);
-  if (kernel) {
-    DeviceRunner runner(*ctx.lib, ctx.arch);
-    const TensorMap* expected = nullptr;
-    out.expected_from = "reference";
-    if (ctx.golden_as_expected && golden && golden->expect_refusal.empty()) {
-      try {
-        if (input_digests(op->make(c)) == golden->input_digests) {
-          expected = &golden->outputs;
-          out.expected_from = "golden";
-        }
-      } catch (const std::exception&) {
-        // run_case reports the generator's error.
-      }
+namespace {
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
     }
-    out.result = run_case(*op, c, &runner, ctx.options, expected, &out.artifacts);
-    out.has_artifacts = true;
-    return out;
   }
+  return row[b.size()];
+}
+}  // namespace
 
-  out.kernel_skipped = !ctx.lib      ? ctx.no_device_reason
-                       : !ctx.device ? ctx.no_device_reason
-                                     : "the kernel library has no '" + c.op + "' kernel";
-  if (!golden_error.empty()) {
-    out.result.id = c.id;
-    out.result.op = c.op;
-    out.result.params = c.params;
-    out.result.mode = "reference";
-    out.result.verdict = Verdict::error;
-    out.result.message = "cannot read the golden: " + golden_error;
-    out.result.repro = repro_command(c, ctx.options);
-    return out;
-  }
-  if (golden) {
-    out.result = verify_against_golden(*op, c, *golden, &out.artifacts);
-    out.result.repro = repro_command(c, ctx.options);
-    out.expected_from = "golden";
-    out.has_artifacts = true;
-  } else {
-    out.result = run_case(*op, c, nullptr, ctx.options, nullptr, &out.artifacts);
-    out.result.mode = "reference";
-    if (out.result.verdict == Verdict::skipped)
-      out.result.message = "no golden for this case: the reference ran (" +
-                           std::to_string(static_cast<int64_t>(out.result.timings.reference_ms)) +
-                           " ms) with nothing to compare against";
-  }
-  out.result.arch = ctx.arch;
-  if (!verdict_is_failure(out.result.verdict))
-    out.result.message += "; kernel not checked: " + out.kernel_skipped;
+std::vector<std::string> nearest_case_ids(const std::vector<CaseFile>& files, const std::string& id,
+                                          size_t n) {
+  std::vector<std::pair<size_t, std::string>> scored;
+  for (const auto& f : files)
+    for (const auto& [tier, cases] : f.tiers)
+      for (const auto& c : cases)
+        if (std::none_of(scored.begin(), scored.end(),
+                         [&](const auto& s) { return s.second == c.id; }))
+          scored.emplace_back(edit_distance(id, c.id), c.id);
+  std::stable_sort(scored.begin(), scored.end(),
+                   [](const auto& x, const auto& y) { return x.first < y.first; });
+  std::vector<std::string> out;
+  for (size_t i = 0; i < std::min(n, scored.size()); ++i) out.push_back(scored[i].second);
   return out;
 }
 
+Result run_case_id(CaseContext& ctx, const std::string& id) {
+  const auto c = find_case(ctx.files, id);
+  if (!c) {
+    Result r;
+    r.id = id;
+    r.op = id.substr(0, id.find('/'));
+    r.verdict = Verdict::error;
+    r.message = "no case with id '" + id + "'";
+    const auto near = nearest_case_ids(ctx.files, id, 3);
+    if (!near.empty()) {
+      r.message += "; nearest:";
+      for (const auto& s : near) r.message += " " + s;
+    }
+    return r;
+  }
+  CaseArtifacts artifacts;
+  Result r = evaluate(*c, ctx.eval, &artifacts);
+  if (r.failing() && artifacts.present && !ctx.repro_dir.empty()) {
+    const std::string path = (fs::path(ctx.repro_dir) / (id_to_filename(id) + ".h5")).string();
+    try {
+      write_repro_bundle(path, r, artifacts, context_hello(ctx));
+      r.bundle = path;
+    } catch (const std::exception& e) {
+      r.message += "; the repro bundle could not be written: " + std::string(e.what());
+    }
+  }
+  return r;
+}
+
 nlohmann::json context_hello(const CaseContext& ctx) {
-  nlohmann::json ops = nlohmann::json::array();
-  if (ctx.lib)
-    for (const Op* o : all_ops())
-      if (ctx.lib->has_op(o->name())) ops.push_back(o->name());
   return {{"pid", ::getpid()},
-          {"kernels", ctx.options.kernels_path},
+          {"kernels", ctx.eval.options.kernels_path},
           {"library", ctx.lib ? ctx.lib->library() : ""},
+          {"entries", ctx.lib ? ctx.lib->entries() : std::vector<std::string>{}},
           {"device", ctx.device ? ctx.device->name : ""},
           {"device_arch", ctx.device ? ctx.device->arch : ""},
-          {"arch", ctx.arch},
-          {"ops", ops},
-          {"no_device", ctx.device ? "" : ctx.no_device_reason}};
+          {"arch", ctx.eval.options.arch},
+          {"mode", ctx.device ? "kernel" : "reference"},
+          {"no_device", ctx.eval.no_kernel_reason}};
 }
 
 int worker_main(const WorkerConfig& cfg) {
@@ -129,44 +129,23 @@ int worker_main(const WorkerConfig& cfg) {
     std::fwrite(s.data(), 1, s.size(), proto);
     std::fflush(proto);
   };
-  CaseContext ctx;
+  std::unique_ptr<CaseContext> ctx;
   try {
     ctx = make_context(cfg);
   } catch (const std::exception& e) {
     emit({{"fatal", e.what()}});
     return 2;
   }
-  emit({{"hello", context_hello(ctx)}});
+  emit({{"hello", context_hello(*ctx)}});
   std::string id;
   while (std::getline(std::cin, id)) {
     while (!id.empty() && (id.back() == '\r' || id.back() == ' ')) id.pop_back();
     if (id.empty()) continue;
-    const auto c = find_case(ctx.files, id);
-    if (!c) {
-      Result r;
-      r.id = id;
-      r.op = id.substr(0, id.find('/'));
-      r.verdict = Verdict::error;
-      r.message = "no case with id '" + id + "' in " + cfg.cases_dir;
-      emit(r.to_json());
-      continue;
-    }
-    CaseOutcome o = run_one(ctx, *c);
-    nlohmann::json j = o.to_json();
-    if (o.has_artifacts && !cfg.repro_dir.empty() && verdict_is_failure(o.result.verdict)) {
-      const std::string path =
-          (std::filesystem::path(cfg.repro_dir) / (id_to_filename(id) + ".h5")).string();
-      try {
-        write_repro_bundle(path, o.result, o.artifacts, context_hello(ctx));
-        j["bundle"] = path;
-      } catch (const std::exception& e) {
-        j["bundle_error"] = e.what();
-      }
-    }
-    emit(j);
-    // A GPU fault can leave the context unusable for every later launch: end this worker, the
-    // parent starts a fresh one for the next case.
-    if (o.result.device_error) return 0;
+    const Result r = run_case_id(*ctx, id);
+    emit({{"result", r.to_json()}, {"retire", r.device_error}});
+    // A GPU fault can leave the context unusable for every later launch: this worker ends, and
+    // the parent, told so above, gives the next case to a fresh one.
+    if (r.device_error) return 0;
   }
   return 0;
 }

@@ -20,7 +20,7 @@
 
 #include "run/cases.h"
 #include "run/device.h"
-#include "run/runner.h"
+#include "run/evaluate.h"
 
 namespace attncheck::devtest {
 
@@ -203,11 +203,13 @@ using OnResult = std::function<void(const Case&, const Result&)>;
 inline Tally run_all(const Op& op, const std::vector<Case>& cases, const Gpu& gpu, int repeat,
                      const OnResult& on_result = {}) {
   Tally t;
-  RunOptions opt;
-  opt.arch = gpu.arch;
-  opt.repeat = repeat;
+  EvalContext ctx;
+  ctx.device = gpu.runner.get();
+  ctx.options.arch = gpu.arch;
+  ctx.options.repeat = repeat;
   for (const auto& c : cases) {
-    const Result r = run_case(op, c, gpu.runner.get(), opt);
+    if (c.op != op.name()) throw std::logic_error(c.id + " is not a case of " + op.name());
+    const Result r = evaluate(c, ctx);
     t.add(c, r);
     if (on_result) on_result(c, r);
   }

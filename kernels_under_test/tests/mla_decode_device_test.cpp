@@ -195,7 +195,7 @@ TEST(MlaDevice, MutantIsKilled) {
   for (const std::string op_name : {"mla_decode", "sparse_mla"}) {
     run_all(op(op_name), tier_cases(op_name, {"quick"}, MissingTier::error), *gpu, 1,
             [&](const Case& c, const Result& r) {
-              const bool failed = verdict_is_failure(r.verdict);
+              const bool failed = r.failing();
               if (std::regex_search(c.id, re)) {
                 ++matched;
                 if (failed && killed++ == 0) first = c.id + ": " + r.message.substr(0, 200);

@@ -13,14 +13,14 @@ TEST(DeviceSmoke, PageIndices) {
   if (!gpu) GTEST_SKIP() << why;
   const Op* op = find_op("page_indices");
   ASSERT_NE(op, nullptr);
-  RunOptions opt;
-  opt.arch = gpu->arch;
-  opt.repeat = 2;
+  EvalContext ctx;
+  ctx.device = gpu->runner.get();
+  ctx.options.arch = gpu->arch;
   for (int bs : {1, 16, 64})
     for (const char* table : {"contiguous", "strided"}) {
       Case c =
           op->make_case({{"block_size", bs}, {"table", table}, {"batch", 9}, {"max_ctx", 1000}});
-      Result r = run_case(*op, c, gpu->runner.get(), opt);
+      const Result r = evaluate(c, ctx);
       EXPECT_EQ(r.verdict, Verdict::passed) << c.id << ": " << r.message;
     }
 }

@@ -14,8 +14,9 @@ struct Dims {
   int64_t dmodel, dpe, dv;
 };
 
-// One row of spec §B.6: (Lk, Lv, is_mla) and the (BLOCK_DMODEL, BLOCK_DPE, BLOCK_DV) before the fix
-// (both vendors), after the fix on HIP and after the fix on NVIDIA.
+// One row of docs/ops/decode_attention.md's tile table: (Lk, Lv, is_mla) and the (BLOCK_DMODEL,
+// BLOCK_DPE, BLOCK_DV) before the fix (both vendors), after the fix on HIP and after the fix on
+// NVIDIA.
 struct B6Row {
   const char* what;
   int64_t lk, lv;

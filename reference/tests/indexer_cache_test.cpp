@@ -1,6 +1,7 @@
 // The paged indexer cache: the layout formulas against the spec's worked example and as
 // bijections, NORMAL vs SHUFFLE writes read back through their own readers, the 0xFF sentinel test
-// of spec §6.1 (shown to catch the seed bug's write pattern), padded pages, skipped slots, gather.
+// of the gfx950 seed bug (shown to catch the seed bug's write pattern), padded pages, skipped
+// slots, gather.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -37,7 +38,7 @@ const uint8_t* bytes_of(const Tensor& cache) {
 }
 
 TEST(IndexerCache, WorkedExample) {
-  // spec §2.3: BS=64, t=17, d=35.
+  // The worked example of docs/ops/indexer.md (Cache pages): BS=64, t=17, d=35.
   EXPECT_EQ(value_offset(CacheLayout::shuffle, 64, 17, 35), 2579);
   EXPECT_EQ(value_offset(CacheLayout::normal, 64, 17, 35), 2211);
   EXPECT_EQ(scale_offset(64, 17), 8260);
@@ -121,7 +122,7 @@ TEST(IndexerCache, NormalAndShuffleReadBackIdenticallyAndDifferBytewise) {
 }
 
 TEST(IndexerCache, SentinelPagesStayUntouched) {
-  // spec §6.1: BS=1, tokens to pages {3, 0} only; every other page must still be 0xFF.
+  // The gfx950 seed bug's test: BS=1, tokens to pages {3, 0} only; all other pages stay 0xFF.
   const int64_t pages = 20;
   const Tensor k = random_k(2, "sentinel");
   const Tensor out = write_k_cache(sentinel_cache(pages, 1), k, slots({3, 0}), CacheLayout::normal,
@@ -145,7 +146,7 @@ TEST(IndexerCache, SentinelPagesStayUntouched) {
 }
 
 TEST(IndexerCache, BytesOfOneTokenAreRowMajorInItsOwnPage) {
-  // spec §6.1 byte-layout test: exactly representable values peaking at M (scale 1).
+  // The gfx950 seed bug's byte-layout test: exactly representable values peaking at M (scale 1).
   std::vector<float> row(kHeadDim);
   Tensor k = Tensor::empty(DType::bf16, {1, kHeadDim});
   for (int64_t d = 0; d < kHeadDim; ++d) {

@@ -132,7 +132,8 @@ TEST(IndexerLogits, PagedEqualsGatherThenPrefill) {
         const double e = pre.get({r, ks[r] + p});
         ASSERT_NEAR(a, e, std::fabs(e) * 1e-6) << "bs " << bs << " row " << r << " p " << p;
       }
-    // Reading the same SHUFFLE pages row-major (seed bug §6.2) does not give these logits.
+    // Reading the same SHUFFLE pages row-major (the Preshuffle-only-at-BS-64 seed bug) does not
+    // give these logits.
     if (layout == CacheLayout::shuffle) {
       const Tensor wrong =
           paged_mqa_logits(q, {cache, bs, CacheLayout::normal}, in.weights, ctx, table, max_len);

@@ -134,8 +134,8 @@ TEST(KvGather, ContiguousBlockStrideOnHybridCacheReadsOtherBlocks) {
   EXPECT_GT(diffs, good.key.numel() * 9 / 10);
 }
 
-// A SHUFFLE writer from the flat formulas of §C.1, through the real block stride: independent
-// of the 5-d views the gather reads.
+// A SHUFFLE writer from the flat formulas of docs/ops/kv_gather.md, through the real block stride:
+// independent of the 5-d views the gather reads.
 void write_shuffle(const KvCacheViews& c, const Tensor& tokens_k, const Tensor& tokens_v,
                    const Paged& pg, int64_t P) {
   const Tensor& K = c.key_cache;

@@ -1,6 +1,6 @@
 // Dense MLA decode reference: second formulations that share no code with reference/mla_decode.cpp
 // (naive un-absorbed MLA with explicit projections, hand-computed cases), plus invariances the
-// kernels rely on (block size, head padding, ragged qlen) and the §A.7 refusal text.
+// kernels rely on (block size, head padding, ragged qlen) and the 16-head rule's refusal text.
 #include "reference/mla_decode.h"
 
 #include <gtest/gtest.h>
@@ -12,7 +12,7 @@
 
 #include "core/numeric.h"
 #include "core/rng.h"
-#include "ops/op.h"
+#include "core/case.h"
 
 namespace attncheck::ref {
 namespace {
@@ -180,7 +180,7 @@ TEST(MlaDecode, FewHeadsTwoRequestsHandComputed) {
   }
 }
 
-// Naive MLA (§A.1) with explicit per-head projections, written as plain loops:
+// Naive (non-absorbed) MLA with explicit per-head projections, written as plain loops:
 //   k_nope[n,t] = W_UK[n] c_lat[t] (128), k_pe[t] = c[t, 512:576], v[n,t] = W_UV[n]^T c_lat[t]
 //   (128) out[n] = sum_t softmax_t(scale (q_nope . k_nope + q_pe . k_pe)) v[n,t]
 // against the absorbed form: q = [q_nope W_UK[n], q_pe], out = (absorbed latent out) W_UV[n].

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core/rng.h"
-#include "ops/op.h"
+#include "core/case.h"
 
 namespace attncheck::ref {
 namespace {

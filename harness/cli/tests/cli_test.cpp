@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -46,6 +47,37 @@ std::string read(const fs::path& p) {
   return ss.str();
 }
 
+// The run summary's row for `op`: column heading -> count.
+std::map<std::string, int> summary_row(const std::string& text, const std::string& op) {
+  std::istringstream lines(text);
+  std::string line;
+  std::vector<std::string> headings;
+  std::map<std::string, int> row;
+  while (std::getline(lines, line)) {
+    std::istringstream words(line);
+    std::string first;
+    words >> first;
+    if (first == "op" && headings.empty()) {
+      for (std::string w; words >> w;) headings.push_back(w);
+    } else if (first == op && !headings.empty()) {
+      for (const auto& h : headings) words >> row[h];
+      return row;
+    }
+  }
+  return row;
+}
+
+// results.jsonl as id -> record.
+std::map<std::string, nlohmann::json> results_of(const fs::path& out) {
+  std::ifstream in(out / "results.jsonl");
+  std::map<std::string, nlohmann::json> m;
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    m[j["id"]] = j;
+  }
+  return m;
+}
+
 const std::string kBin = ATTNCHECK_BIN;
 const std::string kFake = ATTNCHECK_FAKE_KERNELS;
 const std::string kData = ATTNCHECK_TEST_DATA;
@@ -80,10 +112,13 @@ class Cli : public ::testing::Test {
 TEST_F(Cli, ListShowsIdsTiersAndCounts) {
   const Output o = sh(at() + " list --tier smoke");
   EXPECT_EQ(o.status, 0) << o.text;
-  EXPECT_TRUE(has(o.text, "page_indices/bs16-b5-ctx17-strided-s0  [smoke,quick]")) << o.text;
+  EXPECT_TRUE(has(o.text, "page_indices/bs16-b5-ctx17-strided-s0  [smoke,quick,full]")) << o.text;
   EXPECT_TRUE(has(o.text, "known bug on fake-cpu: test#1")) << o.text;
   EXPECT_TRUE(has(o.text, "6 cases listed (tier smoke)")) << o.text;
-  EXPECT_TRUE(has(o.text, "page_indices                 6      12       0")) << o.text;
+  EXPECT_TRUE(has(o.text, "page_indices                 6      12      12       0")) << o.text;
+  // The counts go to stderr: stdout is the ids alone, one per line, for scripts.
+  const Output ids = sh(at() + " list --tier smoke 2>/dev/null | grep -vc '^page_indices/'");
+  EXPECT_EQ(ids.text, "0\n") << ids.text;
   const Output j = sh(at() + " list --json --filter 'bs64.*strided'");
   EXPECT_EQ(j.status, 0);
   std::istringstream lines(j.text);
@@ -101,9 +136,12 @@ TEST_F(Cli, RunOnTheCpuChecksTheReferenceAgainstGoldens) {
   const fs::path out = dir("out");
   const Output o = sh(at() + " run --out " + out.string());
   EXPECT_EQ(o.status, 0) << o.text;
-  EXPECT_TRUE(has(o.text, "KERNEL CHECKS SKIPPED: no kernel library")) << o.text;
-  EXPECT_TRUE(has(o.text, "kernel checks were skipped for all 6 cases")) << o.text;
-  EXPECT_TRUE(has(o.text, "page_indices           6         0")) << o.text;
+  EXPECT_TRUE(has(o.text, "REFERENCE ONLY, kernels not checked: no kernel library")) << o.text;
+  EXPECT_TRUE(has(o.text, "REFERENCE ONLY: kernels not checked for any of the 6 cases")) << o.text;
+  const auto row = summary_row(o.text, "page_indices");
+  EXPECT_EQ(row.at("passed"), 6) << o.text;
+  EXPECT_EQ(row.at("failed"), 0) << o.text;
+  EXPECT_EQ(row.at("kernel_run"), 0) << o.text;
   const auto run = nlohmann::json::parse(read(out / "run.json"));
   EXPECT_EQ(run["mode"], "reference");
   EXPECT_EQ(run["backend"], "cpu");
@@ -115,6 +153,7 @@ TEST_F(Cli, RunOnTheCpuChecksTheReferenceAgainstGoldens) {
   while (std::getline(lines, line)) {
     const auto r = nlohmann::json::parse(line);
     EXPECT_EQ(r["verdict"], "passed") << line;
+    EXPECT_EQ(r["failing"], false) << line;
     EXPECT_EQ(r["mode"], "reference");
     EXPECT_EQ(r["expected_from"], "golden");
     ++n;
@@ -152,8 +191,11 @@ TEST_F(Cli, RunWithAFakeLibraryReportsEachFailureWithItsRepro) {
           "repro: attncheck repro 'page_indices/bs1-b5-ctx17-contiguous-s0' --kernels " + kFake))
       << o.text;
   // bs1 x2 fail; the known-bug case passes: an unexpected pass, reported but not a failure.
-  EXPECT_TRUE(has(o.text, "page_indices           3         2         0         0         1"))
-      << o.text;
+  const auto row = summary_row(o.text, "page_indices");
+  EXPECT_EQ(row.at("passed"), 3) << o.text;
+  EXPECT_EQ(row.at("failed"), 2) << o.text;
+  EXPECT_EQ(row.at("xpass"), 1) << o.text;
+  EXPECT_EQ(row.at("kernel_run"), 6) << o.text;
   EXPECT_TRUE(fs::exists(out / "repro" / "page_indices__bs1-b5-ctx17-contiguous-s0.h5"));
   EXPECT_FALSE(fs::exists(out / "repro" / "page_indices__bs16-b5-ctx17-strided-s0.h5"));
   const auto run = nlohmann::json::parse(read(out / "run.json"));
@@ -174,6 +216,13 @@ TEST_F(Cli, RunWithAFakeLibraryReportsEachFailureWithItsRepro) {
 }
 
 TEST_F(Cli, CrashesAndHangsFailOnlyTheirCase) {
+  auto expect_row = [](const std::string& text, int passed, int failed, int known_bug, int xpass) {
+    const auto row = summary_row(text, "page_indices");
+    EXPECT_EQ(row.at("passed"), passed) << text;
+    EXPECT_EQ(row.at("failed"), failed) << text;
+    EXPECT_EQ(row.at("known_bug"), known_bug) << text;
+    EXPECT_EQ(row.at("xpass"), xpass) << text;
+  };
   Output o =
       sh("ATTNCHECK_FAKE_FAULT=segfault ATTNCHECK_FAKE_FAULT_WHEN='{\"kernel_block_size\":16}' " +
          at() + " run --kernels " + kFake);
@@ -182,26 +231,13 @@ TEST_F(Cli, CrashesAndHangsFailOnlyTheirCase) {
       has(o.text,
           "FAIL  page_indices/bs16-b5-ctx17-strided-s0\n      worker process died with SIGSEGV"))
       << o.text;
-  EXPECT_TRUE(has(o.text, "page_indices           3         2         0         0         1"))
-      << o.text;
+  expect_row(o.text, 3, 2, 0, 1);
 
   o = sh("ATTNCHECK_FAKE_FAULT=abort ATTNCHECK_FAKE_FAULT_WHEN='{\"kernel_block_size\":1}' " +
          at() + " run --kernels " + kFake + " --jobs 2");
   EXPECT_EQ(o.status, 1) << o.text;
   EXPECT_TRUE(has(o.text, "worker process died with SIGABRT")) << o.text;
-  EXPECT_TRUE(has(o.text, "page_indices           3         2         0         0         1"))
-      << o.text;
-
-  // A kernel error may leave a GPU context broken: the worker is replaced, later cases still run.
-  const fs::path err = dir("err");
-  o = sh("ATTNCHECK_FAKE_FAULT=error ATTNCHECK_FAKE_FAULT_WHEN='{\"kernel_block_size\":1}' " +
-         at() + " run --kernels " + kFake + " --out " + err.string());
-  EXPECT_EQ(o.status, 1) << o.text;
-  EXPECT_TRUE(has(o.text, "kernel error: fake kernel error (injected)")) << o.text;
-  EXPECT_TRUE(has(o.text, "page_indices           3         2         0         0         1"))
-      << o.text;
-  EXPECT_TRUE(has(read(err / "results.jsonl"), "\"device_error\":true"));
-  EXPECT_EQ(read(err / "worker.log"), "");
+  expect_row(o.text, 3, 2, 0, 1);
 
   o = sh("ATTNCHECK_FAKE_FAULT=hang ATTNCHECK_FAKE_FAULT_WHEN='{\"kernel_block_size\":64}' " +
          at() + " run --kernels " + kFake + " --timeout 1");
@@ -209,18 +245,52 @@ TEST_F(Cli, CrashesAndHangsFailOnlyTheirCase) {
   EXPECT_TRUE(has(o.text, "timed out after 1 s")) << o.text;
   // The known-bug case (bs64 ... strided, arch fake-cpu) hangs too: it is a known bug, not a
   // failure.
-  EXPECT_TRUE(has(o.text, "page_indices           4         1         0         1")) << o.text;
+  expect_row(o.text, 4, 1, 1, 0);
+}
+
+// Regression: after a kernel error the worker exited, but the parent had already handed it the next
+// case, which was reported "worker process died with exit status 0". A device error fails its own
+// case only; the worker retires and the next case runs in a fresh one.
+TEST_F(Cli, KernelErrorFailsOnlyItsOwnCase) {
+  const fs::path err = dir("err");
+  const Output o =
+      sh("ATTNCHECK_FAKE_FAULT=error ATTNCHECK_FAKE_FAULT_WHEN='{\"kernel_block_size\":1}' " +
+         at() + " run --kernels " + kFake + " --out " + err.string());
+  EXPECT_EQ(o.status, 1) << o.text;
+  EXPECT_FALSE(has(o.text, "worker process died")) << o.text;
+  for (const auto& [id, r] : results_of(err)) {
+    const bool bs1 = has(id, "/bs1-");
+    EXPECT_EQ(r["failing"], bs1) << id << ": " << r["message"];
+    if (bs1) {
+      EXPECT_TRUE(has(r["message"], "kernel error: fake kernel error (injected)")) << r;
+      EXPECT_EQ(r["device_error"], true) << r;
+    } else {
+      EXPECT_EQ(r["mode"], "kernel") << r;
+    }
+  }
+  EXPECT_EQ(results_of(err).size(), 6u);
+  EXPECT_EQ(read(err / "worker.log"), "");
+  // A host-side exception in the entry is the kernel's failure, and no reason to replace the
+  // worker.
+  const fs::path host = dir("host");
+  const Output h =
+      sh("ATTNCHECK_FAKE_FAULT=host_error ATTNCHECK_FAKE_FAULT_WHEN='{\"kernel_block_size\":1}' " +
+         at() + " run --kernels " + kFake + " --out " + host.string());
+  EXPECT_EQ(h.status, 1) << h.text;
+  for (const auto& [id, r] : results_of(host)) {
+    EXPECT_EQ(r["failing"], has(id, "/bs1-")) << id;
+    EXPECT_FALSE(r.contains("device_error")) << r;
+  }
 }
 
 TEST_F(Cli, KnownBugsFollowTheArch) {
   Output o = sh("ATTNCHECK_FAKE_FAULT=nondeterministic " + at() + " run --kernels " + kFake +
                 " --filter bs64-b5-ctx130-strided");
   EXPECT_EQ(o.status, 0) << o.text;
-  EXPECT_TRUE(has(o.text, "page_indices           0         0         0         1")) << o.text;
+  EXPECT_EQ(summary_row(o.text, "page_indices").at("known_bug"), 1) << o.text;
   o = sh(at() + " run --kernels " + kFake + " --filter bs64-b5-ctx130-strided");
   EXPECT_EQ(o.status, 0) << o.text;
-  EXPECT_TRUE(has(o.text, "page_indices           0         0         0         0         1"))
-      << o.text;
+  EXPECT_EQ(summary_row(o.text, "page_indices").at("xpass"), 1) << o.text;
   o = sh("ATTNCHECK_FAKE_FAULT=nondeterministic " + at() + " run --kernels " + kFake +
          " --filter bs64-b5-ctx130-strided --arch gfx950");
   EXPECT_EQ(o.status, 1) << o.text;
@@ -259,6 +329,7 @@ TEST_F(Cli, ReproPrintsBudgetsWorstElementsAndWritesABundle) {
   EXPECT_EQ(cpu.status, 0) << cpu.text;
   EXPECT_TRUE(has(cpu.text, "mode     reference (expected from the golden)")) << cpu.text;
   EXPECT_TRUE(has(cpu.text, "kernel not checked: no kernel library")) << cpu.text;
+  EXPECT_TRUE(has(cpu.text, "kernels  REFERENCE ONLY, kernels not checked")) << cpu.text;
 
   const Output missing = sh(at() + " repro page_indices/bs16-b5-ctx131-contiguous-s0");
   EXPECT_EQ(missing.status, 2) << missing.text;
@@ -266,6 +337,10 @@ TEST_F(Cli, ReproPrintsBudgetsWorstElementsAndWritesABundle) {
       has(missing.text, "no case 'page_indices/bs16-b5-ctx131-contiguous-s0' in " + kData +
                             "/cases; nearest:\n  page_indices/bs16-b5-ctx130-contiguous-s0"))
       << missing.text;
+  // Nearest by edit distance, not by common prefix: a typo early in the id still finds it.
+  const Output typo = sh(at() + " repro page_indces/bs16-b5-ctx130-contiguous-s0");
+  EXPECT_EQ(typo.status, 2) << typo.text;
+  EXPECT_TRUE(has(typo.text, "nearest:\n  page_indices/bs16-b5-ctx130-contiguous-s0")) << typo.text;
 }
 
 TEST_F(Cli, GoldenVerifyPassesAndFailsOnACorruptedCopy) {
@@ -322,11 +397,57 @@ TEST_F(Cli, BenchTimesEveryCaseAgainstTheRoofline) {
   EXPECT_TRUE(has(nodev.text, "bench needs a GPU: fake library: no device")) << nodev.text;
 }
 
-TEST_F(Cli, NoDeviceMeansReferenceModeWithTheReason) {
-  const Output o =
-      sh("ATTNCHECK_FAKE_NO_DEVICE=1 " + at() + " run --kernels " + kFake + " --in-process");
+// Regression: an explicit --kernels on a machine without a usable GPU exited 0 ("KERNEL CHECKS
+// SKIPPED"). Asking for kernels and getting none is an error, said once.
+TEST_F(Cli, ExplicitKernelsWithoutAGpuIsAnError) {
+  for (const char* mode : {"", " --in-process"}) {
+    const Output o =
+        sh("{ ATTNCHECK_FAKE_NO_DEVICE=1 " + at() + " run --kernels " + kFake + mode +
+           " 2>&1 >/dev/null; }");  // stderr alone
+    EXPECT_EQ(o.status, 2) << o.text;
+    EXPECT_EQ(o.text, "attncheck: --kernels " + kFake +
+                          ": no usable GPU (fake library: no device (ATTNCHECK_FAKE_NO_DEVICE=1))\n")
+        << mode;
+  }
+}
+
+// Regression: a mistyped --golden or a deleted golden file ran with nothing compared and exit 0.
+TEST_F(Cli, MissingGoldensAreErrorsUnlessAskedFor) {
+  Output o = sh(kBin + " --cases " + kData + "/cases --golden /nonexistent/golden run");
+  EXPECT_EQ(o.status, 2) << o.text;
+  EXPECT_TRUE(has(o.text, "golden directory '/nonexistent/golden' does not exist")) << o.text;
+
+  const fs::path copy = dir("golden");
+  fs::copy(golden_, copy, fs::copy_options::recursive);
+  fs::remove(copy / "page_indices.h5");
+  const fs::path out = dir("out");
+  o = sh(kBin + " --cases " + kData + "/cases --golden " + copy.string() + " run --out " +
+         out.string());
+  EXPECT_EQ(o.status, 1) << o.text;
+  EXPECT_EQ(summary_row(o.text, "page_indices").at("error"), 6) << o.text;
+  EXPECT_TRUE(has(o.text, "NOTHING COMPARED")) << o.text;
+  for (const auto& [id, r] : results_of(out)) {
+    EXPECT_EQ(r["failing"], true) << id;
+    EXPECT_TRUE(has(r["message"], "no golden for this case")) << r;
+  }
+
+  o = sh(kBin + " --cases " + kData + "/cases --golden /nonexistent/golden run " +
+         "--allow-missing-goldens --out " + out.string());
   EXPECT_EQ(o.status, 0) << o.text;
-  EXPECT_TRUE(has(o.text, "KERNEL CHECKS SKIPPED: no GPU: fake library: no device")) << o.text;
+  EXPECT_EQ(summary_row(o.text, "page_indices").at("skipped"), 6) << o.text;
+  EXPECT_TRUE(has(o.text, "NOTHING COMPARED")) << o.text;
+  for (const auto& [id, r] : results_of(out)) EXPECT_EQ(r["mode"], "none") << id;
+}
+
+// `attncheck kernels`: a library's entries against those the ops ask for, without a GPU.
+TEST_F(Cli, KernelsListsEntriesAndChecksThem) {
+  Output o = sh("ATTNCHECK_FAKE_NO_DEVICE=1 " + kBin + " kernels --check --kernels " + kFake);
+  EXPECT_EQ(o.status, 0) << o.text;
+  EXPECT_TRUE(has(o.text, "ok      rope_inplace               op rope")) << o.text;
+  EXPECT_TRUE(has(o.text, "every entry the ops ask for is present")) << o.text;
+  o = sh("ATTNCHECK_FAKE_OMIT=rope_out_of_place " + kBin + " kernels --check --kernels " + kFake);
+  EXPECT_EQ(o.status, 1) << o.text;
+  EXPECT_TRUE(has(o.text, "MISSING rope_out_of_place          op rope")) << o.text;
 }
 
 TEST_F(Cli, WorkerSpeaksOneJsonLinePerCase) {
@@ -339,8 +460,9 @@ TEST_F(Cli, WorkerSpeaksOneJsonLinePerCase) {
   std::getline(lines, first);
   std::getline(lines, second);
   EXPECT_EQ(nlohmann::json::parse(hello)["hello"]["arch"], "fake-cpu") << o.text;
-  EXPECT_EQ(nlohmann::json::parse(first)["verdict"], "passed") << o.text;
-  EXPECT_EQ(nlohmann::json::parse(second)["verdict"], "error") << o.text;
+  EXPECT_EQ(nlohmann::json::parse(first)["result"]["verdict"], "passed") << o.text;
+  EXPECT_EQ(nlohmann::json::parse(first)["retire"], false) << o.text;
+  EXPECT_EQ(nlohmann::json::parse(second)["result"]["verdict"], "error") << o.text;
   EXPECT_TRUE(has(second, "no case with id 'nope/x'")) << o.text;
 }
 
@@ -362,7 +484,7 @@ TEST_F(Cli, BadArgumentsAndBadCaseFilesFailClearly) {
       {" run --repeat 0", 105, "--repeat: Value 0 not in range"},
       {" run --bogus", 109, "The following argument was not expected: --bogus"},
       {" frobnicate", 2,
-       "unknown command 'frobnicate' (commands: list, run, repro, golden, bench, report)"},
+       "unknown command 'frobnicate' (commands: list, run, repro, golden, bench, kernels, report)"},
       {"", 106, "A subcommand is required"},
       {" golden verify --op nope", 2, "unknown op 'nope'"},
       {" repro", 106, "id is required"},

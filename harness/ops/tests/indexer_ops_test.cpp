@@ -15,7 +15,7 @@
 #include "ops/op.h"
 #include "reference/indexer.h"
 #include "run/cases.h"
-#include "run/runner.h"
+#include "run/evaluate.h"
 
 namespace attncheck {
 namespace {

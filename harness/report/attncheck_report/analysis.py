@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from . import FAILING_VERDICTS, VERDICT_LABELS, VERDICTS
+from . import VERDICT_LABELS, VERDICTS
 from .results import CaseResult, ResultsError
 
 
@@ -28,22 +28,78 @@ def counts_by(cases, key) -> dict:
     return {k: verdict_counts(groups[k]) for k in sorted(groups)}
 
 
-def status_line(counts: Counter, warnings: list) -> tuple:
-    """('FAILED'|'INCOMPLETE'|'NOT CHECKED'|'PASSED', explanation) for a set of verdict counts.
-    NOT CHECKED: no case compared an output (all skipped or refused, e.g. no kernel library and no
-    goldens), which must not read as a pass."""
-    total = sum(counts.values())
-    failing = sum(counts[v] for v in FAILING_VERDICTS)
+REFERENCE_ONLY = "REFERENCE ONLY: kernels not checked"
+NOT_COMPARED = "not compared"  # headline label of a pass that compared nothing (mode none)
+
+
+@dataclass
+class Status:
+    """The report's verdict on a set of results. word: FAILED, INCOMPLETE, NOT CHECKED,
+    REFERENCE ONLY or PASSED; text: the counts behind it; scope: how many cases ran their kernel,
+    when not all did ('' when all did)."""
+
+    word: str
+    text: str
+    scope: str = ""
+
+    @property
+    def badge(self) -> str:
+        # A reference-only run says what it did not check in the badge itself.
+        return REFERENCE_ONLY if self.word == "REFERENCE ONLY" else self.word
+
+    @property
+    def headline(self) -> str:
+        scope = f" ({self.scope})" if self.scope else ""
+        return f"{self.badge}{scope}: {self.text}"
+
+
+def headline_counts(cases) -> Counter:
+    """Verdict counts for the headline. A pass that compared nothing (mode none) is counted as
+    'not compared': only a comparison can pass."""
+    counts = Counter()
+    for c in cases:
+        passed = c.verdict in ("passed", "unexpected_pass")
+        counts[NOT_COMPARED if passed and c.mode == "none" else c.verdict] += 1
+    return counts
+
+
+def kernel_scope(cases) -> str:
+    """'' when every case ran its kernel, REFERENCE_ONLY when none did, else how many did."""
+    modes = Counter(c.mode for c in cases)
+    if modes["kernel"] == len(cases):
+        return ""
+    if not modes["kernel"]:
+        return REFERENCE_ONLY
+    rest = [f"{modes['reference']} reference only"] if modes["reference"] else []
+    rest += [f"{modes['none']} compared nothing"] if modes["none"] else []
+    return f"kernel: {modes['kernel']} of {len(cases)} cases; {', '.join(rest)}"
+
+
+def status_line(cases, warnings: list) -> Status:
+    """FAILED: a case attncheck marked failing. INCOMPLETE: results cut short. NOT CHECKED: no case
+    compared an output (e.g. no kernel library and no goldens). REFERENCE ONLY: nothing failed, but
+    no case ran its kernel. None of these may read as a pass."""
+    cases = list(cases)
+    total = len(cases)
+    scope = kernel_scope(cases)
+    failing = Counter(c.verdict for c in cases if c.failing)
     if failing:
-        parts = [f"{counts[v]} {v}" for v in FAILING_VERDICTS if counts[v]]
-        return "FAILED", f"{', '.join(parts)} of {total} cases"
+        parts = [f"{failing[v]} {VERDICT_LABELS[v]}" for v in VERDICTS if failing[v]]
+        return Status("FAILED", f"{', '.join(parts)} of {total} cases", scope)
     if warnings:
-        return "INCOMPLETE", f"no failures in {total} cases, but the results are incomplete"
-    others = [f"{counts[v]} {VERDICT_LABELS[v]}" for v in ("skipped", "refused_as_expected",
-                                                          "known_bug") if counts[v]]
+        return Status("INCOMPLETE",
+                      f"no failures in {total} cases, but the results are incomplete", scope)
+    counts = headline_counts(cases)
+    others = [f"{counts[v]} {VERDICT_LABELS.get(v, v)}" for v in VERDICTS + (NOT_COMPARED,)
+              if v != "passed" and counts[v]]
     if counts["passed"] + counts["unexpected_pass"] == 0:
-        return "NOT CHECKED", f"none of {total} cases compared an output ({', '.join(others)})"
-    return "PASSED", f"{total} cases, none failed" + (f" ({', '.join(others)})" if others else "")
+        return Status("NOT CHECKED",
+                      f"none of {total} cases compared an output ({', '.join(others)})", scope)
+    text = f"{total} cases, {counts['passed']} passed, none failed" + (
+        f" ({', '.join(others)})" if others else "")
+    if scope == REFERENCE_ONLY:
+        return Status("REFERENCE ONLY", text)
+    return Status("PASSED", text, scope)
 
 
 def worst_cases(cases, limit: int) -> list:
@@ -213,9 +269,9 @@ class Mutation:
 
 
 def mutation_analysis(mutant_runs, normal_cases, specs: dict) -> Mutation:
-    """A mutant is killed when a case fails with the mutant library and not with the normal one.
-    Every case of the run counts (a mutant of one kernel file may break any op built from it);
-    'error' verdicts (the harness could not run the case) do not kill."""
+    """A mutant is killed when a case is failing with the mutant library and not with the normal
+    one. Every case of the run counts (a mutant of one kernel file may break any op built from it);
+    a failing 'error' (the harness could not run the case) does not kill, nor does a known bug."""
     by_name = defaultdict(list)
     for run in mutant_runs:
         name = run.mutant
@@ -234,7 +290,7 @@ def mutation_analysis(mutant_runs, normal_cases, specs: dict) -> Mutation:
         for run in o.runs:
             for c in run.cases:
                 o.considered += 1
-                if c.verdict != "failed":
+                if not c.failing or c.verdict == "error":  # error: the mutant was not run
                     continue
                 if c.arch not in normal_arches:
                     o.cross_checked = False

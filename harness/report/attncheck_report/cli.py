@@ -1,4 +1,7 @@
-"""python3 -m attncheck_report RESULTS_DIR... [--baseline DIR...] [--mutants DIR...] [--out DIR]"""
+"""python3 -m attncheck_report RESULTS_DIR... [--baseline DIR...] [--mutants DIR...] [--out DIR]
+
+Without --out the report goes next to its results (the first RESULTS_DIR), not into whatever
+directory the command happened to run in."""
 
 from __future__ import annotations
 
@@ -7,7 +10,6 @@ import os
 import sys
 from pathlib import Path
 
-from . import FAILING_VERDICTS
 from .analysis import compare_to_baseline, load_mutant_specs, mutation_analysis
 from .results import ResultsError, all_cases, load_run, load_runs
 
@@ -32,7 +34,8 @@ def parse_args(argv):
                         " libattncheck_kernels[_hip]_mutant_<name>.so); repeatable")
     p.add_argument("--mutant-specs", default=str(REPO_ROOT / "kernels_under_test"), metavar="DIR",
                    help="directory of <op>.mutants files (default: %(default)s)")
-    p.add_argument("--out", default=".", metavar="DIR", help="where report.html and summary.md go")
+    p.add_argument("--out", metavar="DIR",
+                   help="where report.html and summary.md go (default: the first RESULTS_DIR)")
     p.add_argument("--title", default="attncheck accuracy report")
     p.add_argument("--top", type=int, default=10, help="worst cases in summary.md (default 10)")
     p.add_argument("--growth", type=float, default=2.0,
@@ -40,9 +43,9 @@ def parse_args(argv):
     p.add_argument("--growth-floor", type=float, default=0.01,
                    help="ignore growth of ratios still below this (rounding noise)")
     p.add_argument("--exit-code", action="store_true",
-                   help="exit 1 when a case failed or errored, the results are incomplete, no"
-                        " case compared an output, or a mutant survived (known bugs and"
-                        " unexpected passes do not fail)")
+                   help="exit 1 when a case is failing (attncheck's 'failing' field), the results"
+                        " are incomplete, no case compared an output, or a mutant survived (known"
+                        " bugs, unexpected passes and reference-only runs do not fail)")
     return p.parse_args(argv)
 
 
@@ -89,14 +92,16 @@ def main(argv=None) -> int:
         print(f"attncheck_report: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
 
-    out = Path(args.out)
+    out = Path(args.out if args.out is not None else args.results[0])
     out.mkdir(parents=True, exist_ok=True)
     report = Report(runs, cases, args.title, out, regression, mutation, worst_n=max(25, args.top))
-    write_html(report, out / "report.html")
-    write_markdown(report, out / "summary.md", top=args.top)
-    failing = sum(report.counts[v] for v in FAILING_VERDICTS)
-    print(f"attncheck_report: {report.status}: {report.status_text}; wrote {out / 'report.html'}"
-          f" and {out / 'summary.md'}")
+    html, summary = out / "report.html", out / "summary.md"
+    write_html(report, html)
+    write_markdown(report, summary, top=args.top)
+    failing = sum(c.failing for c in cases)
+    print(f"attncheck_report: {report.status.headline}")
+    print(f"report: {html.resolve()}")
+    print(f"summary: {summary.resolve()}")
     for w in report.warnings:
         print(f"attncheck_report: warning: {w}", file=sys.stderr)
     if os.environ.get("GITHUB_ACTIONS") == "true":
@@ -105,6 +110,6 @@ def main(argv=None) -> int:
     if survived:
         print(f"attncheck_report: mutants survived: {', '.join(survived)}", file=sys.stderr)
     if args.exit_code and (failing or report.warnings or survived or
-                           report.status == "NOT CHECKED"):
+                           report.status.word == "NOT CHECKED"):
         return EXIT_CASES_FAILED
     return EXIT_OK

@@ -42,11 +42,21 @@ MAX_PANEL_VALUES = 8
 STATES = ("fail", "known_bug", "unexpected_pass", "passed", "refused", "skipped")
 STATE_MARK = {"fail": "✗", "known_bug": "K", "unexpected_pass": "!", "refused": "R",
               "skipped": "–", "passed": ""}
-VERDICT_STATE = {"failed": "fail", "error": "fail", "known_bug": "known_bug",
-                 "unexpected_pass": "unexpected_pass", "passed": "passed",
-                 "refused_as_expected": "refused", "skipped": "skipped"}
+# The state of a case that is not failing (failing is the record's word, not the verdict's).
+# unsupported reads like skipped: the kernel declined, nothing was compared.
+VERDICT_STATE = {"known_bug": "known_bug", "unexpected_pass": "unexpected_pass",
+                 "passed": "passed", "refused_as_expected": "refused", "unsupported": "skipped",
+                 "skipped": "skipped"}
 
 RATIO_MIN, RATIO_MAX = 1e-3, 1e3  # colour scale, log, centred on 1 (the budget)
+
+
+def case_state(case) -> str:
+    if case.failing:
+        return "fail"
+    # A verdict without a state of its own (failed or error that attncheck does not mark
+    # failing) claims nothing: shown as not checked.
+    return VERDICT_STATE.get(case.verdict, "skipped")
 
 
 def axis_value(case, axis: str):
@@ -173,7 +183,7 @@ class Cell:
 
     @property
     def state(self) -> str:
-        states = {VERDICT_STATE[c.verdict] for c in self.cases}
+        states = {case_state(c) for c in self.cases}
         return next(s for s in STATES if s in states)
 
 

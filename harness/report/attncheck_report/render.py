@@ -60,7 +60,9 @@ class Report:
         self.mutation = mutation
         self.warnings = runs_warnings(runs)
         self.counts = verdict_counts(cases)
-        self.status, self.status_text = status_line(self.counts, self.warnings)
+        self.status = status_line(cases, self.warnings)
+        # Verdict columns whose counts hold a failing case: attncheck marks those, not we.
+        self.failing_verdicts = {c.verdict for c in cases if c.failing}
         self.by_arch = counts_by(cases, lambda c: c.arch)
         self.by_op = counts_by(cases, lambda c: (c.op, c.arch))
         self.worst = worst_cases(cases, worst_n)
@@ -170,6 +172,7 @@ def html_context(report: Report) -> dict:
         "verdicts": VERDICTS,
         "labels": VERDICT_LABELS,
         "marks": STATE_MARK,
+        "alarm": report.failing_verdicts | {"unexpected_pass"},
         "ops": ops,
         "worst": [_case_row(report, c) for c in report.worst],
         "failures": failure_rows[:1000],
@@ -295,13 +298,15 @@ def md_table(head, rows) -> list:
 
 
 def write_markdown(report: Report, path: Path, top: int = 10) -> None:
-    icons = {"PASSED": "✅", "FAILED": "❌", "INCOMPLETE": "⚠️", "NOT CHECKED": "⚠️"}
-    icon = icons[report.status]
+    icons = {"PASSED": "✅", "FAILED": "❌", "INCOMPLETE": "⚠️", "NOT CHECKED": "⚠️",
+             "REFERENCE ONLY": "⚠️"}
+    st = report.status
     r0 = report.runs
     lines = [
         f"## {report.title}",
         "",
-        f"{icon} **{report.status}**: {report.status_text} · tier {describe_runs(r0, 'tier')}"
+        f"{icons[st.word]} **{st.badge}**" + (f" ({st.scope})" if st.scope else "")
+        + f": {st.text} · tier {describe_runs(r0, 'tier')}"
         f" · {describe_runs(r0, 'arch')} · {describe_runs(r0, 'backend')}"
         f" · rev `{describe_runs(r0, 'git_revision')}` · mode {describe_runs(r0, 'mode')}",
         "",

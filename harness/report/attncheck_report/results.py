@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from . import FAILING_VERDICTS, VERDICTS
+from . import MODES, VERDICTS
 
 INF = math.inf
 
@@ -94,7 +94,8 @@ class CaseResult:
     op: str
     params: dict
     verdict: str
-    mode: str
+    failing: bool  # attncheck's word (the record's "failing"), never derived from the verdict here
+    mode: str  # kernel | reference | none
     message: str
     checks: list
     timings: dict
@@ -107,10 +108,6 @@ class CaseResult:
     @property
     def key(self) -> tuple:
         return (self.arch, self.id)
-
-    @property
-    def failing(self) -> bool:
-        return self.verdict in FAILING_VERDICTS
 
     @property
     def ratio(self) -> Optional[float]:
@@ -217,6 +214,16 @@ def _parse_check(raw: Any, where: str) -> Check:
     return Check(name, passed, str(raw.get("message", "")), kind, budget, metrics, ratio)
 
 
+def _parse_failing(raw: dict, where: str) -> bool:
+    """attncheck decides what fails a job and writes it into every record; a report that guessed
+    from verdict names would drift from the gate the moment that rule changes."""
+    if "failing" not in raw:
+        raise ResultsError(f"{where}: no 'failing' field: written by an older attncheck; rerun it")
+    if not isinstance(raw["failing"], bool):
+        raise ResultsError(f"{where}: 'failing' must be true or false, got {raw['failing']!r}")
+    return raw["failing"]
+
+
 def _parse_case(raw: Any, run: Run, where: str) -> CaseResult:
     if not isinstance(raw, dict):
         raise ResultsError(f"{where}: a result must be a JSON object, got {type(raw).__name__}")
@@ -227,6 +234,10 @@ def _parse_case(raw: Any, run: Run, where: str) -> CaseResult:
         raise ResultsError(
             f"{where}: unknown verdict {raw['verdict']!r} (known: {', '.join(VERDICTS)})"
         )
+    failing = _parse_failing(raw, where)
+    if raw.get("mode") not in MODES:
+        raise ResultsError(
+            f"{where}: missing or unknown mode {raw.get('mode')!r} (known: {', '.join(MODES)})")
     if not raw["id"].startswith(raw["op"] + "/"):
         raise ResultsError(
             f"{where}: case id {raw['id']!r} does not start with its op '{raw['op']}/'")
@@ -248,7 +259,8 @@ def _parse_case(raw: Any, run: Run, where: str) -> CaseResult:
         op=raw["op"],
         params=params,
         verdict=raw["verdict"],
-        mode=str(raw.get("mode", "")),
+        failing=failing,
+        mode=raw["mode"],
         message=str(raw.get("message", "")),
         checks=checks,
         timings={k: to_float(v, f"{where}: timings_ms.{k}") for k, v in timings.items()},

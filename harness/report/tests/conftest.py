@@ -15,13 +15,13 @@ sys.path[:0] = [str(PACKAGE_PARENT), str(TESTS)]
 import synthetic  # noqa: E402
 
 
-def run_report(*args, env=None, python=None):
+def run_report(*args, env=None, python=None, cwd=None):
     """`python3 -m attncheck_report ARGS` as CI runs it; returns the CompletedProcess."""
     full_env = dict(os.environ, PYTHONPATH=str(PACKAGE_PARENT))
     full_env.pop("GITHUB_ACTIONS", None)  # annotations only where a test asks for them
     full_env.update(env or {})
     return subprocess.run([python or sys.executable, "-m", "attncheck_report", *map(str, args)],
-                          capture_output=True, text=True, env=full_env, timeout=300)
+                          capture_output=True, text=True, env=full_env, timeout=300, cwd=cwd)
 
 
 @pytest.fixture(scope="session")

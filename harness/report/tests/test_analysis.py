@@ -1,5 +1,7 @@
 """Verdict counts, worst-case order, baseline regressions and the mutation score."""
 
+from types import SimpleNamespace
+
 import pytest
 
 import synthetic
@@ -22,20 +24,65 @@ def by_id(changes):
 def test_verdict_counts_per_arch(loaded):
     g942 = verdict_counts(c for c in loaded["cases"] if c.arch == "gfx942")
     assert dict(g942) == {"passed": 63, "failed": 4, "refused_as_expected": 3, "known_bug": 3,
-                          "unexpected_pass": 0, "skipped": 1, "error": 1}
+                          "unexpected_pass": 0, "unsupported": 0, "skipped": 1, "error": 1}
+
+
+def cases_of(mode="kernel", **verdicts):
+    """Stand-in cases: {verdict: how many}, failing as attncheck writes it today."""
+    return [SimpleNamespace(verdict=v, failing=v in synthetic.ATTNCHECK_FAILING, mode=mode)
+            for v, n in verdicts.items() for _ in range(n)]
 
 
 def test_status_line():
-    counts = verdict_counts([])
-    counts.update({"skipped": 52, "refused_as_expected": 12})
-    assert status_line(counts, []) == (
-        "NOT CHECKED", "none of 64 cases compared an output (52 skipped, 12 refused as expected)")
-    counts = verdict_counts([])
-    counts.update({"passed": 3, "known_bug": 1, "unexpected_pass": 1})
-    assert status_line(counts, []) == ("PASSED", "5 cases, none failed (1 known bug)")
-    assert status_line(counts, ["cut short"])[0] == "INCOMPLETE"
-    counts.update({"error": 1})
-    assert status_line(counts, []) == ("FAILED", "1 error of 6 cases")
+    st = status_line(cases_of(skipped=52, refused_as_expected=12), [])
+    assert (st.word, st.text) == (
+        "NOT CHECKED", "none of 64 cases compared an output (12 refused as expected, 52 skipped)")
+    cases = cases_of(passed=3, known_bug=1, unexpected_pass=1)
+    st = status_line(cases, [])
+    assert (st.word, st.text, st.scope) == (
+        "PASSED", "5 cases, 3 passed, none failed (1 known bug, 1 unexpected pass)", "")
+    assert st.headline == "PASSED: 5 cases, 3 passed, none failed (1 known bug, 1 unexpected pass)"
+    assert status_line(cases, ["cut short"]).word == "INCOMPLETE"
+    st = status_line(cases + cases_of(error=1), [])
+    assert (st.word, st.text) == ("FAILED", "1 error of 6 cases")
+
+
+def test_failing_is_the_records_word_not_the_verdicts():
+    """attncheck owns the rule: were it to make an unexpected pass failing, the report follows."""
+    cases = cases_of(passed=2) + [SimpleNamespace(verdict="unexpected_pass", failing=True,
+                                                  mode="kernel")]
+    assert status_line(cases, []).headline == "FAILED: 1 unexpected pass of 3 cases"
+    cases[-1].failing = False
+    assert status_line(cases, []).word == "PASSED"
+
+
+def test_reference_only_results_never_read_as_passed():
+    st = status_line(cases_of("reference", passed=52, refused_as_expected=12), [])
+    assert st.word == "REFERENCE ONLY" and st.badge == "REFERENCE ONLY: kernels not checked"
+    assert st.headline == ("REFERENCE ONLY: kernels not checked: 64 cases, 52 passed, none failed"
+                           " (12 refused as expected)")
+    # Failing, incomplete or not checked: the word stays, the scope still says it.
+    st = status_line(cases_of("reference", passed=5, failed=1), [])
+    assert st.headline == "FAILED (REFERENCE ONLY: kernels not checked): 1 failed of 6 cases"
+    st = status_line(cases_of("reference", passed=5), ["cut short"])
+    assert st.word == "INCOMPLETE" and st.scope == "REFERENCE ONLY: kernels not checked"
+
+
+def test_mixed_modes_say_how_many_cases_ran_their_kernel():
+    cases = (cases_of("kernel", passed=400, skipped=12) + cases_of("reference", passed=150)
+             + cases_of("none", skipped=15))
+    st = status_line(cases, [])
+    assert st.word == "PASSED"
+    assert st.headline == ("PASSED (kernel: 412 of 577 cases; 150 reference only, 15 compared"
+                           " nothing): 577 cases, 550 passed, none failed (27 skipped)")
+
+
+def test_a_pass_that_compared_nothing_is_not_counted_as_passed():
+    cases = cases_of("kernel", passed=3) + cases_of("none", passed=2, unexpected_pass=1)
+    assert status_line(cases, []).text == "6 cases, 3 passed, none failed (3 not compared)"
+    st = status_line(cases_of("none", passed=4, skipped=1), [])
+    assert st.headline == ("NOT CHECKED (REFERENCE ONLY: kernels not checked): none of 5 cases"
+                           " compared an output (1 skipped, 4 not compared)")
 
 
 def test_worst_cases_put_failures_first_then_ratio(loaded):
@@ -132,7 +179,7 @@ def test_mutant_runs_over_the_same_cases_and_other_ops(tmp_path, synth, loaded):
     records = synthetic.mla_cases("gfx942") + synthetic.other_cases("gfx942")
     for r in records:
         if r["op"] == "kv_gather" and r["verdict"] == "passed":
-            r["verdict"], r["checks"] = "failed", [synthetic.numeric_check("key", 50.0)]
+            synthetic.set_verdict(r, "failed", [synthetic.numeric_check("key", 50.0)])
     a = synthetic.write_results(tmp_path / "m" / "a", records, "gfx942",
                                 kernels_library="x/libattncheck_kernels_mutant_kv_ignore_stride.so")
     b = synthetic.write_results(
@@ -147,3 +194,20 @@ def test_mutant_runs_over_the_same_cases_and_other_ops(tmp_path, synth, loaded):
                      ["--mutants", str(a), str(b), "--mutant-specs", str(synth["specs"]),
                       "--out", str(tmp_path / "r")])
     assert rc == 0 and (tmp_path / "r" / "report.html").exists()
+
+
+def test_mutant_kills_follow_the_failing_field(tmp_path, loaded):
+    """A kill is a case attncheck marks failing with the mutant (and not with the normal library),
+    whatever its verdict is called; a failing 'error' (the harness could not run the case) and a
+    known bug do not kill."""
+    from attncheck_report.results import load_run
+    records = [r for r in synthetic.other_cases("gfx942") if r["op"] == "page_indices"]
+    killer, harness_error, known = records[:3]
+    killer["failing"] = True  # a verdict today's rule does not fail: the field decides
+    killer["verdict"] = "unexpected_pass"
+    synthetic.set_verdict(harness_error, "error")
+    synthetic.set_verdict(known, "known_bug")
+    d = synthetic.write_results(tmp_path / "m", records, "gfx942",
+                                kernels_library="x/libattncheck_kernels_mutant_mla_pad_heads.so")
+    outcome, = mutation_analysis([load_run(d)], loaded["cases"], loaded["specs"]).outcomes
+    assert outcome.killed and [c.id for c in outcome.killers] == [killer["id"]]

@@ -172,7 +172,10 @@ def test_gpu_job_without_gpu_runs_the_reference_and_says_so(fake_machine):
     assert "kernels under test are NOT checked" in p.stdout
     (run, argv), = shard_runs(f["out"])
     assert "--kernels" not in argv and "--shard" not in argv and run["mode"] == "reference"
-    assert "reference vs goldens only, kernels not checked" in (f["out"] / "summary.md").read_text()
+    md = (f["out"] / "summary.md").read_text()
+    assert "reference vs goldens only, kernels not checked" in md
+    # The report's own headline: no kernel ran, so never PASSED.
+    assert "⚠️ **REFERENCE ONLY: kernels not checked**" in md and "PASSED" not in md
 
 
 def test_gpu_job_expect_arch_refuses_the_wrong_gpu_or_none(fake_machine):

@@ -7,12 +7,13 @@ import pytest
 
 from attncheck_report.heatmap import Cell, grid, plan_heatmap, ratio_label, render_heatmap
 from png_check import check_png
+from synthetic import ATTNCHECK_FAILING
 
 
 def case(op, arch="gfx942", verdict="passed", ratio=0.1, **params):
     params.setdefault("seed", 0)
     return SimpleNamespace(op=op, arch=arch, verdict=verdict, ratio=ratio, params=params,
-                           failing=verdict in ("failed", "error"))
+                           failing=verdict in ATTNCHECK_FAILING)
 
 
 def cross(op, **axes):
@@ -95,6 +96,18 @@ def test_cell_state_and_ratio():
     assert cell.state == "fail" and cell.ratio == 9.0
     assert Cell([case("x", verdict="refused_as_expected", ratio=None)]).state == "refused"
     assert Cell([case("x", verdict="unexpected_pass"), case("x")]).state == "unexpected_pass"
+
+
+def test_cell_state_follows_the_failing_field():
+    # The record's "failing" decides the cross, not the verdict's name.
+    marked = case("x", verdict="unexpected_pass")
+    marked.failing = True
+    assert Cell([marked, case("x")]).state == "fail"
+    unmarked = case("x", verdict="failed", ratio=None)
+    unmarked.failing = False
+    assert Cell([unmarked]).state != "fail"
+    # unsupported (the kernel declined) reads like skipped: nothing compared.
+    assert Cell([case("x", verdict="unsupported", ratio=None)]).state == "skipped"
 
 
 @pytest.mark.parametrize("value,text", [(None, ""), (math.inf, "∞"), (0.0, "0"), (37.2, "37"),

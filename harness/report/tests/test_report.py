@@ -6,6 +6,7 @@ import base64
 import re
 from html.parser import HTMLParser
 
+import synthetic
 from conftest import run_report
 from png_check import check_png
 
@@ -111,9 +112,11 @@ def test_markdown_summary(full_report):
     assert md.startswith("## synthetic <report> & co\n")
     assert "❌ **FAILED**: 7 failed, 1 error of 150 cases" in md
     rows = md_rows(md)
-    assert ["gfx942", "75", "63", "4", "3", "3", "0", "1", "1"] in rows
-    assert ["gfx950", "75", "65", "3", "3", "0", "3", "1", "0"] in rows
-    assert ["**all**", "150", "128", "7", "6", "3", "3", "2", "1"] in rows
+    assert rows[0] == ["arch", "cases", "passed", "failed", "refused as expected", "known bug",
+                       "unexpected pass", "unsupported", "skipped", "error"]
+    assert ["gfx942", "75", "63", "4", "3", "3", "0", "0", "1", "1"] in rows
+    assert ["gfx950", "75", "65", "3", "3", "0", "3", "0", "1", "0"] in rows
+    assert ["**all**", "150", "128", "7", "6", "3", "3", "0", "2", "1"] in rows
     assert "3 new failures, 1 fixed, 1 error/budget ratios grown > 2x, 6 cases appeared," \
            " 1 disappeared; no baseline for gfx950" in md
     changes = [r for r in rows if r[0] in ("new failure", "ratio grown", "fixed")]
@@ -185,3 +188,106 @@ def test_reexec_under_debian_python_or_clear_message(synth, tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 3
     assert "lacks numpy" in proc.stderr and "apt-get install python3-numpy" in proc.stderr
+
+
+# --- failing field, modes, unsupported, default output directory --------------------------------
+
+
+def passing_records(mode="kernel", arch="gfx942"):
+    """The 27 passing records of one arch in tests/synthetic.py."""
+    records = [r for r in synthetic.other_cases(arch) if r["verdict"] == "passed"]
+    assert len(records) == 27 or arch != "gfx942"
+    for r in records:
+        r["mode"] = mode
+    return records
+
+
+def report_text(out):
+    html = (out / "report.html").read_text()
+    badge = re.search(r'<span class="status (\w+)">([^<]*)</span>', html)
+    body = re.sub(r"(?s)<style>.*</style>", "", html)  # CSS names every status
+    return " ".join(" ".join(parse(body).text).split()), badge, (out / "summary.md").read_text()
+
+
+def test_reference_only_run_never_shows_passed(tmp_path):
+    d = synthetic.write_results(tmp_path / "ref", passing_records("reference"),
+                                mode="reference", kernels_library="")
+    proc = run_report(d, "--out", tmp_path / "o", "--exit-code")
+    assert proc.returncode == 0, proc.stderr  # the reference matched its goldens: not a failure
+    text, badge, md = report_text(tmp_path / "o")
+    assert badge.groups() == ("REFERENCE", "REFERENCE ONLY: kernels not checked")
+    assert "⚠️ **REFERENCE ONLY: kernels not checked**: 27 cases, 27 passed, none failed" in md
+    assert "PASSED" not in md and "PASSED" not in text and "✅" not in md
+    assert "REFERENCE ONLY: kernels not checked: 27 cases" in proc.stdout
+
+
+def test_failing_reference_only_run_says_both(tmp_path):
+    records = passing_records("reference")
+    synthetic.set_verdict(records[0], "failed")
+    d = synthetic.write_results(tmp_path / "ref", records, mode="reference")
+    proc = run_report(d, "--out", tmp_path / "o", "--exit-code")
+    assert proc.returncode == 1
+    _, badge, md = report_text(tmp_path / "o")
+    assert badge.groups() == ("FAILED", "FAILED")
+    assert "❌ **FAILED** (REFERENCE ONLY: kernels not checked): 1 failed of 27 cases" in md
+
+
+def test_mixed_run_says_how_many_cases_ran_their_kernel(tmp_path):
+    records = passing_records("kernel")
+    for r in records[:4]:
+        r["mode"] = "reference"
+    records[4]["mode"] = "none"  # a pass that compared nothing: never counted as passed
+    d = synthetic.write_results(tmp_path / "mix", records)
+    proc = run_report(d, "--out", tmp_path / "o", "--exit-code")
+    assert proc.returncode == 0, proc.stderr
+    text, badge, md = report_text(tmp_path / "o")
+    scope = "(kernel: 22 of 27 cases; 4 reference only, 1 compared nothing)"
+    assert badge.groups() == ("PASSED", "PASSED")
+    assert f"PASSED {scope} 27 cases, 26 passed, none failed (1 not compared)" in text
+    assert f"✅ **PASSED** {scope}: 27 cases, 26 passed, none failed (1 not compared)" in md
+
+
+def test_exit_code_follows_the_failing_field(tmp_path):
+    """attncheck decides what fails: the report's exit status and its FAILED follow the field."""
+    records = passing_records()
+    records[0]["failing"] = True  # a passed verdict that attncheck's (future) rule fails
+    d = synthetic.write_results(tmp_path / "r", records)
+    proc = run_report(d, "--out", tmp_path / "o", "--exit-code", env={"GITHUB_ACTIONS": "true"})
+    assert proc.returncode == 1 and "FAILED: 1 passed of 27 cases" in proc.stdout
+    assert sum(line.startswith("::error ") for line in proc.stdout.splitlines()) == 1
+    records[0]["failing"] = False
+    synthetic.set_verdict(records[1], "unsupported")
+    d = synthetic.write_results(tmp_path / "r2", records)
+    assert run_report(d, "--out", tmp_path / "o2", "--exit-code").returncode == 0
+
+
+def test_unsupported_is_shown_like_skipped_and_counted_apart(tmp_path):
+    records = passing_records()
+    synthetic.set_verdict(records[0], "unsupported", [])
+    synthetic.set_verdict(records[1], "skipped", [])
+    d = synthetic.write_results(tmp_path / "r", records)
+    proc = run_report(d, "--out", tmp_path / "o")
+    assert proc.returncode == 0, proc.stderr
+    _, _, md = report_text(tmp_path / "o")
+    assert ["gfx942", "27", "25", "0", "0", "0", "0", "1", "1", "0"] in md_rows(md)
+    assert "27 cases, 25 passed, none failed (1 unsupported, 1 skipped)" in md
+    html = (tmp_path / "o" / "report.html").read_text()
+    assert '<span class="v v-unsupported">unsupported</span>' in html
+    assert ".v-skipped, .v-unsupported {" in html
+
+
+def test_without_out_the_report_goes_next_to_the_results(tmp_path):
+    first = synthetic.write_results(tmp_path / "runs" / "gfx942", passing_records())
+    second = synthetic.write_results(tmp_path / "runs" / "gfx950",
+                                     passing_records(arch="gfx950"), arch="gfx950")
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    proc = run_report("../runs/gfx942", "../runs/gfx950", cwd=elsewhere)
+    assert proc.returncode == 0, proc.stderr
+    assert list(elsewhere.iterdir()) == []  # not the current directory
+    assert not (second / "report.html").exists()
+    html, summary = (first / "report.html").resolve(), (first / "summary.md").resolve()
+    assert html.is_file() and summary.is_file()
+    lines = proc.stdout.splitlines()
+    assert f"report: {html}" in lines and f"summary: {summary}" in lines
+    assert html.is_absolute()

@@ -32,7 +32,8 @@ def test_loads_cases_with_their_arch_and_source(tmp_path):
 
 
 def test_non_finite_strings_become_floats(tmp_path):
-    rec = good_record(checks=[synthetic.numeric_check("out", math.inf, nan=3)], verdict="failed")
+    rec = good_record(checks=[synthetic.numeric_check("out", math.inf, nan=3)], verdict="failed",
+                      failing=True)
     case = load_run(write(tmp_path, [rec])).cases[0]
     assert math.isinf(case.ratio)
     assert case.checks[0].metrics["worst"]["actual"] == "nan"
@@ -51,6 +52,44 @@ def test_unknown_verdict_is_refused_with_the_known_ones(tmp_path):
     with pytest.raises(ResultsError,
                        match=r"results\.jsonl:1: unknown verdict 'flaky' \(known: passed,"):
         load_run(d)
+
+
+def test_record_without_failing_is_refused_with_file_and_line(tmp_path):
+    old = good_record(id="page_indices/old")
+    del old["failing"]
+    d = write(tmp_path, [good_record(), old])
+    with pytest.raises(ResultsError, match=r"results\.jsonl:2: no 'failing' field: written by an"
+                                           r" older attncheck; rerun it"):
+        load_run(d)
+
+
+def test_failing_must_be_true_or_false(tmp_path):
+    with pytest.raises(ResultsError, match=r":1: 'failing' must be true or false, got 'yes'"):
+        load_run(write(tmp_path, [good_record(failing="yes")]))
+
+
+def test_failing_is_read_from_the_record_not_the_verdict(tmp_path):
+    # attncheck owns the rule; the report takes its word even where today's rule would differ.
+    records = [good_record(id="page_indices/a", verdict="unexpected_pass", failing=True),
+               good_record(id="page_indices/b", verdict="failed", failing=False)]
+    assert [c.failing for c in load_run(write(tmp_path, records)).cases] == [True, False]
+
+
+def test_unsupported_is_a_verdict_and_not_failing(tmp_path):
+    rec = good_record(verdict="unsupported", checks=[],
+                      message="unsupported by aiter: block_size 1")
+    case = load_run(write(tmp_path, [rec])).cases[0]
+    assert case.verdict == "unsupported" and not case.failing and case.ratio is None
+
+
+def test_unknown_or_missing_mode_is_refused(tmp_path):
+    with pytest.raises(ResultsError, match=r":1: missing or unknown mode 'gpu' \(known: kernel,"
+                                           r" reference, none\)"):
+        load_run(write(tmp_path, [good_record(mode="gpu")]))
+    rec = good_record()
+    del rec["mode"]
+    with pytest.raises(ResultsError, match=r":1: missing or unknown mode None"):
+        load_run(write(tmp_path, [rec]))
 
 
 def test_missing_run_json(tmp_path):

@@ -7,8 +7,10 @@
 #include <fstream>
 #include <set>
 
+#include "ops/op.h"
 #include "run/cases.h"
 #include "run/covering.h"
+#include "run/provenance.h"
 
 namespace attncheck {
 namespace {
@@ -91,10 +93,69 @@ cases = [ { heads = 3 }, { heads = 4, seed = 7, n = 5 } ]
           "selftest_axpy/h2-n16-f32-strided-s0", "selftest_axpy/h2-n16-bf16-contiguous-s0",
           "selftest_axpy/h4-n16-f32-contiguous-s0", "selftest_axpy/h4-n16-bf16-strided-s0",
           "selftest_axpy/h3-n16-f32-contiguous-s0", "selftest_axpy/h4-n5-f32-contiguous-s7"}));
-  EXPECT_EQ(f.tiers.at("full").size(), 12u);
+  // full: its 12 own cases, then the 2 smoke cases it lacks (tiers nest).
+  EXPECT_EQ(f.tiers.at("full").size(), 14u);
+  EXPECT_EQ(ids(f.tiers.at("quick")), ids(f.tiers.at("smoke")));
   // Tier membership is recorded on every case.
-  EXPECT_EQ(f.tiers.at("smoke")[0].tiers, (std::vector<std::string>{"smoke", "full"}));
-  EXPECT_EQ(f.tiers.at("smoke")[6].tiers, (std::vector<std::string>{"smoke"}));
+  EXPECT_EQ(f.tiers.at("smoke")[0].tiers, (std::vector<std::string>{"smoke", "quick", "full"}));
+  EXPECT_EQ(f.tiers.at("full").back().id, "selftest_axpy/h4-n5-f32-contiguous-s7");
+}
+
+TEST_F(CaseFiles, TiersNestSmokeQuickFull) {
+  const auto f = load_case_file(write("a.toml", R"(
+op = "selftest_axpy"
+[[group]]
+name = "tiny"
+tiers = { smoke = "list" }
+cases = [ { heads = 1 }, { heads = 2 } ]
+[[group]]
+name = "wide"
+tiers = { quick = "list", full = "list" }
+cases = [ { heads = 4 }, { heads = 2 } ]
+)"));
+  EXPECT_EQ(ids(f.tiers.at("quick")),
+            (std::vector<std::string>{"selftest_axpy/h4-n64-f32-contiguous-s0",
+                                      "selftest_axpy/h2-n64-f32-contiguous-s0",
+                                      "selftest_axpy/h1-n64-f32-contiguous-s0"}));
+  EXPECT_EQ(ids(f.tiers.at("full")), ids(f.tiers.at("quick")));
+  for (const auto& c : f.tiers.at("full"))
+    EXPECT_TRUE(c.in_tier("full") && c.in_tier("quick")) << c.id;
+  EXPECT_TRUE(f.tiers.at("quick").back().in_tier("smoke"));
+}
+
+// The repository's own case files: smoke within quick within full, for every op.
+TEST(RepositoryCases, SmokeWithinQuickWithinFull) {
+  for (const auto& f : load_case_dir((fs::path(default_root()) / "cases").string())) {
+    auto id_set = [&](const char* tier) {
+      std::set<std::string> s;
+      if (f.tiers.count(tier))
+        for (const auto& c : f.tiers.at(tier)) s.insert(c.id);
+      return s;
+    };
+    const auto smoke = id_set("smoke"), quick = id_set("quick"), full = id_set("full");
+    for (const auto& id : smoke) EXPECT_TRUE(quick.count(id)) << id << " is smoke, not quick";
+    for (const auto& id : quick) EXPECT_TRUE(full.count(id)) << id << " is quick, not full";
+  }
+}
+
+// Every quick case's problem launches an entry its op declares (Op::problem checks), so the entry
+// list that `attncheck kernels --check` holds the libraries to is complete.
+TEST(RepositoryCases, QuickProblemsUseDeclaredEntries) {
+  for (const auto& f : load_case_dir((fs::path(default_root()) / "cases").string())) {
+    if (!f.tiers.count("quick")) continue;
+    const Op* op = find_op(f.op);
+    ASSERT_NE(op, nullptr) << f.op;
+    std::set<std::string> used;
+    for (const auto& c : f.tiers.at("quick")) {
+      try {
+        used.insert(op->problem(c).kernel);
+      } catch (const std::logic_error& e) {
+        ADD_FAILURE() << c.id << ": " << e.what();
+      }
+    }
+    for (const auto& e : op->kernel_entries())
+      EXPECT_TRUE(used.count(e)) << f.op << ": no quick case launches entry '" << e << "'";
+  }
 }
 
 TEST(Covering, EveryPairCoveredForManyShapes) {
@@ -286,7 +347,7 @@ cases = [ { block_size = 1 }, { block_size = 16 }, { block_size = 64 } ]
 
   Selection quick;
   quick.tier = "quick";
-  EXPECT_EQ(select_cases(files, quick).size(), 18u);
+  EXPECT_EQ(select_cases(files, quick).size(), 21u);  // 18 own + the 3 smoke-only cases
   Selection any;
   any.tier = "all";
   EXPECT_EQ(select_cases(files, any).size(), 21u);  // unique ids across tiers

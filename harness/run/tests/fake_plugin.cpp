@@ -12,13 +12,15 @@
 //   nondeterministic  flip the lowest bit of one output element on every second launch
 //   refuse          refuse a valid configuration
 //   run_invalid     run an invalid configuration (the reference refuses it) instead of refusing
-//   error           report a runtime error
+//   error           report a device error (ATTNCHECK_ERROR: the worker retires)
+//   host_error      report an exception in the entry's host code (ATTNCHECK_HOST_ERROR)
 //   abort, segfault, hang   crash or never return (for the worker-isolation tests)
 //
 // A fault is selected by the kernel parameter "fault" or by $ATTNCHECK_FAKE_FAULT, optionally
 // only for launches whose kernel parameters contain every key/value of the JSON object in
 // $ATTNCHECK_FAKE_FAULT_WHEN. $ATTNCHECK_FAKE_ARCH sets the reported arch (default "fake-cpu");
-// $ATTNCHECK_FAKE_NO_DEVICE=1 makes the library report no device.
+// $ATTNCHECK_FAKE_NO_DEVICE=1 makes the library report no device; $ATTNCHECK_FAKE_OMIT (comma-
+// separated entries) leaves entries out of its list. It lists entries as a real library does.
 //
 // The kernel rebuilds the op's Problem from the arguments it is handed: dtypes from DLPack, where
 // uint8 is an fp8 format ("fp8_format" parameter, else the op's default case) unless the op's
@@ -113,15 +115,12 @@ struct Mirror {
   std::shared_ptr<Storage> host;
 };
 
-// The op behind a kernel entry: the op of that name, else the op whose name is the longest prefix
-// of the entry ("rope_inplace" -> rope).
+// The op that declares this kernel entry.
 const Op* op_for_kernel(const std::string& kernel) {
-  if (const Op* op = find_op(kernel)) return op;
-  const Op* best = nullptr;
   for (const Op* o : all_ops())
-    if (kernel.rfind(o->name() + "_", 0) == 0 && (!best || o->name().size() > best->name().size()))
-      best = o;
-  return best;
+    for (const auto& e : o->kernel_entries())
+      if (e == kernel) return o;
+  return nullptr;
 }
 
 // The op's default case, made once: which dtype and role each argument name has. uint8 on the wire
@@ -155,6 +154,10 @@ int run_impl(const char* op_name, const char* params_json, const attncheck_arg* 
   if (fault == "error") {
     put(msg, msg_len, "fake kernel error (injected)");
     return ATTNCHECK_ERROR;
+  }
+  if (fault == "host_error") {
+    put(msg, msg_len, "fake kernel entry threw on the host (injected)");
+    return ATTNCHECK_HOST_ERROR;
   }
   if (fault == "refuse") {
     put(msg, msg_len, "fake kernel refuses (injected)");
@@ -293,12 +296,16 @@ int run_impl(const char* op_name, const char* params_json, const attncheck_arg* 
   return ATTNCHECK_OK;
 }
 
+// Entries exactly as a real library lists them: every op's kernel_entries(), less those named in
+// ATTNCHECK_FAKE_OMIT (comma-separated), read at each call so a test can open a partial library.
 const char* ops() {
-  static std::string names = [] {
-    std::string s;
-    for (const Op* o : all_ops()) s += (s.empty() ? "" : ",") + o->name();
-    return s;
-  }();
+  static std::string names;
+  const std::string omit = "," + env("ATTNCHECK_FAKE_OMIT") + ",";
+  std::lock_guard<std::mutex> lock(g_mutex);
+  names.clear();
+  for (const Op* o : all_ops())
+    for (const auto& e : o->kernel_entries())
+      if (omit.find("," + e + ",") == std::string::npos) names += (names.empty() ? "" : ",") + e;
   return names.c_str();
 }
 

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "run/evaluate.h"
 #include "run/golden.h"
 #include "run/sha256.h"
 
@@ -15,6 +16,15 @@ namespace attncheck {
 namespace {
 
 namespace fs = std::filesystem;
+
+// Reference vs an in-memory golden, through the one evaluation path.
+Result verify_against(const Case& c, const GoldenCase& g) {
+  GoldenStore store("/nonexistent");
+  store.put(c.op, g);
+  EvalContext ctx;
+  ctx.goldens = &store;
+  return evaluate(c, ctx);
+}
 
 TEST(Sha256, KnownVectors) {
   EXPECT_EQ(sha256_hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
@@ -174,28 +184,27 @@ TEST_F(Goldens, DriftBeyondTheStorageBoundFails) {
   std::ostringstream log;
   ASSERT_EQ(golden_generate(files(), opt_, log), 0);
   GoldenStore store(opt_.dir);
-  const Op& op = *find_op("selftest_axpy");
   const auto cases = files()[1].tiers.at("smoke");
   const Case& c = cases.front();
   auto g = *store.load("selftest_axpy", c.id);
-  EXPECT_EQ(verify_against_golden(op, c, g).verdict, Verdict::passed);
+  EXPECT_EQ(verify_against(c, g).verdict, Verdict::passed);
 
   // One element off by 2^-22 relative: four times the float32 rounding bound.
   Tensor& out = g.outputs.at("out");
   const double v = out.get({0, 5});
   out.set({0, 5}, v * (1 + std::ldexp(1.0, -22)));
-  const Result r = verify_against_golden(op, c, g);
+  const Result r = verify_against(c, g);
   EXPECT_EQ(r.verdict, Verdict::failed);
   EXPECT_NE(r.message.find("reference drift: out: "), std::string::npos) << r.message;
   EXPECT_NE(r.message.find("worst at [0,5]"), std::string::npos) << r.message;
 
   // Within half an ulp of the stored float32: accepted (that is the storage rounding itself).
   out.set({0, 5}, v * (1 + std::ldexp(1.0, -26)));
-  EXPECT_EQ(verify_against_golden(op, c, g).verdict, Verdict::passed);
+  EXPECT_EQ(verify_against(c, g).verdict, Verdict::passed);
 
   // Changed inputs are a failure of their own, naming the argument.
   g.input_digests["args"]["x"] = std::string(64, '0');
-  const Result d = verify_against_golden(op, c, g);
+  const Result d = verify_against(c, g);
   EXPECT_EQ(d.verdict, Verdict::failed);
   EXPECT_NE(d.message.find("inputs differ from those the golden was computed from (argument 'x' "),
             std::string::npos)
@@ -211,7 +220,7 @@ TEST_F(Goldens, ExactOutputsAllowNoDrift) {
   auto g = *store.load("page_indices", c.id);
   Tensor& out = g.outputs.at("page_indices");
   out.set({3}, out.get({3}) + 1);
-  const Result r = verify_against_golden(*find_op("page_indices"), c, g);
+  const Result r = verify_against(c, g);
   EXPECT_EQ(r.verdict, Verdict::failed);
   EXPECT_NE(r.message.find("1 of"), std::string::npos) << r.message;
   EXPECT_NE(r.message.find("differ bitwise"), std::string::npos) << r.message;

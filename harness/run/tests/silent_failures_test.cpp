@@ -3,9 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <limits>
+#include <set>
 
 #include "run/device.h"
-#include "run/runner.h"
+#include "run/evaluate.h"
 
 #ifndef ATTNCHECK_FAKE_KERNELS
 #error "ATTNCHECK_FAKE_KERNELS (path of the fake kernel library) must be defined by the build"
@@ -33,10 +35,11 @@ class FakeKernels : public ::testing::Test {
     Case c = op->make_case(given);
     c.known_bug = bug;
     DeviceRunner runner(*lib_, arch);
-    RunOptions opt;
-    opt.repeat = repeat;
-    opt.arch = arch;
-    return run_case(*op, c, &runner, opt);
+    EvalContext ctx;
+    ctx.device = &runner;
+    ctx.options.repeat = repeat;
+    ctx.options.arch = arch;
+    return evaluate(c, ctx);
   }
   static inline KernelLibrary* lib_ = nullptr;  // never closed (GPU runtimes dislike dlclose)
 };
@@ -50,9 +53,67 @@ TEST_F(FakeKernels, LibraryDescribesItself) {
   const auto dev = lib_->device(&why);
   ASSERT_TRUE(dev) << why;
   EXPECT_EQ(dev->arch, "fake-cpu");
-  EXPECT_TRUE(lib_->has_op("page_indices"));
-  EXPECT_TRUE(lib_->has_op("selftest_axpy"));
-  EXPECT_FALSE(lib_->has_op("no_such_op"));
+  EXPECT_TRUE(lib_->has_entry("page_indices"));
+  EXPECT_TRUE(lib_->has_entry("selftest_axpy"));
+  EXPECT_FALSE(lib_->has_entry("no_such_op"));
+}
+
+// The fake library lists kernel entries exactly as the real one does (`attncheck kernels --check`
+// holds the real libraries to the same list in CI), so an op whose entries differ from its name
+// (rope) cannot look runnable here and not there.
+TEST_F(FakeKernels, ListsExactlyTheEntriesTheOpsAskFor) {
+  std::set<std::string> asked;
+  for (const Op* op : all_ops())
+    for (const auto& e : op->kernel_entries()) asked.insert(e);
+  const std::set<std::string> listed(lib_->entries().begin(), lib_->entries().end());
+  EXPECT_EQ(listed, asked);
+  EXPECT_FALSE(lib_->has_entry("rope"));  // the op's name is not an entry
+}
+
+// Regression: rope cases ran in reference mode on the GPU because the capability check asked the
+// library for the op name. The check is by kernel entry, after the problem is made.
+TEST_F(FakeKernels, RopeRunsItsKernelEntries) {
+  for (const char* variant : {"inplace", "out_of_place"}) {
+    const Result r = run("rope", {{"contract", variant}});
+    EXPECT_EQ(r.mode, Mode::kernel) << r.message;
+    EXPECT_EQ(r.verdict, Verdict::passed) << r.message;
+    EXPECT_EQ(r.kernel_entry, std::string("rope_") + variant);
+  }
+}
+
+// A library without the problem's entry: the case is not passed, and says which entry is missing.
+TEST_F(FakeKernels, MissingEntryFailsNamingOpAndEntry) {
+  ::setenv("ATTNCHECK_FAKE_OMIT", "rope_inplace", 1);
+  const auto partial = KernelLibrary::open(ATTNCHECK_FAKE_KERNELS);
+  ::unsetenv("ATTNCHECK_FAKE_OMIT");
+  ASSERT_FALSE(partial->has_entry("rope_inplace"));
+  const Op* op = find_op("rope");
+  DeviceRunner runner(*partial, "fake-cpu");
+  EvalContext ctx;
+  ctx.device = &runner;
+  const Result r = evaluate(op->make_case({{"contract", "inplace"}}), ctx);
+  EXPECT_EQ(r.verdict, Verdict::failed) << r.message;
+  EXPECT_EQ(r.mode, Mode::none);
+  EXPECT_TRUE(contains(r.message, "no entry 'rope_inplace' (op rope)")) << r.message;
+}
+
+// An exception in an entry's host code is the kernel's failure, not a device fault: the worker
+// need not be replaced.
+TEST_F(FakeKernels, HostErrorIsNotADeviceError) {
+  const Result host = run("page_indices", Params::object(), "host_error");
+  EXPECT_EQ(host.verdict, Verdict::failed);
+  EXPECT_TRUE(contains(host.message, "kernel entry failed on the host")) << host.message;
+  EXPECT_FALSE(host.device_error);
+  const Result device = run("page_indices", Params::object(), "error");
+  EXPECT_TRUE(device.device_error);
+}
+
+// A verdict is passed only when a kernel output was compared in kernel mode.
+TEST_F(FakeKernels, PassedMeansAKernelOutputWasCompared) {
+  const Result r = run("page_indices", {{"batch", 3}});
+  EXPECT_EQ(r.verdict, Verdict::passed);
+  EXPECT_EQ(r.mode, Mode::kernel);
+  EXPECT_FALSE(r.checks.empty());
 }
 
 TEST_F(FakeKernels, CleanKernelsPass) {
@@ -161,7 +222,7 @@ TEST_F(FakeKernels, KnownBugsAreScopedByArch) {
 TEST(FlippedPoison, ComplementsOnlyPureOutputs) {
   const Op* op = find_op("page_indices");
   ASSERT_NE(op, nullptr);
-  const Problem p = op->make(op->make_case({{"batch", 3}}));
+  const Problem p = op->problem(op->make_case({{"batch", 3}}));
   const Problem q = with_flipped_poison(p);
   ASSERT_EQ(p.args.size(), q.args.size());
   for (size_t i = 0; i < p.args.size(); ++i) {
@@ -197,6 +258,45 @@ TEST(ResultJson, NonFiniteNumbersAreStrings) {
   EXPECT_EQ(j["checks"][0]["metrics"]["max_abs"], "inf");
   EXPECT_EQ(j["checks"][0]["metrics"]["worst"]["actual"], "nan");
   EXPECT_EQ(nlohmann::json::parse(j.dump()), j);
+}
+
+// The parent process and the report read Results back from their JSON: nothing is lost.
+TEST(ResultJson, RoundTripsThroughJson) {
+  Result r;
+  r.id = "page_indices/bs16";
+  r.op = "page_indices";
+  r.params = {{"block_size", 16}};
+  r.verdict = Verdict::known_bug;
+  r.mode = Mode::kernel;
+  r.message = "known bug (x): y";
+  r.arch = "sm_90";
+  r.repro = "attncheck repro 'page_indices/bs16'";
+  r.kernel_entry = "page_indices";
+  r.expected_from = "golden";
+  r.bundle = "/tmp/b.h5";
+  r.device_error = true;
+  r.timings = {1.5, 2.5, 3.5};
+  CheckResult c;
+  c.name = "out";
+  c.passed = false;
+  c.budget.atol = 1e-3;
+  c.budget.why = "because";
+  c.metrics.max_abs = std::numeric_limits<double>::infinity();
+  c.metrics.worst = {{1, 2}, 1.0, std::numeric_limits<double>::quiet_NaN(), 0, 0};
+  r.checks.push_back(c);
+  const auto j = r.to_json();
+  EXPECT_EQ(j["failing"], false);  // known bugs do not fail the gate
+  EXPECT_EQ(Result::from_json(j).to_json(), j);
+  EXPECT_THROW(Result::from_json({{"id", "x"}}), std::invalid_argument);
+}
+
+TEST(Verdicts, FailingIsFailedOrError) {
+  for (Verdict v : {Verdict::passed, Verdict::failed, Verdict::refused_as_expected,
+                    Verdict::known_bug, Verdict::unexpected_pass, Verdict::unsupported,
+                    Verdict::skipped, Verdict::error}) {
+    EXPECT_EQ(is_failing(v), v == Verdict::failed || v == Verdict::error) << verdict_name(v);
+    EXPECT_EQ(parse_verdict(verdict_name(v)), v);
+  }
 }
 
 }  // namespace

@@ -1,0 +1,75 @@
+// The outcome of one case (docs/verification.md "Verdicts"): built once by evaluate()
+// (run/evaluate.h), written as one JSON line of results.jsonl, read back by the parent process
+// and the report from that JSON. What counts as failing is decided here and nowhere else: the
+// JSON carries it as "failing".
+#pragma once
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/case.h"
+#include "core/compare.h"
+
+namespace attncheck {
+
+enum class Verdict {
+  passed,               // a kernel output (or, in reference mode, the reference) was compared and
+                        // every check was within budget
+  failed,               // a check failed; the kernel crashed, hung, refused a valid case, ran an
+                        // invalid one; or the kernel entry was missing from the library
+  refused_as_expected,  // invalid configuration, refused by the reference and the kernel
+  known_bug,            // failed, and the case carries a known_bug mark for this arch
+  unexpected_pass,      // passed although marked known_bug for this arch
+  unsupported,          // the kernel under test declined the case ("unsupported by <adapter>")
+  skipped,              // nothing compared; the message says why
+  error,                // the harness itself could not run the case (bad case, I/O, golden)
+};
+std::string_view verdict_name(Verdict v);
+std::optional<Verdict> parse_verdict(std::string_view name);
+// The one definition of a failing case: the gate goes red for these.
+bool is_failing(Verdict v);
+
+// What was compared: a kernel's output (against the golden or the reference), the reference
+// against a golden, or nothing.
+enum class Mode { kernel, reference, none };
+std::string_view mode_name(Mode m);
+std::optional<Mode> parse_mode(std::string_view name);
+
+struct Timings {
+  double generate_ms = 0;
+  double reference_ms = 0;
+  double kernel_ms = 0;  // wall time of the first launch
+};
+
+struct Result {
+  std::string id;
+  std::string op;
+  Params params;
+  Verdict verdict = Verdict::error;
+  Mode mode = Mode::none;
+  std::string message;
+  std::vector<CheckResult> checks;
+  Timings timings;
+  std::string arch;
+  std::string repro;          // one-line command that reruns this case
+  std::string kernel_entry;   // the library entry the case launches ("rope_inplace")
+  std::string expected_from;  // "golden" | "reference" | "" (nothing expected)
+  std::string bundle;         // repro bundle written for a failing case
+  // The launch returned ATTNCHECK_ERROR or device I/O failed: the GPU context may be unusable
+  // (sticky faults), so the worker process that ran it retires after reporting it.
+  bool device_error = false;
+
+  bool failing() const { return is_failing(verdict); }
+  nlohmann::json to_json() const;
+  // Throws std::invalid_argument naming the field that is missing or malformed.
+  static Result from_json(const nlohmann::json& j);
+};
+
+// JSON has no NaN or infinity: they are written as the strings "nan", "inf", "-inf".
+nlohmann::json json_number(double v);
+double number_from_json(const nlohmann::json& j);
+
+}  // namespace attncheck

@@ -1,0 +1,404 @@
+#include "run/evaluate.h"
+
+#include <chrono>
+#include <map>
+#include <optional>
+#include <regex>
+
+namespace attncheck {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+std::string join(const std::vector<std::string>& parts) {
+  std::string s;
+  for (const auto& p : parts) s += (s.empty() ? "" : "; ") + p;
+  return s;
+}
+
+bool known_bug_applies(const Case& c, const std::string& arch) {
+  if (!c.known_bug) return false;
+  if (c.known_bug->arch.empty()) return true;
+  return std::regex_search(arch, std::regex(c.known_bug->arch));
+}
+
+// Known bugs are kernel bugs: only kernel-mode verdicts are marked.
+void apply_known_bug(Result& r, const Case& c) {
+  if (!known_bug_applies(c, r.arch)) return;
+  if (r.verdict == Verdict::failed) {
+    r.verdict = Verdict::known_bug;
+    r.message = "known bug (" + c.known_bug->reason + "): " + r.message;
+  } else if (r.verdict == Verdict::passed || r.verdict == Verdict::refused_as_expected) {
+    r.verdict = Verdict::unexpected_pass;
+    r.message = "passed although marked known bug (" + c.known_bug->reason + "): " + r.message;
+  }
+}
+
+Result skeleton(const Case& c, const RunOptions& opt) {
+  Result r;
+  r.id = c.id;
+  r.op = c.op;
+  r.params = c.params;
+  r.arch = opt.arch;
+  r.repro = repro_command(c, opt);
+  return r;
+}
+
+// Elements of a pure output that hold their initial bytes after both launches (first from the
+// original poison, second from its complement): the kernel never wrote them.
+std::string unwritten_elements(const std::string& name, const Tensor& init1, const Tensor& out1,
+                               const Tensor& init2, const Tensor& out2) {
+  int64_t count = 0;
+  Index first;
+  out1.for_each_index([&](const Index& idx, int64_t) {
+    if (out1.get_bits(idx) == init1.get_bits(idx) && out2.get_bits(idx) == init2.get_bits(idx)) {
+      if (count++ == 0) first = idx;
+    }
+  });
+  if (count == 0) return "";
+  return std::to_string(count) + " of " + std::to_string(out1.numel()) + " elements of '" + name +
+         "' were never written (first at " + format_index(first) +
+         "): they keep whatever the buffer held before the launch";
+}
+
+// A launch status other than OK, in words; sets the verdict it implies.
+void launch_failed(Result& r, const DeviceOutcome& o, const std::string& launch) {
+  r.device_error = r.device_error || o.status == ATTNCHECK_ERROR;
+  switch (o.status) {
+    case ATTNCHECK_REFUSED:
+      r.verdict = Verdict::failed;
+      r.message = launch + "kernel refused a valid configuration: " + o.message;
+      return;
+    case ATTNCHECK_HOST_ERROR:
+      r.verdict = Verdict::failed;
+      r.message = launch + "kernel entry failed on the host: " + o.message;
+      return;
+    case ATTNCHECK_UNKNOWN_OP:
+      r.verdict = Verdict::failed;
+      r.message = launch + "the kernel library does not know entry '" + r.kernel_entry +
+                  "': " + o.message;
+      return;
+    default:
+      r.verdict = Verdict::failed;
+      r.message = launch + "kernel error: " + o.message;
+  }
+}
+
+// The bridge reports a kernel that does not serve a configuration as a refusal whose message
+// starts like this (docs/bridge.md); any other refusal of a valid case is a failure.
+bool is_unsupported(const DeviceOutcome& o) {
+  return o.status == ATTNCHECK_REFUSED && o.message.rfind("unsupported by ", 0) == 0;
+}
+
+// Kernel launches and checks for a valid problem: the first launch against the expected outputs,
+// the second from flipped poison (never-written elements, determinism), further repeats bitwise.
+void judge_kernel(Result& r, const Op& op, const Problem& p, const TensorMap& expected,
+                  const std::vector<OutputCheck>& checks, const DeviceRunner& device,
+                  const RunOptions& opt, CaseArtifacts* artifacts) {
+  const auto o = device.run(p);
+  r.timings.kernel_ms = o.wall_ms;
+  if (is_unsupported(o)) {
+    r.mode = Mode::none;
+    r.verdict = Verdict::unsupported;
+    r.message = o.message;
+    return;
+  }
+  if (o.status != ATTNCHECK_OK) return launch_failed(r, o, "");
+  if (artifacts) artifacts->actual = o.outputs;
+  r.checks = check_outputs(checks, expected, o.outputs);
+  std::vector<std::string> problems = o.violations;
+  for (const auto& ch : r.checks)
+    if (!ch.passed) problems.push_back(ch.name + ": " + ch.message);
+
+  if (opt.repeat >= 2) {
+    const Problem q = with_flipped_poison(p);
+    const auto o2 = device.run(q);
+    r.device_error = o2.status == ATTNCHECK_ERROR;
+    if (o2.status != ATTNCHECK_OK) {
+      Result second = r;
+      launch_failed(second, o2, "second launch: ");
+      problems.push_back(second.message);
+    } else {
+      for (const auto& v : o2.violations) problems.push_back("second launch: " + v);
+      bool unwritten = false;
+      for (const auto& a : p.args) {
+        if (a.role != Role::output || !o.outputs.count(a.name) || !o2.outputs.count(a.name))
+          continue;
+        const auto u = unwritten_elements(a.name, a.tensor, o.outputs.at(a.name), q.arg(a.name),
+                                          o2.outputs.at(a.name));
+        if (!u.empty()) problems.push_back(u);
+        unwritten = unwritten || !u.empty();
+      }
+      // Unwritten elements differ between the launches by construction: not nondeterminism.
+      if (!unwritten && op.deterministic()) {
+        for (const auto& [name, t] : o.outputs) {
+          const auto cmp = compare_exact(name, t, o2.outputs.at(name));
+          if (!cmp.passed)
+            problems.push_back("not deterministic: launch 2 of '" + name + "': " + cmp.message);
+        }
+      } else if (!unwritten) {
+        for (const auto& ch : check_outputs(checks, expected, o2.outputs))
+          if (!ch.passed) problems.push_back("launch 2: " + ch.name + ": " + ch.message);
+      }
+    }
+  }
+  // Launches 3..repeat start from the first poison and must repeat the first launch bitwise.
+  for (int i = 2; problems.empty() && i < opt.repeat && op.deterministic(); ++i) {
+    const auto again = device.run(p);
+    if (again.status != ATTNCHECK_OK) {
+      Result later = r;
+      launch_failed(later, again, "launch " + std::to_string(i + 1) + ": ");
+      r.device_error = later.device_error;
+      problems.push_back(later.message);
+      break;
+    }
+    for (const auto& [name, t] : o.outputs) {
+      const auto cmp = compare_exact(name, t, again.outputs.at(name));
+      if (!cmp.passed) {
+        problems.push_back("not deterministic: launch " + std::to_string(i + 1) + " of '" + name +
+                           "': " + cmp.message);
+        break;
+      }
+    }
+  }
+  r.verdict = problems.empty() ? Verdict::passed : Verdict::failed;
+  r.message = problems.empty() ? "all checks within budget" : join(problems);
+}
+
+// An invalid configuration: the reference must refuse it, and so must the kernel.
+void judge_refusal(Result& r, const Op& op, const Problem& p, const DeviceRunner& device) {
+  try {
+    (void)op.reference(p);
+    r.verdict = Verdict::failed;
+    r.message = "reference accepted an invalid configuration (" + p.expect_refusal + ")";
+    return;
+  } catch (const InvalidConfig&) {
+  }
+  const auto o = device.run(p);
+  if (o.status == ATTNCHECK_REFUSED) {
+    r.verdict = o.violations.empty() ? Verdict::refused_as_expected : Verdict::failed;
+    r.message = o.violations.empty() ? "refused: " + o.message
+                                     : "refused, but wrote: " + join(o.violations);
+  } else if (o.status == ATTNCHECK_OK) {
+    r.verdict = Verdict::failed;
+    r.message = "kernel ran an invalid configuration (" + p.expect_refusal + ")";
+  } else {
+    launch_failed(r, o, "instead of refusing: ");
+  }
+}
+
+void evaluate_kernel(Result& r, const Op& op, const Case& c, const Problem& p,
+                     const std::optional<GoldenCase>& golden, const EvalContext& ctx,
+                     CaseArtifacts* artifacts) {
+  const KernelLibrary& lib = ctx.device->library();
+  if (!lib.has_entry(p.kernel)) {
+    r.mode = Mode::none;
+    r.verdict = Verdict::failed;
+    r.message = "not run: the kernel library " + lib.library() + " has no entry '" + p.kernel +
+                "' (op " + c.op + ")";
+    return;
+  }
+  r.mode = Mode::kernel;
+  if (!p.expect_refusal.empty()) return judge_refusal(r, op, p, *ctx.device);
+
+  auto t0 = Clock::now();
+  TensorMap expected;
+  if (ctx.golden_as_expected && golden && golden->expect_refusal.empty() &&
+      golden->input_digests == input_digests(p)) {
+    expected = golden->outputs;
+    r.expected_from = "golden";
+  } else {
+    expected = op.reference(p);
+    r.expected_from = "reference";
+  }
+  r.timings.reference_ms = ms_since(t0);
+  if (artifacts) artifacts->expected = expected;
+  judge_kernel(r, op, p, expected, op.checks(p, expected), *ctx.device, ctx.options, artifacts);
+}
+
+void evaluate_reference(Result& r, const Op& op, const Case& c, const Problem& p,
+                        const std::optional<GoldenCase>& golden, const EvalContext& ctx,
+                        CaseArtifacts* artifacts) {
+  const std::string not_checked = "; kernel not checked: " + ctx.no_kernel_reason;
+  if (!golden) {
+    const bool golden_tier = c.in_tier("smoke") || c.in_tier("quick");
+    if (golden_tier && ctx.require_goldens) {
+      r.verdict = Verdict::error;
+      r.message = "no golden for this case in " +
+                  (ctx.goldens ? ctx.goldens->path_of(c.op) : std::string("(no golden directory)")) +
+                  " (run `attncheck golden generate --op " + c.op +
+                  "`, or pass --allow-missing-goldens to run the reference with nothing to "
+                  "compare)";
+      return;
+    }
+    // Reference vs nothing: the reference and its budgets must still run (or the reference
+    // refuse) without error.
+    auto t0 = Clock::now();
+    std::string ran = "the reference and its budgets ran without error";
+    try {
+      const TensorMap now = op.reference(p);
+      if (!p.expect_refusal.empty()) {
+        r.verdict = Verdict::failed;
+        r.message = "reference accepted an invalid configuration (" + p.expect_refusal + ")";
+        return;
+      }
+      (void)op.checks(p, now);
+      if (artifacts) artifacts->actual = now;
+    } catch (const InvalidConfig&) {
+      if (p.expect_refusal.empty()) throw;
+      ran = "the reference refused the invalid configuration";
+    }
+    r.timings.reference_ms = ms_since(t0);
+    r.verdict = Verdict::skipped;
+    r.message = std::string("nothing compared: no golden for this case") +
+                (golden_tier ? "" : " (goldens cover the smoke and quick tiers)") + "; " + ran +
+                not_checked;
+    return;
+  }
+
+  r.mode = Mode::reference;
+  r.expected_from = "golden";
+  if (artifacts) artifacts->expected = golden->outputs;
+  std::vector<std::string> problems;
+  const std::string digests = digest_difference(golden->input_digests, input_digests(p));
+  if (!digests.empty())
+    problems.push_back("inputs differ from those the golden was computed from (" + digests +
+                       "): the input generator changed; regenerate the golden deliberately");
+  auto t0 = Clock::now();
+  if (!p.expect_refusal.empty() || !golden->expect_refusal.empty()) {
+    if (p.expect_refusal.empty() || golden->expect_refusal.empty())
+      problems.push_back(p.expect_refusal.empty()
+                             ? "the golden marks this case invalid, the op now accepts it"
+                             : "the op now marks this case invalid, the golden holds outputs");
+    try {
+      (void)op.reference(p);
+      problems.push_back("reference accepted an invalid configuration (" + p.expect_refusal + ")");
+    } catch (const InvalidConfig&) {
+    }
+    r.timings.reference_ms = ms_since(t0);
+    r.verdict = problems.empty() ? Verdict::refused_as_expected : Verdict::failed;
+    r.message = problems.empty() ? "reference refused, as the golden records" + not_checked
+                                 : join(problems);
+    return;
+  }
+  const TensorMap now = op.reference(p);
+  r.timings.reference_ms = ms_since(t0);
+  if (artifacts) artifacts->actual = now;
+  r.checks = compare_with_golden(*golden, now, problems);
+  for (const auto& ch : r.checks)
+    if (!ch.passed) problems.push_back("reference drift: " + ch.name + ": " + ch.message);
+  r.verdict = problems.empty() ? Verdict::passed : Verdict::failed;
+  r.message = problems.empty() ? "reference matches the golden" + not_checked : join(problems);
+}
+
+}  // namespace
+
+std::string repro_command(const Case& c, const RunOptions& opt) {
+  std::string cmd = "attncheck repro '" + c.id + "'";
+  if (!opt.kernels_path.empty()) cmd += " --kernels " + opt.kernels_path;
+  return cmd + opt.repro_extra;
+}
+
+Problem with_flipped_poison(const Problem& p) {
+  Problem q = p;
+  std::map<const Storage*, std::shared_ptr<Storage>> copies;
+  for (const auto& a : p.args)
+    if (a.role == Role::output && !copies.count(a.tensor.storage().get()))
+      copies[a.tensor.storage().get()] = std::make_shared<Storage>(*a.tensor.storage());
+  for (auto& a : q.args) {
+    const auto it = copies.find(a.tensor.storage().get());
+    if (it != copies.end()) a.tensor = a.tensor.rebased(it->second);
+  }
+  for (auto& a : q.args) {
+    if (a.role != Role::output) continue;
+    const int bits = static_cast<int>(a.tensor.element_size() * 8);
+    const uint64_t mask = bits == 64 ? ~0ull : (1ull << bits) - 1;
+    a.tensor.for_each_index(
+        [&](const Index& idx, int64_t) { a.tensor.set_bits(idx, ~a.tensor.get_bits(idx) & mask); });
+  }
+  return q;
+}
+
+std::vector<CheckResult> check_outputs(const std::vector<OutputCheck>& checks,
+                                       const TensorMap& expected, const TensorMap& actual) {
+  std::vector<CheckResult> out;
+  for (const auto& chk : checks) {
+    const auto e = expected.find(chk.name);
+    const auto a = actual.find(chk.name);
+    if (e == expected.end() || a == actual.end()) {
+      CheckResult r;
+      r.name = chk.name;
+      r.budget = chk.budget;
+      r.message = std::string("output '") + chk.name + "' missing from " +
+                  (e == expected.end() ? "expected" : "actual");
+      out.push_back(r);
+      continue;
+    }
+    if (chk.budget.kind == Budget::Kind::topk_set)
+      out.push_back(compare_topk(chk.name, e->second, a->second, chk.topk_values,
+                                 chk.topk_row_offsets, chk.budget));
+    else
+      out.push_back(compare(chk.name, e->second, a->second, chk.budget));
+  }
+  return out;
+}
+
+Result evaluate(const Case& c, const EvalContext& ctx, CaseArtifacts* artifacts) {
+  Result r = skeleton(c, ctx.options);
+  const Op* op = find_op(c.op);
+  if (!op) {
+    r.verdict = Verdict::error;
+    r.message = "op '" + c.op + "' is not registered in this attncheck";
+    return r;
+  }
+  try {
+    const auto t0 = Clock::now();
+    const Problem p = op->problem(c);
+    r.timings.generate_ms = ms_since(t0);
+    r.kernel_entry = p.kernel;
+    if (artifacts) {
+      artifacts->present = true;
+      artifacts->problem = p;
+    }
+    std::optional<GoldenCase> golden;
+    if (ctx.goldens) {
+      try {
+        golden = ctx.goldens->load(c.op, c.id);
+      } catch (const std::exception& e) {
+        r.verdict = Verdict::error;
+        r.message = std::string("cannot read the golden: ") + e.what();
+        return r;
+      }
+    }
+    if (ctx.device) {
+      evaluate_kernel(r, *op, c, p, golden, ctx, artifacts);
+      if (r.mode == Mode::kernel) apply_known_bug(r, c);
+    } else {
+      evaluate_reference(r, *op, c, p, golden, ctx, artifacts);
+    }
+  } catch (const InvalidConfig& e) {
+    r.verdict = Verdict::failed;
+    r.message = std::string("reference refused a case not marked invalid: ") + e.what();
+  } catch (const std::exception& e) {
+    // The harness's own code (generator, reference, comparison) failed: not the device.
+    r.verdict = Verdict::error;
+    r.message = e.what();
+  }
+  return r;
+}
+
+Result lost_case_result(const Case& c, Mode mode, const RunOptions& opt, const std::string& what) {
+  Result r = skeleton(c, opt);
+  r.mode = mode;
+  r.verdict = mode == Mode::kernel ? Verdict::failed : Verdict::error;
+  r.message = what;
+  if (mode == Mode::kernel) apply_known_bug(r, c);
+  return r;
+}
+
+}  // namespace attncheck

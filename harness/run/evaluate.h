@@ -1,0 +1,69 @@
+// One case, end to end, in one place (docs/verification.md):
+//   case -> problem (Op::problem, made once) -> expected outputs and budgets (golden or reference)
+//   -> kernel launches -> comparisons -> Result.
+// evaluate() owns every decision on the way: the refusal of invalid configurations, golden or
+// reference, whether the kernel library has the problem's entry, known-bug marks and the repro
+// line. The worker process, `repro`, `golden verify` and the device tests all call it; nothing
+// patches a Result afterwards.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "core/result.h"
+#include "ops/op.h"
+#include "run/device.h"
+#include "run/golden.h"
+
+namespace attncheck {
+
+struct RunOptions {
+  // >1: a second launch starts from flipped poison (~bytes) in every pure output, so elements the
+  // kernel never writes are found even where the poison equals the expected value; declared-
+  // deterministic kernels must also repeat bitwise (launches 3.. start from the first poison).
+  int repeat = 2;
+  std::string arch;          // for known_bug scoping
+  std::string kernels_path;  // for the repro line
+  std::string repro_extra;   // appended to the repro line (e.g. " --cases DIR")
+};
+
+struct EvalContext {
+  // Kernel mode when set: the kernel's outputs are compared with the golden (when its input
+  // digests match and golden_as_expected) or the reference. Reference mode otherwise: the
+  // reference is compared with the golden.
+  const DeviceRunner* device = nullptr;
+  GoldenStore* goldens = nullptr;
+  bool golden_as_expected = true;
+  // Reference mode: a case of a golden tier whose golden is missing is an error, unless the user
+  // asked for reference-vs-nothing (--allow-missing-goldens).
+  bool require_goldens = true;
+  std::string no_kernel_reason;  // reference mode: why no kernel runs, for the messages
+  RunOptions options;
+};
+
+// What a case saw, for repro bundles: the problem as handed to the kernel (initial contents), the
+// expected outputs and the first launch's outputs (or, in reference mode, the recomputed
+// reference).
+struct CaseArtifacts {
+  bool present = false;  // the problem was made
+  Problem problem;
+  TensorMap expected;
+  TensorMap actual;
+};
+
+Result evaluate(const Case& c, const EvalContext& ctx, CaseArtifacts* artifacts = nullptr);
+
+// A case whose worker process died or hung before reporting: failed in kernel mode (the kernel is
+// the prime suspect), error in reference mode (the harness itself broke).
+Result lost_case_result(const Case& c, Mode mode, const RunOptions& opt, const std::string& what);
+
+std::string repro_command(const Case& c, const RunOptions& opt);
+
+// A copy of `p` whose pure outputs start from the bitwise complement of their initial bytes (other
+// arguments sharing those storages keep their bytes).
+Problem with_flipped_poison(const Problem& p);
+
+// Checks of `actual` outputs against `expected` per the op's checks.
+std::vector<CheckResult> check_outputs(const std::vector<OutputCheck>& checks,
+                                       const TensorMap& expected, const TensorMap& actual);
+
+}  // namespace attncheck
