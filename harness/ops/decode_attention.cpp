@@ -1,5 +1,5 @@
 // decode_attention: vLLM's Triton grouped split-KV decode attention
-// (spec/mla_decode_and_kv_gather.md §B): one query token per request over a paged cache,
+// (docs/ops/decode_attention.md): one query token per request over a paged cache,
 // MHA/GQA/MQA/MLA, fp8 KV with per-tensor scales, logit soft-cap, any split count. What it guards
 // against: tiles sized from Lk while the MLA path reuses the K tile as V (320/256, vLLM #40966),
 // split bounds that drop or repeat tokens (more splits than tokens), page tables read past a
@@ -63,7 +63,7 @@ class DecodeAttentionOp final : public Op {
          "d",
          "576x512",
          {"576x512", "576x128", "320x256", "288x256", "192x128", "128x128"},
-         "QK head dim x V head dim (spec §B.6)"},
+         "QK head dim x V head dim"},
         {"is_mla", "mla", true, {}, "V is the first Lv dims of K (same storage); needs Lv < Lk"},
         {"heads", "h", 16, {}, "query heads Hq"},
         {"kv_heads", "hkv", 1, {}, "KV heads Hkv (kv_group_num = Hq / Hkv; 1 = MHA kernel)"},

@@ -1,4 +1,4 @@
-// Indexer ops, part 1 (spec/indexer.md §2, §3, §1.3): the K quantize + paged cache write, the
+// Indexer ops, part 1 (docs/ops/indexer.md "Semantics"): the K quantize + paged cache write, the
 // prefill gather and the q quantizer; plus the input generators every indexer op shares.
 // Part 2 (logits, top-k) is indexer_scores.cpp.
 #include <algorithm>
@@ -182,7 +182,7 @@ Budget logits_budget(const Tensor& q, const Tensor& weights, double max_key_fact
 namespace {
 
 // ---------------------------------------------------------------------------------------------
-// indexer_k_cache: per-token K quantization + paged cache write (spec §2).
+// indexer_k_cache: per-token K quantization + paged cache write (docs/ops/indexer.md).
 class IndexerKCacheOp final : public Op {
  public:
   std::string name() const override { return "indexer_k_cache"; }
@@ -249,17 +249,17 @@ class IndexerKCacheOp final : public Op {
   }
 
   std::vector<OutputCheck> checks(const Problem&, const TensorMap&) const override {
-    Budget b;
-    b.kind = Budget::Kind::exact;
-    b.why =
-        "cache bytes compared bitwise over every page, unmapped 0xFF pages included (fp32 "
-        "amax, exact power-of-two ue8m0 scale, RNE fp8: deterministic)";
-    return {{"kv_cache", b, {}, {}}};
+    return {{"kv_cache",
+             exact_budget("cache bytes compared bitwise over every page, unmapped 0xFF pages "
+                          "included (fp32 amax, exact power-of-two ue8m0 scale, RNE fp8: "
+                          "deterministic)"),
+             {},
+             {}}};
   }
 };
 
 // ---------------------------------------------------------------------------------------------
-// indexer_gather: paged cache -> contiguous k_fp8 + k_scale for prefill (spec §3).
+// indexer_gather: paged cache -> contiguous k_fp8 + k_scale for prefill (docs/ops/indexer.md).
 class IndexerGatherOp final : public Op {
  public:
   std::string name() const override { return "indexer_gather"; }
@@ -312,15 +312,14 @@ class IndexerGatherOp final : public Op {
   }
 
   std::vector<OutputCheck> checks(const Problem&, const TensorMap&) const override {
-    Budget b;
-    b.kind = Budget::Kind::exact;
-    b.why = "gather copies cache bytes: bitwise";
+    const Budget b = exact_budget("gather copies cache bytes: bitwise");
     return {{"k_fp8", b, {}, {}}, {"k_scale", b, {}, {}}};
   }
 };
 
 // ---------------------------------------------------------------------------------------------
-// indexer_q_quant: per (token, head) fp8 quantization of q and the head weights (spec §1.3).
+// indexer_q_quant: per (token, head) fp8 quantization of q and the head weights
+// (docs/ops/indexer.md).
 class IndexerQQuantOp final : public Op {
  public:
   std::string name() const override { return "indexer_q_quant"; }

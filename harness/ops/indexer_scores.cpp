@@ -1,10 +1,11 @@
-// Indexer ops, part 2 (spec/indexer.md §4, §5, §6.2, §6.4): fp8 MQA logits for prefill (ks/ke
+// Indexer ops, part 2 (docs/ops/indexer.md): fp8 MQA logits for prefill (ks/ke
 // windows) and paged decode (next_n, Preshuffle reader, ChunkQ), and top-k for both.
 #include <algorithm>
 #include <cmath>
 
 #include "core/numeric.h"
 #include "core/rng.h"
+#include "core/policy.h"
 #include "ops/indexer_inputs.h"
 
 namespace attncheck::indexer_ops {
@@ -233,14 +234,11 @@ Tensor topk_output(int64_t rows, int64_t k) {
   return Tensor::filled_bytes(DType::i32, {rows + 1, k}, std::byte{0x5A}).slice(0, 0, rows);
 }
 
-Budget topk_budget() {
-  Budget b;
-  b.kind = Budget::Kind::topk_set;
-  b.tie_tol = 0;
-  b.why =
-      "sets compared; the kernel selects from the same fp32 values, so only exactly equal values "
-      "may swap; valid indices first, -1 after, no duplicates";
-  return b;
+Budget fp32_topk_budget() {
+  return attncheck::topk_budget(
+      0.0,
+      "sets compared; the kernel selects from the same fp32 values, so only exactly "
+      "equal values may swap; valid indices first, -1 after, no duplicates");
 }
 
 class IndexerTopkPrefillOp final : public Op {
@@ -286,7 +284,7 @@ class IndexerTopkPrefillOp final : public Op {
     const Tensor& ks = p.arg("cu_seqlen_ks");
     std::vector<int64_t> offsets(ks.size(0));
     for (int64_t i = 0; i < ks.size(0); ++i) offsets[i] = ks.at<int32_t>({i});
-    return {{"topk_indices", topk_budget(), p.arg("logits"), offsets}};
+    return {{"topk_indices", fp32_topk_budget(), p.arg("logits"), offsets}};
   }
 };
 
@@ -339,7 +337,7 @@ class IndexerTopkDecodeOp final : public Op {
   }
 
   std::vector<OutputCheck> checks(const Problem& p, const TensorMap&) const override {
-    return {{"topk_indices", topk_budget(), p.arg("logits"), {}}};
+    return {{"topk_indices", fp32_topk_budget(), p.arg("logits"), {}}};
   }
 };
 

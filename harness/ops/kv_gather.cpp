@@ -1,4 +1,4 @@
-// kv_gather: cp_mha_gather_cache (spec/mla_decode_and_kv_gather.md §C.3). Exact op: bitwise.
+// kv_gather: cp_mha_gather_cache (docs/ops/kv_gather.md). Exact op: bitwise.
 // What it guards against: kernels that assume contiguous caches (the hybrid attention+Mamba
 // [K0][V0][K1][V1]... re-striding gives a block stride of 2H, #35925 -> #37228), hard-coded
 // SHUFFLE offsets, chunk or window starts ignored, block tables read past the request's blocks or
@@ -8,6 +8,7 @@
 
 #include "core/numeric.h"
 #include "core/rng.h"
+#include "core/policy.h"
 #include "ops/op.h"
 #include "ops/paged.h"
 #include "reference/kv_gather.h"
@@ -141,12 +142,11 @@ class KvGatherOp final : public Op {
   }
 
   std::vector<OutputCheck> checks(const Problem& p, const TensorMap&) const override {
-    Budget b;
-    b.kind = Budget::Kind::exact;
-    b.why = p.kernel_params.at("dequant").get<bool>()
-                ? "fp8 dequant is one fp32 product and one round-to-nearest-even to the output "
-                  "dtype, both correctly rounded: bitwise"
-                : "gather is a copy: bitwise";
+    const Budget b = exact_budget(
+        p.kernel_params.at("dequant").get<bool>()
+            ? "fp8 dequant is one fp32 product and one round-to-nearest-even to the output dtype, "
+              "both correctly rounded: bitwise"
+            : "gather is a copy: bitwise");
     return {{"key", b, {}, {}}, {"value", b, {}, {}}};
   }
 

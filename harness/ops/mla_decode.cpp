@@ -1,4 +1,4 @@
-// mla_decode: absorbed MLA decode over a paged latent cache (spec §A, docs/ops/mla_decode.md).
+// mla_decode: absorbed MLA decode over a paged latent cache (docs/ops/mla_decode.md).
 // Seed bugs the axes aim at: fewer than 16 heads (padding by repeat-interleave, strided un-pad),
 // invalid head counts that must be refused, qlen 2..8 where every position needs its own causal
 // limit (aiter #2720: position 0's result broadcast), block sizes 1/16/64 through page-index

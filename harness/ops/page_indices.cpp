@@ -1,9 +1,11 @@
-// page_indices: block table -> per-token flat slots (spec §A.5). Exact op: compared bitwise.
-// What it guards against: kernels that read table columns past the request's last block, ignore
-// the table's row stride, or write past the request's tokens (rows of the next request, padding).
+// page_indices: block table -> per-token flat slots (docs/ops/mla_decode.md "Semantics": page-index
+// expansion). Exact op: compared bitwise. What it guards against: kernels that read table columns
+// past the request's last block, ignore the table's row stride, or write past the request's tokens
+// (rows of the next request, padding).
 #include <algorithm>
 
 #include "core/rng.h"
+#include "core/policy.h"
 #include "ops/op.h"
 #include "ops/paged.h"
 #include "reference/page_indices.h"
@@ -54,10 +56,7 @@ class PageIndicesOp final : public Op {
   }
 
   std::vector<OutputCheck> checks(const Problem&, const TensorMap&) const override {
-    Budget b;
-    b.kind = Budget::Kind::exact;
-    b.why = "index arithmetic: bitwise";
-    return {{"page_indices", b, {}, {}}};
+    return {{"page_indices", exact_budget("index arithmetic: bitwise"), {}, {}}};
   }
 };
 

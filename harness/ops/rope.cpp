@@ -1,4 +1,4 @@
-// rope and indexer_qk_rope (spec/indexer.md §1.2, §1.3, §6.3; users_ci_ecosystem R19, R26, R27).
+// rope and indexer_qk_rope (docs/ops/rope.md).
 // What they guard against: the wrong pairing (NeoX vs GPT-J: the DSv3.2 indexer is NeoX, GLM-5's
 // is interleaved), a rotation applied to the wrong end of the head, strided q/k slices read as if
 // contiguous (transposed-BMM outputs), an in-place contract that does not mutate its input and an
@@ -11,6 +11,7 @@
 
 #include "core/numeric.h"
 #include "core/rng.h"
+#include "core/policy.h"
 #include "ops/op.h"
 #include "reference/rope.h"
 
@@ -49,16 +50,15 @@ Tensor make_cache(const Params& p, int64_t rot) {
 // 2 u32 (|a| + |b|) of the exact value; rounding that and rounding the exact value to the output
 // dtype differ by at most one output ulp (<= 2 u_out |expected|) plus that fp32 error.
 Budget rope_budget(DType dt, double max_abs_input) {
-  Budget b;
-  b.kind = Budget::Kind::numeric;
   const double u32 = unit_roundoff(DType::f32);
-  b.rtol = 2.0 * unit_roundoff(dt);
-  b.atol = 2.0 * u32 * 2.0 * max_abs_input + (dt == DType::f16 ? std::ldexp(1.0, -24) : 0.0);
-  b.why = "one " + std::string(dtype_name(dt)) + " ulp (rtol 2u) + fp32 evaluation error 2*u32*" +
-          "(|a|+|b|) with |a|,|b| <= " + std::to_string(max_abs_input) +
-          (dt == DType::f16 ? " + the f16 subnormal spacing" : "") +
-          "; reference in double from the same inputs and cache values";
-  return b;
+  BudgetBuilder b("rope");
+  b.relative(2.0 * unit_roundoff(dt), "one " + std::string(dtype_name(dt)) + " ulp (2u)")
+      .absolute(
+          2.0 * u32 * 2.0 * max_abs_input,
+          "fp32 evaluation error 2 u32 (|a|+|b|) with |a|,|b| <= " + format_number(max_abs_input) +
+              "; reference in double from the same inputs and cache values");
+  if (dt == DType::f16) b.absolute(std::ldexp(1.0, -24), "the f16 subnormal spacing");
+  return b.build();
 }
 double max_abs(const Tensor& t) {
   double m = 0;

@@ -1,10 +1,11 @@
-// sparse_mla: DeepSeek-V3.2-style sparse MLA (spec §A.12, docs/ops/mla_decode.md): request-local
-// top-k token positions -> global cache slots (triton_convert_req_index_to_global_index), ragged
-// packing, non-causal attention of every token over its own key set, heads padded to 16 as in the
-// dense decode. Patterns: "causal" (vLLM's test: positions 0..topk-1 masked above the token),
-// "random" (a random subset of the visible positions, shuffled, -1 padded at the end) and "holes"
-// (invalid entries in the middle of rows: negative positions and positions past the table, and one
-// row with no valid entry, which must give out = 0 and lse = -inf).
+// sparse_mla: DeepSeek-V3.2-style sparse MLA (docs/ops/sparse_mla.md, docs/ops/mla_decode.md):
+// request-local top-k token positions -> global cache slots
+// (triton_convert_req_index_to_global_index), ragged packing, non-causal attention of every token
+// over its own key set, heads padded to 16 as in the dense decode. Patterns: "causal" (vLLM's test:
+// positions 0..topk-1 masked above the token), "random" (a random subset of the visible positions,
+// shuffled, -1 padded at the end) and "holes" (invalid entries in the middle of rows: negative
+// positions and positions past the table, and one row with no valid entry, which must give out = 0
+// and lse = -inf).
 #include <algorithm>
 
 #include "ops/mla_inputs.h"

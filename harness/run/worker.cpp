@@ -35,10 +35,12 @@ std::unique_ptr<CaseContext> make_context(const WorkerConfig& cfg) {
     ctx->lib = KernelLibrary::open(cfg.kernels);
     std::string why;
     ctx->device = ctx->lib->device(&why);
-    if (!ctx->device)
-      throw std::runtime_error("--kernels " + cfg.kernels + ": no usable GPU (" +
-                               (why.empty() ? std::string("the library gave no reason") : why) +
-                               ")");
+    if (!ctx->device) {
+      const bool py = cfg.kernels.rfind("py:", 0) == 0;
+      throw std::runtime_error(
+          "--kernels " + cfg.kernels + (py ? ": the adapter cannot run (" : ": no usable GPU (") +
+          (why.empty() ? std::string("the library gave no reason") : why) + ")");
+    }
   }
   e.options.arch = !cfg.arch.empty() ? cfg.arch : ctx->device ? ctx->device->arch : "";
   if (ctx->device) {

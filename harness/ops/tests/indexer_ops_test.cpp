@@ -1,6 +1,7 @@
 // The indexer ops on the CPU: every op's reference runs on its default case, invalid
 // configurations are refused, and the budgets pass an emulation of the GPU's fp32 arithmetic while
-// failing emulations of the seed bugs (spec/indexer.md §6.1, §6.2) and of top-k window bugs.
+// failing emulations of the seed bugs (docs/ops/indexer.md "Seed bugs covered") and of top-k window
+// bugs.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -76,7 +77,7 @@ TEST(IndexerOps, InvalidConfigurationsAreRefused) {
     EXPECT_FALSE(p.expect_refusal.empty()) << c.id;
     EXPECT_THROW(o.reference(p), InvalidConfig) << c.id;
   }
-  // ChunkQ larger than the head count is clamped, not refused (spec §6.4).
+  // ChunkQ larger than the head count is clamped, not refused (docs/ops/indexer.md).
   for (int64_t h : {8, 16, 32, 64}) {
     const Problem p =
         op("indexer_logits_decode").make(op("indexer_logits_decode").make_case({{"heads", h}}));
@@ -157,7 +158,7 @@ TEST(IndexerOps, DecodeBudgetPassesFp32AndCatchesRowMajorReadsOfShuffle) {
     const auto good =
         judge(o, p, expected, {{"logits", fp32_decode_logits(p, ix::layout_for_block_size(bs))}});
     EXPECT_TRUE(all_pass(good)) << "bs " << bs << ": " << good.at(0).message;
-    if (bs > 1) {  // seed §6.2: Preshuffle off, SHUFFLE pages read row-major
+    if (bs > 1) {  // seed bug: Preshuffle off, SHUFFLE pages read row-major
       const auto bad =
           judge(o, p, expected, {{"logits", fp32_decode_logits(p, ix::CacheLayout::normal)}});
       EXPECT_FALSE(all_pass(bad)) << "bs " << bs;
@@ -277,7 +278,7 @@ TEST(IndexerOps, CaseFilesExpandAndStaySmall) {
 namespace attncheck {
 namespace {
 
-// The ChunkQ seed (spec §6.4) as the mutant runs it: ChunkQ = 64 > H heads, so row r also scores
+// The ChunkQ seed bug as the mutant runs it: ChunkQ = 64 > H heads, so row r also scores
 // the 64 - H heads that follow it in memory (the next row's q and weights; zero past the end).
 Problem with_unclamped_chunk(const Problem& p) {
   Problem wide = p;

@@ -1,4 +1,4 @@
-"""Hand-made results directories in the runner's format (CONTRACTS.md, harness/run/runner.cpp):
+"""Hand-made results directories in the runner's format (docs/cli.md "Results directory", harness/core/result.cpp):
 several op families on two arches, with every verdict, a baseline that differs in known ways, and
 mutant runs. Used by the tests and to look at a report by eye:
 

@@ -1,0 +1,3 @@
+"""Test adapter module that forgot ADAPTER."""
+
+ENTRIES = {}

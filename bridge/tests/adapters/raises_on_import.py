@@ -1,0 +1,3 @@
+"""Test adapter whose import fails."""
+
+raise RuntimeError("deliberate import-time failure")

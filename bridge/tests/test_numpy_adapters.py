@@ -1,0 +1,378 @@
+"""numpy_reference against hand answers and straightforward loops; numpy_broken's bugs."""
+
+import numpy as np
+import pytest
+
+import attncheck_bridge as ab
+import numpy_broken
+import numpy_reference as ref
+
+T_ = ab.Tensor.from_numpy
+
+
+# ------------------------------------------------------------------------------------------------
+# page_indices
+
+
+def page_problem(out_len=14, table_row_stride=5):
+    """K = 4; requests of 5, 0, 9 tokens; the table [3, 3] has row stride 5 and -7 past each
+    request's blocks; the output view is the first out_len of 17 slots poisoned with -1; one
+    slot of padding on either side stands in for the harness's guards."""
+    store = np.full(3 * table_row_stride, -7, dtype=np.int32)
+    table = np.lib.stride_tricks.as_strided(store, (3, 3), (4 * table_row_stride, 4))
+    table[0, :2] = [7, 2]
+    table[2, :3] = [4, 0, 9]
+    padded = np.full(19, -1, dtype=np.int32)
+    t = {
+        "block_table": T_(table, "block_table"),
+        "seq_lens": T_(np.array([5, 0, 9], dtype=np.int32), "seq_lens"),
+        "cu_seq_lens": T_(np.array([0, 5, 5, 14], dtype=np.int32), "cu_seq_lens"),
+        "page_indices": T_(padded[1 : 1 + out_len], "page_indices"),
+    }
+    return t, {"kernel_block_size": 4}, store, padded
+
+
+EXPECTED = [28, 29, 30, 31, 8, 16, 17, 18, 19, 0, 1, 2, 3, 36]
+
+
+def test_page_indices_by_hand():
+    t, p, store, padded = page_problem()
+    ref.page_indices(t, p)
+    assert padded[1:15].tolist() == EXPECTED
+    assert padded[0] == -1 and padded[15:].tolist() == [-1] * 4
+
+
+@pytest.mark.parametrize("K", [1, 3, 16])
+def test_page_indices_matches_the_formula(K):
+    rng = np.random.default_rng(K)
+    lens = np.array([0, 1, K - 1, K, K + 1, 37], dtype=np.int32)
+    W = int(-(-lens.max() // K)) + 2
+    table = rng.permutation(1000)[: len(lens) * W].reshape(len(lens), W).astype(np.int32)
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    out = np.full(int(cu[-1]), -1, dtype=np.int32)
+    ref.page_indices({"block_table": T_(table, "block_table"), "seq_lens": T_(lens, "seq_lens"), "cu_seq_lens": T_(cu, "cu_seq_lens"), "page_indices": T_(out, "page_indices")}, {"kernel_block_size": K})
+    want = [table[r, tok // K] * K + tok % K for r in range(len(lens)) for tok in range(lens[r])]
+    assert out.tolist() == want
+
+
+def test_page_indices_refusals_are_exactly_the_documented_ones():
+    t, p, _, _ = page_problem()
+    with pytest.raises(ab.Refuse, match="kernel_block_size"):
+        ref.page_indices(t, {"kernel_block_size": 0})
+    t2 = dict(t, seq_lens=T_(np.array([5, 0, 9], dtype=np.int64), "seq_lens"))
+    with pytest.raises(ab.Refuse, match="seq_lens"):
+        ref.page_indices(t2, p)
+    strided = np.array([5, 99, 0, 99, 9], dtype=np.int32)[::2]
+    with pytest.raises(ab.Refuse, match="contiguous"):
+        ref.page_indices(dict(t, seq_lens=T_(strided, "seq_lens")), p)
+    t3, p3, _, _ = page_problem(out_len=13)
+    with pytest.raises(ab.Unsupported, match="holds 13 slots"):
+        ref.page_indices(t3, p3)
+
+
+# ------------------------------------------------------------------------------------------------
+# kv_gather: loops over the documented semantics
+
+
+def bf16(x):
+    return ab.f32_to_bf16_rne(np.asarray(x, dtype=np.float32))
+
+
+def make_meta(lens, starts, P, rng, pad=2):
+    B = len(lens)
+    ctx = [s + n for s, n in zip(starts, lens)]
+    W = max(1, max(-(-c // P) for c in ctx)) + 1
+    nb = B * W
+    table = np.full((B, W), -7, dtype=np.int32)
+    perm = rng.permutation(nb).astype(np.int32)
+    for b in range(B):
+        nblk = -(-ctx[b] // P)
+        table[b, :nblk] = perm[b * W : b * W + nblk]
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    T = int(cu[-1])
+    t2b = np.full(T + pad, B, dtype=np.int32)
+    for b in range(B):
+        t2b[cu[b] : cu[b + 1]] = b
+    return table, cu, t2b, np.array(starts, dtype=np.int32), nb, T
+
+
+def loop_gather(read, table, cu, t2b, starts, T, P, H, D):
+    out = np.zeros((T, H, D), dtype=np.float64)
+    for t in range(T):
+        b = t2b[t]
+        pos = t - cu[b] + starts[b]
+        blk, s = table[b, pos // P], pos % P
+        for h in range(H):
+            for d in range(D):
+                out[t, h, d] = read(blk, s, h, d)
+    return out
+
+
+@pytest.mark.parametrize("strides", ["contiguous", "hybrid", "padded"])
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_kv_gather_nhd(strides, dtype):
+    rng = np.random.default_rng(1)
+    P, H, D = 4, 2, 8
+    table, cu, t2b, starts, nb, T = make_meta([3, 0, 6, 1], [0, 0, 2, 5], P, rng)
+    Hsz = P * H * D
+    vals = rng.standard_normal(4 * nb * Hsz + 64)
+    raw = bf16(vals) if dtype == "bf16" else vals.astype(np.float16).view(np.uint16)
+    if strides == "contiguous":
+        st, k0, v0 = (Hsz, H * D, D, 1), 0, nb * Hsz
+    elif strides == "hybrid":
+        st, k0, v0 = (2 * Hsz, H * D, D, 1), 0, Hsz
+    else:
+        st = (Hsz + 3 * 8 + 8, (H * D + 8) + 8, D + 8, 1)
+        k0, v0 = 0, nb * st[0]
+    storage = raw[: max(k0, v0) + (nb - 1) * st[0] + (P - 1) * st[1] + (H - 1) * st[2] + D]
+    kc = ab.Tensor("key_cache", storage.__array_interface__["data"][0], 2 * k0, (nb, P, H, D), st, ab.kDLBfloat if dtype == "bf16" else ab.kDLFloat, 16, owner=storage)
+    vc = ab.Tensor("value_cache", storage.__array_interface__["data"][0], 2 * v0, (nb, P, H, D), st, kc.dl_code, 16, owner=storage)
+    work = np.full((2, T + 3, H, D), 0x7FC1, dtype=np.uint16)
+    before = storage.copy()
+    t = {
+        "key_cache": kc, "value_cache": vc,
+        "block_tables": T_(table, "block_tables"), "cu_seqlens_kv": T_(cu, "cu_seqlens_kv"),
+        "token_to_batch": T_(t2b, "token_to_batch"), "seq_starts": T_(starts, "seq_starts"),
+        "k_scale": T_(np.ones(1, np.float32), "k_scale"), "v_scale": T_(np.ones(1, np.float32), "v_scale"),
+        "key": T_(work[0, :T], "key", dtype), "value": T_(work[1, :T], "value", dtype),
+    }
+    ref.kv_gather(t, {"kv_cache_layout": "NHD", "dequant": False, "total_tokens": T})
+    for which, base in ((0, k0), (1, v0)):
+        want = loop_gather(lambda blk, s, h, d: storage[base + blk * st[0] + s * st[1] + h * st[2] + d], table, cu, t2b, starts, T, P, H, D)
+        assert np.array_equal(work[which, :T], want.astype(np.uint16))
+        assert (work[which, T:] == 0x7FC1).all()  # rows past total_tokens untouched
+    assert np.array_equal(storage, before)
+
+
+def shuffle_caches(nhd_k, nhd_v, x):
+    """SHUFFLE tiles from NHD caches by the flat formulas of docs/ops/kv_gather.md."""
+    nb, P, H, D = nhd_k.shape
+    K = np.zeros((nb, H, D // x, P, x), dtype=nhd_k.dtype)
+    V = np.zeros((nb, H, P // x, D, x), dtype=nhd_v.dtype)
+    for blk in range(nb):
+        for s in range(P):
+            for h in range(H):
+                for d in range(D):
+                    K[blk, h, d // x, s, d % x] = nhd_k[blk, s, h, d]
+                    V[blk, h, s // x, d, s % x] = nhd_v[blk, s, h, d]
+    return K, V
+
+
+@pytest.mark.parametrize("kv", ["model", "e4m3fn", "e4m3fnuz"])
+def test_kv_gather_shuffle_equals_nhd_and_dequant_is_one_rounding(kv):
+    rng = np.random.default_rng(2)
+    fp8 = kv != "model"
+    x = 16 if fp8 else 8
+    P, H, D = 16, 2, 32
+    table, cu, t2b, starts, nb, T = make_meta([5, 17, 0], [0, 3, 1], P, rng)
+    if fp8:
+        codes = rng.integers(0, 256, size=(2, nb, P, H, D)).astype(np.uint8)
+        codes[codes == 0x7F] = 0x10
+        codes[codes == 0xFF] = 0x10
+        codes[codes == 0x80] = 0x11
+        nk, nv = codes[0], codes[1]
+        name = "u8"
+    else:
+        nk = bf16(rng.standard_normal((nb, P, H, D)))
+        nv = bf16(rng.standard_normal((nb, P, H, D)))
+        name = "bf16"
+    sk, sv = shuffle_caches(nk, nv, x)
+    params = {"dequant": fp8, "total_tokens": T}
+    if fp8:
+        params["fp8_format"] = kv
+    scales = (np.array([0.0123], np.float32), np.array([1.7], np.float32))
+    results = {}
+    for layout, (K, V) in (("NHD", (nk, nv)), ("SHUFFLE", (sk, sv))):
+        work = np.zeros((2, T, H, D), dtype=np.uint16)
+        t = {
+            "key_cache": T_(K, "key_cache", name), "value_cache": T_(V, "value_cache", name),
+            "block_tables": T_(table, "block_tables"), "cu_seqlens_kv": T_(cu, "cu_seqlens_kv"),
+            "token_to_batch": T_(t2b, "token_to_batch"), "seq_starts": T_(starts, "seq_starts"),
+            "k_scale": T_(scales[0], "k_scale"), "v_scale": T_(scales[1], "v_scale"),
+            "key": T_(work[0], "key", "bf16"), "value": T_(work[1], "value", "bf16"),
+        }
+        ref.kv_gather(t, dict(params, kv_cache_layout=layout))
+        results[layout] = work
+    assert np.array_equal(results["NHD"], results["SHUFFLE"])
+    # Loop: value = float(code) * scale in fp32, rounded once to bf16.
+    for which, cache, scale in ((0, nk, scales[0][0]), (1, nv, scales[1][0])):
+        if fp8:
+            dec = ab.fp8_to_f32(cache, kv)
+            want = loop_gather(lambda blk, s, h, d: float(ab.bf16_to_f32(bf16(np.float32(dec[blk, s, h, d]) * scale))), table, cu, t2b, starts, T, P, H, D)
+            got = ab.bf16_to_f32(results["NHD"][which]).astype(np.float64)
+        else:
+            want = loop_gather(lambda blk, s, h, d: cache[blk, s, h, d], table, cu, t2b, starts, T, P, H, D)
+            got = results["NHD"][which]
+        assert np.array_equal(got, want)
+
+
+def test_kv_gather_refusals():
+    rng = np.random.default_rng(3)
+    table, cu, t2b, starts, nb, T = make_meta([2], [0], 4, rng)
+    kc = np.zeros((nb, 4, 1, 8), dtype=np.uint16)
+    work = np.zeros((2, T, 1, 8), dtype=np.uint16)
+    base = {
+        "key_cache": T_(kc, "key_cache", "bf16"), "value_cache": T_(kc, "value_cache", "bf16"),
+        "block_tables": T_(table, "block_tables"), "cu_seqlens_kv": T_(cu, "cu_seqlens_kv"),
+        "token_to_batch": T_(t2b, "token_to_batch"), "seq_starts": T_(starts, "seq_starts"),
+        "k_scale": T_(np.ones(1, np.float32), "k_scale"), "v_scale": T_(np.ones(1, np.float32), "v_scale"),
+        "key": T_(work[0], "key", "bf16"), "value": T_(work[1], "value", "bf16"),
+    }
+    p = {"kv_cache_layout": "NHD", "dequant": False, "total_tokens": T}
+    ref.kv_gather(base, p)
+    with pytest.raises(ab.Refuse, match="layout"):
+        ref.kv_gather(base, dict(p, kv_cache_layout="HND"))
+    with pytest.raises(ab.Refuse, match="f16"):  # cache dtype not the output's
+        ref.kv_gather(dict(base, key_cache=T_(kc, "key_cache", "f16")), p)
+    with pytest.raises(ab.Refuse, match="fp8_format"):
+        ref.kv_gather(base, dict(p, dequant=True, fp8_format="e5m2"))
+    with pytest.raises(ab.Refuse, match="rank|NHD"):
+        ref.kv_gather(dict(base, key_cache=T_(kc[0], "key_cache", "bf16")), p)
+    with pytest.raises(ab.Refuse, match="cannot hold"):
+        ref.kv_gather(dict(base, key=T_(work[0, :, :, :4], "key", "bf16")), p)
+
+
+# ------------------------------------------------------------------------------------------------
+# rope: loops over the documented pairs, evaluated in float64 and rounded once
+
+
+def rope_loop(x, positions, cache, neox):
+    T, H, rot = x.shape
+    y = x.copy()
+    half = rot // 2
+    for t in range(T):
+        for h in range(H):
+            for i in range(half):
+                c, s = cache[positions[t], i], cache[positions[t], half + i]
+                ia, ib = (i, i + half) if neox else (2 * i, 2 * i + 1)
+                a, b = x[t, h, ia], x[t, h, ib]
+                y[t, h, ia] = a * c - b * s
+                y[t, h, ib] = b * c + a * s
+    return y
+
+
+def rope_problem(neox, view, rng, T=5, H=3, hd=16, rot=8, dtype="bf16"):
+    rows = 32
+    theta = 10000.0 ** (-2.0 * np.arange(rot // 2) / rot)
+    p = np.arange(rows)[:, None] * theta[None, :]
+    cache = np.concatenate([np.cos(p), np.sin(p)], axis=1).astype(np.float32)
+    enc = bf16 if dtype == "bf16" else (lambda v: np.asarray(v).astype(np.float16).view(np.uint16))
+    qf = enc(rng.standard_normal((T, H, hd)))
+    kf = enc(rng.standard_normal((T, hd)))
+    lo = 0 if view == "front" else hd - rot
+    positions = np.array([0, 1, 7, 31, 12][:T], dtype=np.int64)
+    return qf, kf, lo, positions, cache
+
+
+def decode(bits, dtype="bf16"):
+    return ab.bf16_to_f32(bits).astype(np.float64) if dtype == "bf16" else bits.view(np.float16).astype(np.float64)
+
+
+@pytest.mark.parametrize("neox", [True, False])
+@pytest.mark.parametrize("view", ["front", "back"])
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_rope_inplace_and_out_of_place(neox, view, dtype):
+    rng = np.random.default_rng(4)
+    qf, kf, lo, positions, cache = rope_problem(neox, view, rng, dtype=dtype)
+    rot = cache.shape[1]
+    q0, k0 = qf.copy(), kf.copy()
+    tq = T_(qf[:, :, lo : lo + rot], "q", dtype)
+    tk = T_(kf[:, None, lo : lo + rot], "k", dtype)
+    common = {"positions": T_(positions, "positions"), "cos_sin_cache": T_(cache, "cos_sin_cache")}
+    # Out of place first: q/k untouched, outputs rotated.
+    q_out = np.zeros((5, 3, rot), dtype=np.uint16)
+    k_out = np.zeros((5, 1, rot), dtype=np.uint16)
+    ref.rope_out_of_place(dict(common, q=tq, k=tk, q_out=T_(q_out, "q_out", dtype), k_out=T_(k_out, "k_out", dtype)), {"is_neox": neox})
+    assert np.array_equal(qf, q0) and np.array_equal(kf, k0)
+    for got, src in ((q_out, q0[:, :, lo : lo + rot]), (k_out, k0[:, None, lo : lo + rot])):
+        want = rope_loop(decode(src, dtype), positions, cache.astype(np.float64), neox)
+        g = decode(got, dtype)
+        u = 2.0**-8 if dtype == "bf16" else 2.0**-11
+        assert np.all(np.abs(g - want) <= u * np.abs(want) + 1e-30), np.max(np.abs(g - want))
+        assert np.array_equal(g[0], decode(src, dtype)[0])  # position 0 is the identity
+    # In place gives the same bits and leaves the other dims alone.
+    ref.rope_inplace(dict(common, q=tq, k=tk), {"is_neox": neox})
+    assert np.array_equal(qf[:, :, lo : lo + rot], q_out)
+    assert np.array_equal(kf[:, None, lo : lo + rot], k_out)
+    other = np.ones(qf.shape[-1], bool)
+    other[lo : lo + rot] = False
+    assert np.array_equal(qf[:, :, other], q0[:, :, other]) and np.array_equal(kf[:, other], k0[:, other])
+
+
+def test_rope_rounds_once_from_double():
+    # A value whose float32 rounding lands on a bf16 tie: double rounding would go the wrong way.
+    y = np.array([1.0 + 2.0**-8 + 2.0**-30, 1.0 + 2.0**-8 - 2.0**-30, -(1.0 + 3 * 2.0**-8 + 2.0**-40)])
+    assert ref._round_f64(y, "bf16").tolist() == [0x3F81, 0x3F80, 0xBF82]
+
+
+def test_rope_refusals_and_unsupported():
+    rng = np.random.default_rng(5)
+    qf, kf, lo, positions, cache = rope_problem(True, "front", rng)
+    t = {"positions": T_(positions, "positions"), "cos_sin_cache": T_(cache, "cos_sin_cache"), "q": T_(qf[:, :, :8], "q", "bf16"), "k": T_(kf[:, :8], "k", "bf16")}
+    ref.rope_inplace(t, {"is_neox": True})  # [T, rot] k accepted
+    with pytest.raises(ab.Refuse, match="views must be"):
+        ref.rope_inplace(dict(t, q=T_(qf[:, :, :6], "q", "bf16")), {"is_neox": True})
+    with pytest.raises(ab.Refuse, match="one dtype"):
+        ref.rope_inplace(dict(t, k=T_(kf[:, :8], "k", "f16")), {"is_neox": True})
+    with pytest.raises(ab.Refuse, match="positions"):
+        ref.rope_inplace(dict(t, positions=T_(positions.astype(np.float32), "positions")), {"is_neox": True})
+    odd = np.zeros((32, 7), np.float32)
+    with pytest.raises(ab.Refuse, match="even"):
+        ref.rope_inplace(dict(t, cos_sin_cache=T_(odd, "cos_sin_cache"), q=T_(qf[:, :, :7], "q", "bf16"), k=T_(kf[:, :7], "k", "bf16")), {"is_neox": True})
+    with pytest.raises(ab.Unsupported, match="rows"):
+        ref.rope_inplace(dict(t, positions=T_(np.array([0, 1, 2, 3, 99]), "positions")), {"is_neox": True})
+
+
+# ------------------------------------------------------------------------------------------------
+# numpy_broken: every bug does what its name says
+
+
+def broken_page(monkeypatch, bug):
+    monkeypatch.setenv("ATTNCHECK_BROKEN", f"page_indices={bug}")
+    t, p, store, padded = page_problem()
+    return t, p, store, padded
+
+
+@pytest.mark.parametrize(
+    "bug, check",
+    [
+        ("none", lambda padded, store, t: padded[1:15].tolist() == EXPECTED),
+        ("wrong_element", lambda padded, store, t: padded[1:14].tolist() == EXPECTED[:-1] and padded[14] == EXPECTED[-1] + 1),
+        ("unwritten", lambda padded, store, t: (padded[1:15] != EXPECTED).sum() == 1 and -1 in padded[1:15].tolist() and padded[15] == -1),
+        ("guard_before", lambda padded, store, t: padded[0] == 0 and padded[1:15].tolist() == EXPECTED),
+        ("past_view", lambda padded, store, t: padded[15] == -2 and padded[1:15].tolist() == EXPECTED),
+        ("mutate_input", lambda padded, store, t: ab.as_numpy(t["seq_lens"])[0] == 4),
+        ("ignore_stride", lambda padded, store, t: padded[1:15].tolist() != EXPECTED),
+    ],
+)
+def test_broken_page_indices(monkeypatch, bug, check):
+    t, p, store, padded = broken_page(monkeypatch, bug)
+    numpy_broken.ADAPTER.get("page_indices")(t, p)
+    assert check(padded, store, t), padded.tolist()
+
+
+@pytest.mark.parametrize("bug, exc", [("raise", ValueError), ("refuse", ab.Refuse), ("unsupported", ab.Unsupported)])
+def test_broken_exceptions(monkeypatch, bug, exc):
+    t, p, _, padded = broken_page(monkeypatch, bug)
+    with pytest.raises(exc):
+        numpy_broken.ADAPTER.get("page_indices")(t, p)
+    assert (padded == -1).all()
+
+
+def test_broken_nondeterministic_flips_every_second_call(monkeypatch):
+    monkeypatch.setenv("ATTNCHECK_BROKEN", "*=nondeterministic")
+    numpy_broken._calls.clear()
+    lasts = []
+    for _ in range(4):
+        t, p, _, padded = page_problem()
+        numpy_broken.ADAPTER.get("page_indices")(t, p)
+        lasts.append(int(padded[14]))
+    assert lasts == [36, 37, 36, 37]
+
+
+def test_broken_defaults_and_bad_spec(monkeypatch):
+    monkeypatch.delenv("ATTNCHECK_BROKEN", raising=False)
+    assert [numpy_broken.bug_for(e) for e in numpy_broken.ADAPTER.ops()] == ["wrong_element", "ignore_stride", "mutate_input", "unwritten"]
+    monkeypatch.setenv("ATTNCHECK_BROKEN", "page_indices=teleport")
+    with pytest.raises(ValueError, match="unknown bug"):
+        numpy_broken.bug_for("page_indices")

@@ -1,0 +1,129 @@
+"""Adapter registry, loading and exception semantics (attncheck_bridge, attncheck_bridge._host)."""
+
+import os
+
+import numpy as np
+import pytest
+
+import attncheck_bridge as ab
+from attncheck_bridge import _host
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def test_adapter_registry():
+    a = ab.Adapter(name="demo")
+    assert a.device == "cpu" and a.contract == "fp32-accumulate"
+    assert a.library() == "attncheck-pybridge (demo, contract fp32-accumulate)"
+
+    @a.entry("second")
+    def second(t, p):
+        pass
+
+    a.add("first", lambda t, p: None)
+    assert a.ops() == ["second", "first"]
+    assert a.get("second") is second and a.get("nope") is None
+    with pytest.raises(ValueError, match="twice"):
+        a.add("first", lambda t, p: None)
+    with pytest.raises(ValueError):
+        a.entry("a,b")
+    with pytest.raises(ValueError, match="device"):
+        ab.Adapter(name="x", device="tpu")
+    with pytest.raises(ValueError):
+        ab.Adapter(name="")
+    assert ab.Adapter(name="c", device="cuda", contract="bf16-mma").library() == "attncheck-pybridge (c, contract bf16-mma)"
+
+
+def test_load_by_module_and_by_path():
+    a = _host.load_adapter("numpy_reference")
+    assert a.name == "numpy_reference"
+    assert _host.describe(a) == (
+        "attncheck-pybridge (numpy_reference, contract f64-evaluate)",
+        "cpu",
+        "page_indices,kv_gather,rope_inplace,rope_out_of_place",
+    )
+    b = _host.load_adapter(os.path.join(HERE, "adapters", "pure_python.py"))
+    assert b.name == "pure_python"
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("", "ATTNCHECK_PY_ADAPTER is not set"),
+        ("no_such_adapter_module", "py adapter 'no_such_adapter_module': module not found"),
+        ("/nonexistent/x.py", "py adapter '/nonexistent/x.py': no such file"),
+        ("raises_on_import", "py adapter 'raises_on_import': importing it raised RuntimeError: deliberate import-time failure"),
+        ("no_registry", "py adapter 'no_registry': the module"),
+    ],
+)
+def test_load_failures_name_the_adapter(spec, message):
+    with pytest.raises(_host.BridgeError) as e:
+        _host.load_adapter(spec)
+    assert message in str(e.value)
+
+
+def test_adapter_without_entries(tmp_path):
+    f = tmp_path / "empty_adapter.py"
+    f.write_text("import attncheck_bridge as ab\nADAPTER = ab.Adapter(name='empty')\n")
+    with pytest.raises(_host.BridgeError, match="registers no entries"):
+        _host.load_adapter(str(f))
+    g = tmp_path / "wrong_adapter.py"
+    g.write_text("ADAPTER = object()\n")
+    with pytest.raises(_host.BridgeError, match="not an attncheck_bridge.Adapter"):
+        _host.load_adapter(str(g))
+
+
+def test_a_failing_import_of_something_else_is_not_module_not_found(tmp_path):
+    f = tmp_path / "needs_missing.py"
+    f.write_text("import surely_missing_dependency_xyz\n")
+    with pytest.raises(_host.BridgeError) as e:
+        _host.load_adapter(str(f))
+    assert "surely_missing_dependency_xyz" in str(e.value) and "module not found" not in str(e.value)
+
+
+def _args(arrays):
+    out = []
+    for name, a in arrays.items():
+        t = ab.Tensor.from_numpy(a, name)
+        out.append((name, t.data, 0, t.shape, t.strides, t.dl_code, t.dl_bits, 1))
+    return out
+
+
+def test_run_classifies_exceptions():
+    a = _host.load_adapter("pure_python")
+    assert _host.run(a, "pp", "unsupported", [], "{}") == (_host.REFUSED, "unsupported by pure_python: this adapter does not implement that")
+    assert _host.run(a, "pp", "refuse", [], "{}") == (_host.REFUSED, "kernel_block_size must be >= 1, got 0")
+    status, msg = _host.run(a, "pp", "raise", [], "{}")
+    assert status == _host.HOST_ERROR == 5
+    assert msg.startswith("py adapter 'pp': entry 'raise' raised KeyError: ")
+    assert "in inner" in msg and "deliberate failure" in msg
+    status, msg = _host.run(a, "pp", "exit", [], "{}")
+    assert status == _host.HOST_ERROR and "SystemExit" in msg
+    status, msg = _host.run(a, "pp", "nope", [], "{}")
+    assert status == _host.UNKNOWN_OP and "has no entry 'nope'" in msg
+    status, msg = _host.run(a, "pp", "refuse", [], "[1]")
+    assert status == _host.HOST_ERROR and "not a JSON object" in msg
+
+
+def test_run_builds_tensors_and_params():
+    a = _host.load_adapter("pure_python")
+    out = np.full(6, -1, dtype=np.int32)
+    args = [("out", out.__array_interface__["data"][0], 4, (2,), (2,), ab.kDLInt, 32, 1)]
+    assert _host.run(a, "pp", "fill", args, '{"base": 10}') == (_host.OK, "")
+    assert out.tolist() == [-1, 10, -1, 11, -1, -1]
+
+
+def test_time_and_roofline_on_cpu():
+    a = _host.load_adapter("pure_python")
+    out = np.zeros(2, dtype=np.int32)
+    status, msg, ms = _host.time(a, "pp", "fill", _args({"out": out}), '{"base": 1}', 1, 3)
+    assert status == _host.OK and ms > 0
+    status, msg, ms = _host.time(a, "pp", "raise", [], "{}", 1, 3)
+    assert status == _host.HOST_ERROR and ms == -1
+    status, msg, gbps, tflops = _host.roofline(a, "pp")
+    assert status == _host.OK and gbps > 0 and tflops > 0
+
+
+def test_cpu_device_info():
+    a = _host.load_adapter("pure_python")
+    assert _host.query_device(a, "pure_python") == (_host.OK, "", "host (py adapter pure_python)", "cpu")
