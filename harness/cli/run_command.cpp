@@ -8,7 +8,9 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <map>
 #include <optional>
+#include <sstream>
 
 #include "cli/commands.h"
 #include "run/cases.h"
@@ -36,6 +38,7 @@ int cmd_worker(const Paths& p, const WorkerArgs& a) {
   cfg.kernels = a.kernels;
   cfg.arch = a.arch;
   cfg.repeat = a.repeat;
+  cfg.stress = a.stress;
   cfg.repro_dir = a.repro_dir;
   cfg.repro_extra = a.repro_extra;
   cfg.allow_missing_goldens = a.allow_missing_goldens;
@@ -45,6 +48,62 @@ int cmd_worker(const Paths& p, const WorkerArgs& a) {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// --sanitizer TOOL: workers run under compute-sanitizer, which writes its report to one log file per
+// worker process; the worker reads its own after every case (evaluate.cpp) and fails the case on a
+// finding. Sanitized kernels run 10-100x slower, so the per-case time limit grows 20x.
+void sanitize_workers(WorkerSpec& spec, const RunArgs& a) {
+  std::string tool_path;
+  if (const char* env = std::getenv("ATTNCHECK_COMPUTE_SANITIZER"); env && *env) tool_path = env;
+  for (const char* dir : {"/usr/local/cuda/bin", "/opt/cuda/bin"})
+    if (tool_path.empty() && fs::exists(fs::path(dir) / "compute-sanitizer"))
+      tool_path = (fs::path(dir) / "compute-sanitizer").string();
+  if (tool_path.empty())
+    if (const char* path = std::getenv("PATH")) {
+      std::istringstream dirs(path);
+      for (std::string d; tool_path.empty() && std::getline(dirs, d, ':');)
+        if (!d.empty() && fs::exists(fs::path(d) / "compute-sanitizer"))
+          tool_path = (fs::path(d) / "compute-sanitizer").string();
+    }
+  if (tool_path.empty())
+    throw std::runtime_error(
+        "compute-sanitizer not found (set ATTNCHECK_COMPUTE_SANITIZER, or put it on PATH)");
+  if (a.in_process) throw std::runtime_error("needs worker processes (drop --in-process)");
+  const fs::path dir = a.out.empty() ? fs::temp_directory_path() /
+                                           ("attncheck-sanitizer-" + std::to_string(::getpid()))
+                                     : fs::path(a.out) / "sanitizer";
+  fs::create_directories(dir);
+  const std::string log = fs::absolute(dir / ("worker-%p." + a.sanitizer + ".log")).string();
+  spec.exe = fs::read_symlink("/proc/self/exe").string();  // the wrapper execs it by path
+  spec.wrapper = {tool_path, "--tool", a.sanitizer, "--log-file", log, "--print-limit", "100"};
+  spec.case_timeout_s *= 20;
+  spec.start_timeout_s *= 5;
+  ::setenv("ATTNCHECK_SANITIZER_LOG", log.c_str(), 1);  // inherited by the workers
+  ::setenv("ATTNCHECK_SANITIZER", a.sanitizer.c_str(), 1);
+  std::cout << "  workers under " << tool_path << " --tool " << a.sanitizer << " (reports: " << log
+            << ")\n";
+}
+
+// --stress: per case the nondeterminism rate (launches differing bitwise from the first).
+void print_stress_summary(const std::vector<nlohmann::json>& results, int stress) {
+  if (stress <= 0) return;
+  int cases = 0, nondeterministic = 0;
+  std::ostringstream lines;
+  for (const auto& j : results) {
+    if (!j.contains("stress")) continue;
+    ++cases;
+    const auto& st = j.at("stress");
+    if (st.value("differing", 0) == 0 && st.value("failed", 0) == 0) continue;
+    ++nondeterministic;
+    lines << "  " << j.value("id", "") << ": " << st.value("differing", 0) << " of "
+          << st.value("launches", 0) << " launches differ (rate " << std::setprecision(3)
+          << st.value("nondeterminism_rate", 0.0) << "), " << st.value("failed", 0)
+          << " fail the checks\n";
+  }
+  std::cout << "stress: " << cases << " case(s) x " << stress << " launches; " << nondeterministic
+            << " with differing or failing launches\n"
+            << lines.str();
+}
 
 std::string first_line(const std::string& s, size_t max = 400) {
   std::string l = s.substr(0, s.find('\n'));
@@ -100,20 +159,83 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
                  "without goldens)\n";
     return 2;
   }
+  // Reference mode compares with the goldens: a golden file missing for cases of the golden tiers
+  // (deleted, or a typo in --golden) is an input error, unless reference-vs-nothing was asked for.
+  if (a.kernels.empty() && !a.allow_missing_goldens) {
+    std::map<std::string, int> missing;
+    for (const auto& c : cases)
+      if ((c.in_tier("smoke") || c.in_tier("quick")) &&
+          !fs::exists(fs::path(paths.golden) / (c.op + ".h5")))
+        ++missing[c.op];
+    for (const auto& [op, n] : missing)
+      std::cerr << "attncheck: golden file '" << (fs::path(paths.golden) / (op + ".h5")).string()
+                << "' does not exist (" << n << " smoke/quick cases of " << op
+                << "; `attncheck golden generate --op " << op
+                << "`, or --allow-missing-goldens to run without it)\n";
+    if (!missing.empty()) return 2;
+  }
   std::string repro_dir;
   if (!a.out.empty()) {
     fs::create_directories(a.out);
     repro_dir = fs::absolute(fs::path(a.out) / "repro").string();
     fs::create_directories(repro_dir);
   }
-  const std::string kernels =
-      a.kernels.empty() || a.kernels.rfind("py:", 0) == 0 ? a.kernels
-                                                           : fs::absolute(a.kernels).string();
+  const std::string kernels = a.kernels.empty() || a.kernels.rfind("py:", 0) == 0
+                                  ? a.kernels
+                                  : fs::absolute(a.kernels).string();
   const std::string started = utc_now_iso();
   const auto t0 = Clock::now();
 
-  std::ofstream jsonl;
-  if (!a.out.empty()) jsonl.open(fs::path(a.out) / "results.jsonl");
+  // run.json describes the run; written now (no "finished") so that a run killed halfway still
+  // leaves a directory the report reads, and rewritten complete at the end.
+  const auto run_json = [&](const std::optional<nlohmann::json>& h, const Summary* done_summary,
+                            double wall_s) {
+    std::string manifest_sha;
+    try {
+      manifest_sha = sha256_file((fs::path(paths.golden) / "MANIFEST").string());
+    } catch (const std::exception&) {
+    }
+    const nlohmann::json hj = h.value_or(nlohmann::json::object());
+    const std::string arch = hj.value("arch", "");
+    const std::string backend = arch.rfind("gfx", 0) == 0   ? "hip"
+                                : arch.rfind("sm_", 0) == 0 ? "cuda"
+                                                            : "cpu";
+    const bool kernel_mode = hj.value("mode", "") == "kernel";
+    return nlohmann::json{
+        {"attncheck_version", attncheck_version()},
+        {"git_revision", git_revision(paths.root)},
+        {"arch", arch},
+        {"device", hj.value("device", "")},
+        {"backend", backend},
+        {"kernels_library", kernels.empty() ? "" : kernels + " (" + hj.value("library", "") + ")"},
+        {"toolchain", toolchain()},
+        {"tier", a.tier},
+        {"filter", a.filter},
+        {"shard", a.shard},
+        {"case_count", cases.size()},
+        {"golden_manifest_sha256", manifest_sha},
+        {"started", started},
+        {"finished", done_summary ? utc_now_iso() : ""},
+        {"wall_s", wall_s},
+        {"mode", kernel_mode ? "kernel" : "reference"},
+        {"kernel_skipped_reason", kernel_mode ? "" : hj.value("no_device", "")},
+        {"compared", done_summary ? done_summary->compared : 0},
+        {"repeat", a.repeat},
+        {"stress", a.stress},
+        {"sanitizer", a.sanitizer},
+        {"smem_poison", !a.no_smem_poison}};
+  };
+  std::optional<JsonlWriter> jsonl;
+  if (!a.out.empty()) {
+    try {
+      write_file_atomic((fs::path(a.out) / "run.json").string(),
+                        run_json(std::nullopt, nullptr, 0).dump(2) + "\n");
+      jsonl.emplace((fs::path(a.out) / "results.jsonl").string());
+    } catch (const std::exception& e) {
+      std::cerr << "attncheck: " << e.what() << "\n";
+      return 2;
+    }
+  }
   std::vector<nlohmann::json> results(cases.size());
   Summary summary;
   Progress progress(cases.size());
@@ -138,9 +260,7 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
   auto record = [&](size_t i, const Result& r) {
     summary.add(r);
     nlohmann::json j = r.to_json();
-    if (jsonl.is_open())
-      jsonl << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n"
-            << std::flush;
+    if (jsonl) jsonl->append(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
     if (r.failing()) {
       progress.clear();
       std::cout << (r.verdict == Verdict::error ? "ERROR " : "FAIL  ") << r.id << "\n      "
@@ -152,8 +272,9 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
   };
 
   if (a.in_process) {
-    WorkerConfig cfg{paths.cases,       paths.golden, kernels, a.arch, repro_dir,
-                     path_flags(paths), a.repeat,     a.allow_missing_goldens};
+    WorkerConfig cfg{paths.cases, paths.golden,      kernels,  a.arch,
+                     repro_dir,   path_flags(paths), a.repeat, a.allow_missing_goldens,
+                     a.stress};
     std::unique_ptr<CaseContext> ctx;
     try {
       ctx = make_context(cfg);
@@ -162,7 +283,13 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
       return 2;
     }
     announce(context_hello(*ctx));
-    for (size_t i = 0; i < cases.size(); ++i) record(i, run_case_id(*ctx, cases[i].id));
+    try {
+      for (size_t i = 0; i < cases.size(); ++i) record(i, run_case_id(*ctx, cases[i].id));
+    } catch (const std::exception& e) {  // a results file that cannot be written
+      progress.clear();
+      std::cerr << "attncheck: " << e.what() << "\n";
+      return 2;
+    }
   } else {
     WorkerSpec spec;
     spec.jobs = a.jobs;
@@ -182,6 +309,15 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
     if (!path_flags(paths).empty())
       spec.args.insert(spec.args.end(), {"--repro-extra", path_flags(paths)});
     if (a.allow_missing_goldens) spec.args.push_back("--allow-missing-goldens");
+    if (a.stress > 0) spec.args.insert(spec.args.end(), {"--stress", std::to_string(a.stress)});
+    if (!a.sanitizer.empty()) {
+      try {
+        sanitize_workers(spec, a);
+      } catch (const std::exception& e) {
+        std::cerr << "attncheck: --sanitizer: " << e.what() << "\n";
+        return 2;
+      }
+    }
     std::vector<std::string> ids;
     for (const auto& c : cases) ids.push_back(c.id);
     RunOptions lost_opt;
@@ -194,9 +330,9 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
         record(i, Result::from_json(j));
       } catch (const std::invalid_argument& e) {
         lost_opt.arch = hello ? hello->value("arch", "") : a.arch;
-        Result r = lost_case_result(cases[i], Mode::none, lost_opt,
-                                    std::string("the worker's result line is unreadable: ") +
-                                        e.what());
+        Result r =
+            lost_case_result(cases[i], Mode::none, lost_opt,
+                             std::string("the worker's result line is unreadable: ") + e.what());
         r.verdict = Verdict::error;
         record(i, r);
       }
@@ -222,8 +358,8 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
   summary.print(std::cout);
   const bool kernel_mode = hello && hello->value("mode", "") == "kernel";
   if (!kernel_mode)
-    std::cout << "REFERENCE ONLY: kernels not checked for any of the " << cases.size()
-              << " cases (" << (hello ? hello->value("no_device", "") : "") << ")\n";
+    std::cout << "REFERENCE ONLY: kernels not checked for any of the " << cases.size() << " cases ("
+              << (hello ? hello->value("no_device", "") : "") << ")\n";
   if (summary.failures > 0) {
     std::cout << "\n" << summary.failures << " failing case(s); rerun one with:\n";
     for (const auto& j : results)
@@ -231,42 +367,19 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
   }
   if (summary.compared == 0)
     std::cout << "\nNOTHING COMPARED: no case compared a kernel output or a golden\n";
+  print_stress_summary(results, a.stress);
   std::cout << "wall time " << std::fixed << std::setprecision(1) << wall_s << " s\n";
 
   if (!a.out.empty()) {
     const fs::path out(a.out);
-    std::string manifest_sha;
     try {
-      manifest_sha = sha256_file((fs::path(paths.golden) / "MANIFEST").string());
-    } catch (const std::exception&) {
+      write_file_atomic((out / "run.json").string(),
+                        run_json(hello, &summary, wall_s).dump(2) + "\n");
+      write_file_atomic((out / "junit.xml").string(), junit_xml(results, "attncheck " + a.tier));
+    } catch (const std::exception& e) {
+      std::cerr << "attncheck: " << e.what() << "\n";
+      return 2;
     }
-    const nlohmann::json h = hello.value_or(nlohmann::json::object());
-    const std::string arch = h.value("arch", "");
-    const std::string backend = arch.rfind("gfx", 0) == 0   ? "hip"
-                                : arch.rfind("sm_", 0) == 0 ? "cuda"
-                                                            : "cpu";
-    const nlohmann::json run_json = {
-        {"attncheck_version", attncheck_version()},
-        {"git_revision", git_revision(paths.root)},
-        {"arch", arch},
-        {"device", h.value("device", "")},
-        {"backend", backend},
-        {"kernels_library", kernels.empty() ? "" : kernels + " (" + h.value("library", "") + ")"},
-        {"toolchain", toolchain()},
-        {"tier", a.tier},
-        {"filter", a.filter},
-        {"shard", a.shard},
-        {"case_count", cases.size()},
-        {"golden_manifest_sha256", manifest_sha},
-        {"started", started},
-        {"finished", utc_now_iso()},
-        {"wall_s", wall_s},
-        {"mode", kernel_mode ? "kernel" : "reference"},
-        {"kernel_skipped_reason", kernel_mode ? "" : h.value("no_device", "")},
-        {"compared", summary.compared},
-        {"repeat", a.repeat}};
-    write_file_atomic((out / "run.json").string(), run_json.dump(2) + "\n");
-    write_file_atomic((out / "junit.xml").string(), junit_xml(results, "attncheck " + a.tier));
     std::cout << "results: " << fs::absolute(out).string() << "\n";
   }
   // Nothing compared is a failed gate, unless reference-vs-nothing was asked for.

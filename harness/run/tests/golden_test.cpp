@@ -145,7 +145,7 @@ TEST_F(Goldens, CorruptedOrTruncatedFilesAreNamed) {
   EXPECT_NE(text.find(path + ": " + std::to_string(fs::file_size(path)) + " bytes, MANIFEST says "),
             std::string::npos)
       << text;
-  EXPECT_NE(text.find("cannot read golden: HDF5 file '" + path + "'"), std::string::npos) << text;
+  EXPECT_NE(text.find("not parsed: the file does not match MANIFEST"), std::string::npos) << text;
 
   fs::remove(opt_.dir + "/MANIFEST");
   EXPECT_GE(verify(&text), 1);
@@ -250,6 +250,27 @@ axes = { heads = [1, 2, 3, 4], dtype = ["f32", "bf16"] }
   EXPECT_NE(diff.str().find("only in " + other.dir + "  selftest_axpy/h2-n64-f32-contiguous-s0"),
             std::string::npos)
       << diff.str();
+}
+
+// A smoke or quick case whose golden is missing is an error in reference mode, never a silent pass;
+// reference-vs-nothing must be asked for, and is then `skipped` with mode none.
+TEST(GoldenPolicy, MissingGoldenIsAnErrorUnlessAllowed) {
+  const Op& op = *find_op("page_indices");
+  Case c = op.make_case({{"batch", 2}}, {"smoke", "quick", "full"});
+  GoldenStore empty(fs::temp_directory_path().string());
+  EvalContext ctx;
+  ctx.goldens = &empty;
+  Result r = evaluate(c, ctx);
+  EXPECT_EQ(r.verdict, Verdict::error) << r.message;
+  EXPECT_NE(r.message.find("no golden for this case"), std::string::npos) << r.message;
+  ctx.require_goldens = false;
+  r = evaluate(c, ctx);
+  EXPECT_EQ(r.verdict, Verdict::skipped) << r.message;
+  EXPECT_EQ(r.mode, Mode::none);
+  c.tiers = {"full"};  // goldens cover smoke and quick only: a full case has none by design
+  ctx.require_goldens = true;
+  r = evaluate(c, ctx);
+  EXPECT_EQ(r.verdict, Verdict::skipped) << r.message;
 }
 
 }  // namespace
