@@ -67,6 +67,26 @@ typedef struct attncheck_plugin_v1 {
 
 typedef const attncheck_plugin_v1* (*attncheck_plugin_v1_get_fn)(void);
 
+/* Optional extension, same ABI version: a library may also export
+ *     const attncheck_plugin_ext_v1* attncheck_plugin_ext_v1_get(void);
+ * The harness uses what it finds there and falls back to the v1 table when the symbol is absent
+ * (older libraries and adapters keep working unchanged). */
+typedef struct attncheck_plugin_ext_v1 {
+  uint32_t size; /* sizeof(attncheck_plugin_ext_v1) as the library was built */
+  /* Fills `bytes` device bytes at dst with the little-endian 32-bit `pattern` repeated (byte i
+     of the range gets byte i % 4 of the pattern), synchronously. The harness poisons the parts of
+     a sparse storage that the host does not hold with it (multi-GB caches of large-offset cases);
+     without it, the harness uploads the poison through copy_to_device. */
+  int (*fill)(void* dst, size_t bytes, uint32_t pattern, char* msg, size_t msg_len);
+  /* Starts a kernel that keeps about half of the SMs/CUs busy for `microseconds` on a stream of
+     its own and returns without waiting; the next `run` synchronizes with it. The stress mode
+     uses it to launch the kernel under test beside concurrent work (other block placement and
+     timing). NULL: not offered. */
+  int (*background)(uint32_t microseconds, char* msg, size_t msg_len);
+} attncheck_plugin_ext_v1;
+
+typedef const attncheck_plugin_ext_v1* (*attncheck_plugin_ext_v1_get_fn)(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -92,12 +92,24 @@ AC_DEVICE uint16_t float_to_bits(float f, bool bf16) {
   return bf16 ? ac_float_to_bf16(f) : ac_float_to_f16(f);
 }
 
+// fp8 -> float. The mutant decodes like a table that stops one code short of the top: the
+// saturation codes (e4m3fn 0x7E = 448 and its NaN 0x7F, e4m3fnuz 0x7F = 240) read as the next
+// smaller value, and fnuz's NaN code 0x80 as -0 — exact on every ordinary code.
+AC_DEVICE float fp8_value(uint8_t b, AcFp8 fmt) {
+#if defined(AC_MUTANT_DECODE_FP8_ORDINARY_ONLY)
+  const uint8_t top = fmt == AcFp8::e4m3fn ? 0x7E : 0x7F;
+  if ((b & 0x7F) >= top) b = static_cast<uint8_t>((b & 0x80) | (top - 1));
+  if (fmt == AcFp8::e4m3fnuz && b == 0x80) return -0.0f;
+#endif
+  return ac_fp8_to_float(b, fmt);
+}
+
 // A cache element as q-dtype bits: 16-bit caches are copied, fp8 widens exactly (e4m3 fits bf16
 // and f16); the per-tensor scales are applied to the scores and the output instead.
 AC_DEVICE uint16_t cache_bits(const void* base, int64_t i, const Stage1Args& a) {
   if (a.fp8_format < 0) return static_cast<const uint16_t*>(base)[i];
   const uint8_t b = static_cast<const uint8_t*>(base)[i];
-  return float_to_bits(ac_fp8_to_float(b, static_cast<AcFp8>(a.fp8_format)), a.q_bf16);
+  return float_to_bits(fp8_value(b, static_cast<AcFp8>(a.fp8_format)), a.q_bf16);
 }
 
 // Eight cache elements at element offset i (8-aligned) as q-dtype bits: one 16-byte load for a
@@ -113,8 +125,8 @@ AC_DEVICE uint4 cache_bits8(const void* base, int64_t i, const Stage1Args& a) {
     const auto lo = static_cast<uint8_t>(src >> shift),
                hi = static_cast<uint8_t>(src >> (shift + 8));
     const auto fmt = static_cast<AcFp8>(a.fp8_format);
-    w[k] = float_to_bits(ac_fp8_to_float(lo, fmt), a.q_bf16) |
-           static_cast<uint32_t>(float_to_bits(ac_fp8_to_float(hi, fmt), a.q_bf16)) << 16;
+    w[k] = float_to_bits(fp8_value(lo, fmt), a.q_bf16) |
+           static_cast<uint32_t>(float_to_bits(fp8_value(hi, fmt), a.q_bf16)) << 16;
   }
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
@@ -131,6 +143,9 @@ AC_DEVICE void load_tile(uint16_t* dst, const void* src, const int64_t* rows, in
     for (int i = threadIdx.x; i < nrows * chunks; i += blockDim.x) {
       const int j = i / chunks, c = (i % chunks) * 8, d = col0 + c;
       const bool in = rows[j] >= 0 && c < width && d < limit;
+#if defined(AC_MUTANT_DECODE_STALE_SMEM_ROWS)
+      if (rows[j] < 0) continue;  // rows past the split are left as they are
+#endif
       *reinterpret_cast<uint4*>(dst + j * pitch + c) =
           in ? cache_bits8(src, rows[j] + d, a) : make_uint4(0, 0, 0, 0);
     }
@@ -139,6 +154,9 @@ AC_DEVICE void load_tile(uint16_t* dst, const void* src, const int64_t* rows, in
 #pragma unroll 4
   for (int i = threadIdx.x; i < nrows * pitch; i += blockDim.x) {
     const int j = i / pitch, c = i % pitch, d = col0 + c;
+#if defined(AC_MUTANT_DECODE_STALE_SMEM_ROWS)
+    if (rows[j] < 0) continue;
+#endif
     dst[i] = rows[j] >= 0 && c < width && d < limit ? cache_bits(src, rows[j] + d, a) : 0;
   }
 }
@@ -201,16 +219,30 @@ __global__ void __launch_bounds__(kThreads) decode_stage1(Stage1Args a) {
     for (int j = tid; j < a.block_n; j += nt) {
       const int n = n0 + j;
       int64_t kr = -1, vr = -1;
+#if defined(AC_MUTANT_DECODE_LEN_OFF_BY_ONE)
+      if (n <= end) {  // "end is inclusive": one token past each split
+#else
       if (n < end) {
+#endif
         const int64_t page = a.table[b * a.t_sb + (n / a.page_size) * a.t_sc];
         const int64_t slot = n % a.page_size;
+#if defined(AC_MUTANT_DECODE_PAGE_OFFSET_INT32)
+        // Element offsets in 32-bit arithmetic: wraps once page * page_stride passes 2^31.
+        kr = static_cast<int32_t>(page) * static_cast<int32_t>(a.k_sp) +
+             static_cast<int32_t>(slot * a.k_st + kvh * a.k_sh);
+        vr = static_cast<int32_t>(page) * static_cast<int32_t>(a.v_sp) +
+             static_cast<int32_t>(slot * a.v_st + kvh * a.v_sh);
+#else
         kr = page * a.k_sp + slot * a.k_st + kvh * a.k_sh;
         vr = page * a.v_sp + slot * a.v_st + kvh * a.v_sh;
+#endif
       }
       krow_s[j] = kr;
       vrow_s[j] = vr;
     }
-    __syncthreads();
+#if !defined(AC_MUTANT_DECODE_MISSING_BARRIER)
+    __syncthreads();  // every thread's tile loads read all row offsets
+#endif
     load_tile(k_s, a.k, krow_s, a.block_n, a.k_main, a.k_pitch, 0, a.lk, a);
     if (a.rope_cols > 0)
       load_tile(rope_s, a.k, krow_s, a.block_n, a.rope_cols, a.rope_cols, a.dmodel, a.lk, a);
@@ -269,7 +301,13 @@ __global__ void __launch_bounds__(kThreads) decode_stage1(Stage1Args a) {
     }
     __syncthreads();
 
+#if defined(AC_MUTANT_DECODE_STALE_SMEM_ROWS)
+    // P.V over the whole tile: rows past the split have p = 0, "so their V does not matter" —
+    // unless the unwritten V row holds NaN (0 * NaN = NaN).
+    const int valid_n = a.block_n;
+#else
     const int valid_n = min(a.block_n, end - n0);
+#endif
     for (int h = 0; h < MAX_H; ++h)
       if (h < nh)
         for (int c = 0; c < COLS; ++c) acc[h][c] *= alpha_s[h];
@@ -319,9 +357,15 @@ __global__ void decode_stage2(Stage2Args a) {
   auto* o = static_cast<uint16_t*>(a.o) + b * a.o_sb + h * a.o_sh;
   // Every thread merges the same split scalars (identical results) for its own columns;
   // d == lv is the log-sum-exp itself.
+#if defined(AC_MUTANT_DECODE_DROP_LAST_SPLIT)
+  // Splits counted by floor(len / per): the last, partial split is dropped.
+  const int used_splits = per > 0 ? min(a.splits, len / per) : 0;
+#else
+  const int used_splits = a.splits;
+#endif
   for (int d = threadIdx.x; d <= a.lv; d += blockDim.x) {
     float acc = 0.0f, e_sum = 0.0f, e_max = -INFINITY;
-    for (int s = 0; s < a.splits; ++s) {
+    for (int s = 0; s < used_splits; ++s) {
       const int start = per * s, end = min(start + per, len);
       if (end <= start) continue;
       const float lse_s = base[s * slot_w + a.lv];

@@ -2,6 +2,7 @@
 // exported ABI table (its device half, runtime.hip, provides memory, timing and rooflines).
 #include "kernel_api.h"
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 namespace ack {
@@ -63,7 +64,13 @@ KParams::KParams(const char* json) {
 int64_t KParams::i(const std::string& key) const {
   auto it = num_.find(key);
   if (it == num_.end()) throw Refusal("missing integer parameter '" + key + "'");
-  return static_cast<int64_t>(it->second);
+  // Converting a double outside int64's range (1e300, NaN) is undefined behaviour (found by
+  // fuzz_kernel_params, docs/fuzzing.md): such a parameter is refused instead.
+  const double v = it->second;
+  if (!(v >= -9.2e18 && v <= 9.2e18) || v != std::trunc(v))
+    throw Refusal("integer parameter '" + key + "' is " + nlohmann::json(v).dump() +
+                  ", not an integer in range");
+  return static_cast<int64_t>(v);
 }
 double KParams::f(const std::string& key) const {
   auto it = num_.find(key);

@@ -1,5 +1,6 @@
 // Device half of the plugin: the exported ABI table, memory, launches with error capture, timing.
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -31,8 +32,8 @@ int device_info(char* name, size_t name_len, char* arch, size_t arch_len, char* 
   if (e != hipSuccess || n == 0) {
     (void)hipGetLastError();
     // The reason alone: attncheck's message already starts "no GPU: ".
-    put(msg, msg_len, e != hipSuccess ? gpu_error("hipGetDeviceCount", e)
-                                      : "hipGetDeviceCount found 0 devices");
+    put(msg, msg_len,
+        e != hipSuccess ? gpu_error("hipGetDeviceCount", e) : "hipGetDeviceCount found 0 devices");
     return ATTNCHECK_NO_DEVICE;
   }
   int dev = 0;
@@ -82,9 +83,69 @@ int copy_to_host(void* dst, const void* src, size_t bytes, char* msg, size_t msg
   return copy(dst, src, bytes, false, msg, msg_len);
 }
 
+// ---- shared-memory poison (docs/abi.md, "Shared-memory poison") ----
+// Before every launch a kernel fills the shared memory of every SM/CU with a NaN pattern, so a
+// kernel that reads shared memory it did not write in this launch reads NaN (or an absurd index)
+// deterministically instead of whatever the previous kernel left there.
+constexpr uint32_t kDefaultSmemPoison = 0x7FFF7FFFu;  // NaN as f32, as both bf16/f16 halves, and
+                                                      // 0x7F/0xFF bytes (e4m3fn NaN codes)
+
+__global__ void fill_shared_memory(uint32_t pattern, uint32_t words) {
+  extern __shared__ uint32_t poison_smem[];
+  for (uint32_t i = threadIdx.x; i < words; i += blockDim.x) poison_smem[i] = pattern;
+  __syncthreads();
+  // Keeps the stores: a block that exits without using them could have them elided.
+  if (threadIdx.x == 0 && poison_smem[words - 1] != pattern) poison_smem[0] = 0;
+}
+
+// $ATTNCHECK_SMEM_POISON, read at every launch so that the harness can vary it: unset or "on" ->
+// the default pattern, "off" or "0" -> no poison, "0x7fc07fc0" (hex) -> that 32-bit pattern.
+bool smem_poison_pattern(uint32_t* pattern) {
+  const char* env = std::getenv("ATTNCHECK_SMEM_POISON");
+  *pattern = kDefaultSmemPoison;
+  if (!env || !*env || !std::strcmp(env, "on") || !std::strcmp(env, "1")) return true;
+  if (!std::strcmp(env, "off") || !std::strcmp(env, "0")) return false;
+  char* end = nullptr;
+  const unsigned long v = std::strtoul(env, &end, 16);
+  if (end && *end == '\0') *pattern = static_cast<uint32_t>(v);
+  return true;
+}
+
+// Launches enough blocks of the largest dynamic shared memory a block may have to occupy every
+// SM/CU (two per multiprocessor: one resident at a time each, the second catches a scheduler that
+// doubled up). The sizes are queried once.
+hipError_t poison_shared_memory() {
+  uint32_t pattern = 0;
+  if (!smem_poison_pattern(&pattern)) return hipSuccess;
+  static int bytes = -1, blocks = 0;
+  if (bytes < 0) {
+    int dev = 0;
+    hipDeviceProp_t prop;
+    hipError_t e = hipGetDevice(&dev);
+    if (e == hipSuccess) e = hipGetDeviceProperties(&prop, dev);
+    if (e != hipSuccess) return e;
+#if defined(AC_HIP)
+    bytes = static_cast<int>(prop.maxSharedMemoryPerMultiProcessor);  // LDS per CU (64/160 KiB)
+    if (static_cast<int>(prop.sharedMemPerBlock) < bytes)
+      bytes = static_cast<int>(prop.sharedMemPerBlock);
+#else
+    bytes = static_cast<int>(prop.sharedMemPerBlockOptin);  // 227 KiB on sm_90
+#endif
+    blocks = 2 * prop.multiProcessorCount;
+    if (bytes > 48 * 1024) {
+      e = hipFuncSetAttribute(reinterpret_cast<const void*>(fill_shared_memory),
+                              hipFuncAttributeMaxDynamicSharedMemorySize, bytes);
+      if (e != hipSuccess) return e;
+    }
+  }
+  hipLaunchKernelGGL(fill_shared_memory, dim3(blocks), dim3(256), static_cast<size_t>(bytes), 0,
+                     pattern, static_cast<uint32_t>(bytes / 4));
+  return hipGetLastError();
+}
+
 // Runs the entry `times` times; refusals and exceptions become status codes with messages.
 int launch(const char* op, const char* params_json, const attncheck_arg* args, int n_args,
-           int times, char* msg, size_t msg_len) {
+           int times, bool poison, char* msg, size_t msg_len) {
   try {
     ack::KernelFn fn = ack::find_kernel(op ? op : "");
     if (!fn) {
@@ -93,8 +154,16 @@ int launch(const char* op, const char* params_json, const attncheck_arg* args, i
     }
     const ack::KParams params(params_json);
     const ack::KArgs kargs(args, n_args);
-    for (int i = 0; i < times; ++i) fn(params, kargs);
-    hipError_t e = hipDeviceSynchronize();
+    hipError_t e = hipSuccess;
+    for (int i = 0; i < times && e == hipSuccess; ++i) {
+      if (poison) e = poison_shared_memory();
+      if (e != hipSuccess) {
+        put(msg, msg_len, gpu_error("shared-memory poison", e));
+        return ATTNCHECK_ERROR;
+      }
+      fn(params, kargs);
+    }
+    e = hipDeviceSynchronize();
     if (e == hipSuccess) e = hipGetLastError();
     if (e != hipSuccess) {
       put(msg, msg_len, gpu_error(op, e));
@@ -119,18 +188,19 @@ int launch(const char* op, const char* params_json, const attncheck_arg* args, i
 
 int run(const char* op, const char* params_json, const attncheck_arg* args, int n_args, char* msg,
         size_t msg_len) {
-  return launch(op, params_json, args, n_args, 1, msg, msg_len);
+  return launch(op, params_json, args, n_args, 1, /*poison=*/true, msg, msg_len);
 }
 
 int time(const char* op, const char* params_json, const attncheck_arg* args, int n_args, int warmup,
          int iters, double* ms, char* msg, size_t msg_len) {
-  int st = launch(op, params_json, args, n_args, warmup > 0 ? warmup : 1, msg, msg_len);
+  // Timed launches run without the poison kernel between them: it would be timed too.
+  int st = launch(op, params_json, args, n_args, warmup > 0 ? warmup : 1, false, msg, msg_len);
   if (st != ATTNCHECK_OK) return st;
   hipEvent_t t0, t1;
   (void)hipEventCreate(&t0);
   (void)hipEventCreate(&t1);
   (void)hipEventRecord(t0, 0);
-  st = launch(op, params_json, args, n_args, iters > 0 ? iters : 1, msg, msg_len);
+  st = launch(op, params_json, args, n_args, iters > 0 ? iters : 1, false, msg, msg_len);
   (void)hipEventRecord(t1, 0);
   (void)hipEventSynchronize(t1);
   float elapsed = 0;
@@ -152,6 +222,80 @@ int roofline(double* copy_gbps, double* matrix_tflops, char* msg, size_t msg_len
   }
 }
 
+__global__ void fill_bytes(uint8_t* dst, size_t bytes, uint32_t pattern) {
+  const size_t step = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < bytes; i += step)
+    dst[i] = static_cast<uint8_t>(pattern >> (8 * (i % 4)));
+}
+
+int fill(void* dst, size_t bytes, uint32_t pattern, char* msg, size_t msg_len) {
+  if (bytes == 0) return ATTNCHECK_OK;
+  hipLaunchKernelGGL(fill_bytes, dim3(4096), dim3(256), 0, 0, static_cast<uint8_t*>(dst), bytes,
+                     pattern);
+  hipError_t e = hipDeviceSynchronize();
+  if (e == hipSuccess) e = hipGetLastError();
+  if (e != hipSuccess) {
+    put(msg, msg_len, gpu_error("fill", e));
+    return ATTNCHECK_ERROR;
+  }
+  return ATTNCHECK_OK;
+}
+
+// Busy-waits on the device's real-time clock (CUDA %globaltimer in ns; AMD s_memrealtime, 100 MHz
+// on CDNA) for `ns`.
+__global__ void spin_for(uint64_t ns) {
+#if defined(AC_CUDA)
+  auto now = [] {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+  };
+  const uint64_t end = now() + ns;
+  while (now() < end) {
+  }
+#elif defined(__HIP_DEVICE_COMPILE__)
+  // s_memrealtime: the 100 MHz real-time counter of gfx9 (gfx90a, gfx942, gfx950).
+  const uint64_t end = __builtin_amdgcn_s_memrealtime() + ns / 10;
+  while (__builtin_amdgcn_s_memrealtime() < end) {
+  }
+#else
+  (void)ns;
+#endif
+}
+
+int background(uint32_t microseconds, char* msg, size_t msg_len) {
+  static hipStream_t stream = nullptr;
+  static int blocks = 0;
+  hipError_t e = hipSuccess;
+  if (!stream) {
+    int dev = 0;
+    hipDeviceProp_t prop;
+    e = hipGetDevice(&dev);
+    if (e == hipSuccess) e = hipGetDeviceProperties(&prop, dev);
+#if defined(AC_CUDA)
+    if (e == hipSuccess) e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+#else
+    if (e == hipSuccess) e = hipStreamCreateWithFlags(&stream, hipStreamNonBlocking);
+#endif
+    if (e != hipSuccess) {
+      stream = nullptr;
+      put(msg, msg_len, gpu_error("background stream", e));
+      return ATTNCHECK_ERROR;
+    }
+    blocks = prop.multiProcessorCount / 2 > 0 ? prop.multiProcessorCount / 2 : 1;
+  }
+  hipLaunchKernelGGL(spin_for, dim3(blocks), dim3(256), 0, stream,
+                     static_cast<uint64_t>(microseconds) * 1000u);
+  e = hipGetLastError();
+  if (e != hipSuccess) {
+    put(msg, msg_len, gpu_error("background kernel", e));
+    return ATTNCHECK_ERROR;
+  }
+  return ATTNCHECK_OK;
+}
+
+const attncheck_plugin_ext_v1 kExtension = {sizeof(attncheck_plugin_ext_v1), fill, background};
+
 const attncheck_plugin_v1 kTable = {
     ATTNCHECK_ABI_VERSION,
     "attncheck-kernels 0.1.0 (" AC_DEVICE_KIND ")",
@@ -171,4 +315,9 @@ const attncheck_plugin_v1 kTable = {
 extern "C" __attribute__((visibility("default"))) const attncheck_plugin_v1*
 attncheck_plugin_v1_get(void) {
   return &kTable;
+}
+
+extern "C" __attribute__((visibility("default"))) const attncheck_plugin_ext_v1*
+attncheck_plugin_ext_v1_get(void) {
+  return &kExtension;
 }

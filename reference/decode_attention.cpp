@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -28,6 +30,19 @@ struct Prepared {
   std::vector<std::vector<int64_t>> pages;  // per request, the pages it uses
   double sm_scale = 1, cap = 0, k_scale = 1, v_scale = 1;
 };
+
+// Pages `ids` of a cache ([num_pages, P, Hkv, D] or [T, Hkv, D]) as f64 rows [ids * P, Hkv, D].
+Tensor used_pages(const Tensor& cache, const std::vector<int64_t>& ids, int64_t P) {
+  const int64_t hkv = cache.size(-2), D = cache.size(-1);
+  Tensor out = Tensor::empty(DType::f64, {static_cast<int64_t>(ids.size()) * P, hkv, D});
+  const int64_t per_page = P * hkv * D;
+  for (size_t u = 0; u < ids.size(); ++u) {
+    const Tensor page = to_f64(cache.select(0, ids[u]));
+    std::memcpy(out.data() + static_cast<int64_t>(u) * per_page * 8, page.data(),
+                static_cast<size_t>(per_page) * 8);
+  }
+  return out;
+}
 
 Prepared prepare(const DecodeAttentionInputs& in, bool allow_empty) {
   Prepared p;
@@ -81,10 +96,19 @@ Prepared prepare(const DecodeAttentionInputs& in, bool allow_empty) {
     p.lens.push_back(len);
     p.pages.push_back(std::move(ids));
   }
-  const int64_t T = p.num_pages * p.P;
+  // Only the pages some request reads are converted, renumbered densely in p.pages: a
+  // large-offset case's cache spans gigabytes of which the host holds only those pages.
+  std::vector<int64_t> used;  // dense index -> page id
+  std::map<int64_t, int64_t> dense;
+  for (auto& ids : p.pages)
+    for (auto& id : ids) {
+      const auto [it, fresh] = dense.emplace(id, static_cast<int64_t>(used.size()));
+      if (fresh) used.push_back(id);
+      id = it->second;
+    }
   p.q = to_f64(q);
-  p.k = to_f64(k).reshape({T, p.Hkv, p.Lk});
-  p.v = to_f64(v).reshape({T, p.Hkv, p.Lv});
+  p.k = used_pages(k, used, p.P);
+  p.v = used_pages(v, used, p.P);
   p.sm_scale = in.sm_scale;
   p.cap = in.logit_cap;
   p.k_scale = in.k_scale;

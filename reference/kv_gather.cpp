@@ -79,9 +79,24 @@ KvCacheViews make_kv_cache(DType dtype, KvLayout layout, KvStrides strides, int6
   if (layout == KvLayout::shuffle && (P % x != 0 || D % x != 0))
     throw std::invalid_argument("SHUFFLE needs block_size and head_dim multiples of x = " + str(x) +
                                 ", got P = " + str(P) + ", D = " + str(D));
+  if (layout == KvLayout::shuffle && strides == KvStrides::packed)
+    throw std::invalid_argument("the packed (nb, Hkv, P, 2D) cache is an NHD layout, not SHUFFLE");
   const Shape k_shape = cache_shape(layout, false, nb, P, Hkv, D, x);
   const Shape v_shape = cache_shape(layout, true, nb, P, Hkv, D, x);
   const int64_t H = P * Hkv * D;  // elements of one block of one cache
+  if (strides == KvStrides::separate) {
+    Tensor k = Tensor::empty(dtype, k_shape), v = Tensor::empty(dtype, v_shape);
+    poison(k);
+    poison(v);
+    return {k, v};
+  }
+  if (strides == KvStrides::packed) {
+    // (nb, Hkv, P, 2D) contiguous, seen as [nb, P, Hkv, 2D] and split along the last dim.
+    Tensor storage = Tensor::empty(dtype, {nb, Hkv, P, 2 * D});
+    poison(storage);
+    const Shape s = {Hkv * P * 2 * D, 2 * D, P * 2 * D, 1};
+    return {storage.as_strided(k_shape, s, 0), storage.as_strided(v_shape, s, D)};
+  }
   Shape k_strides = Tensor::contiguous_strides(k_shape);
   Shape v_strides = Tensor::contiguous_strides(v_shape);
   int64_t total = 2 * nb * H, k_offset = 0, v_offset = nb * H;

@@ -20,6 +20,9 @@ enum class KvStrides {
   contiguous,  // (2, nb, P, Hkv, D) contiguous: K blocks then V blocks
   hybrid,      // the attention+Mamba re-striding: [K0][V0][K1][V1]..., block stride 2H
   padded,      // every stride padded by one 16-byte line (K region, then V region)
+  separate,    // K and V in two storages, each contiguous
+  packed,      // NHD only: one (nb, Hkv, P, 2D) tensor; K = [..., :D], V = [..., D:] of its
+               // (1, 2) transpose, so neither view is contiguous within a block (vLLM #44455)
 };
 
 // SHUFFLE tile width: elements per 16 bytes of the cache dtype.
@@ -27,12 +30,12 @@ int64_t shuffle_x(DType cache_dtype);
 
 struct KvCacheViews {
   Tensor key_cache;
-  Tensor value_cache;  // shares key_cache's storage
+  Tensor value_cache;  // shares key_cache's storage, except with KvStrides::separate
 };
 
-// Both caches as views of one storage, every storage element NaN before the caller fills the
-// views (so a read of padding shows up). Throws std::invalid_argument for SHUFFLE shapes that do
-// not tile (P or D not a multiple of x).
+// Both caches as views of one storage (two with `separate`), every storage element NaN before the
+// caller fills the views (so a read of padding shows up). Throws std::invalid_argument for SHUFFLE
+// shapes that do not tile (P or D not a multiple of x) and for a packed SHUFFLE cache.
 KvCacheViews make_kv_cache(DType dtype, KvLayout layout, KvStrides strides, int64_t num_blocks,
                            int64_t block_size, int64_t kv_heads, int64_t head_dim);
 

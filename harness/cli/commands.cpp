@@ -188,8 +188,9 @@ int cmd_repro(const Paths& p, const ReproArgs& a) {
       std::cout << ", missing " << m.topk_missing << ", invalid " << m.topk_invalid;
     std::cout << "\n";
     if (artifacts.expected.count(ch.name) && artifacts.actual.count(ch.name)) {
-      const auto worst = worst_elements(artifacts.expected.at(ch.name),
-                                        artifacts.actual.at(ch.name), b, static_cast<size_t>(a.worst));
+      const auto worst =
+          worst_elements(artifacts.expected.at(ch.name), artifacts.actual.at(ch.name), b,
+                         static_cast<size_t>(a.worst));
       if (!worst.empty()) {
         std::cout << "  worst elements (index: expected, actual, |err|, err/allowed):\n";
         for (const auto& w : worst)
@@ -219,6 +220,7 @@ int cmd_repro(const Paths& p, const ReproArgs& a) {
                 << " (inputs/, expected/, actual/ + metadata; h5py reads it)\n";
     } catch (const std::exception& e) {
       std::cerr << "attncheck: cannot write the bundle: " << e.what() << "\n";
+      return 2;
     }
   }
   std::cout << "rerun    " << r.repro << "\n";

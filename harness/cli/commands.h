@@ -36,6 +36,9 @@ struct RunArgs {
   double timeout_s = 120;
   bool in_process = false;
   bool allow_missing_goldens = false;
+  bool no_smem_poison = false;
+  int stress = 0;         // --stress N: N more launches per case under varying conditions
+  std::string sanitizer;  // --sanitizer TOOL: workers under compute-sanitizer
 };
 
 struct ReproArgs {
@@ -46,6 +49,7 @@ struct ReproArgs {
   int repeat = 2;
   int worst = 10;
   bool allow_missing_goldens = false;
+  bool no_smem_poison = false;
 };
 
 struct GoldenArgs {
@@ -68,6 +72,7 @@ struct WorkerArgs {
   std::string kernels, arch, repro_dir, repro_extra;
   int repeat = 2;
   bool allow_missing_goldens = false;
+  int stress = 0;
 };
 
 struct KernelsArgs {

@@ -1,9 +1,12 @@
 // attncheck: correctness harness for attention kernels (docs/cli.md).
 #include <CLI/CLI.hpp>
 
+#include <csignal>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <sstream>
 
 #include "cli/commands.h"
 #include "run/provenance.h"
@@ -15,9 +18,38 @@ std::string env_or(const char* name, const std::string& fallback) {
   return v && *v ? v : fallback;
 }
 
+// A number that is finite and within [lo, hi]: CLI::Range lets NaN through (every comparison
+// with NaN is false), and a timeout of 1e10 s overflows the clock.
+CLI::Validator finite_in(double lo, double hi) {
+  const auto text_of = [](double x) {
+    std::ostringstream os;
+    os << x;
+    return os.str();
+  };
+  const std::string range = "[" + text_of(lo) + ", " + text_of(hi) + "]";
+  return CLI::Validator(
+      [lo, hi, range](std::string& text) -> std::string {
+        double v = 0;
+        try {
+          size_t used = 0;
+          v = std::stod(text, &used);
+          if (used != text.size()) return "'" + text + "' is not a number";
+        } catch (const std::exception&) {
+          return "'" + text + "' is not a number";
+        }
+        if (!std::isfinite(v) || v < lo || v > hi)
+          return "'" + text + "' is not a finite number in " + range;
+        return "";
+      },
+      "FINITE in " + range);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A write past RLIMIT_FSIZE then fails with EFBIG, which the writers report naming the file,
+  // instead of killing the process with SIGXFSZ.
+  ::signal(SIGXFSZ, SIG_IGN);
   using namespace attncheck::cli;
   CLI::App app{"attncheck: CPU reference vs kernels under test, over case matrices and goldens"};
   app.require_subcommand(1);
@@ -65,11 +97,27 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--out", run.out,
                       "results directory (run.json, results.jsonl, junit.xml, repro/)");
   run_cmd->add_option("--timeout", run.timeout_s, "seconds per case before it counts as hung")
-      ->check(CLI::PositiveNumber)
+      ->check(finite_in(0.001, 7 * 24 * 3600.0))
       ->capture_default_str();
   run_cmd->add_flag("--allow-missing-goldens", run.allow_missing_goldens,
                     "reference mode: a case without a golden runs the reference with nothing to "
                     "compare (skipped) instead of an error");
+  run_cmd
+      ->add_option("--stress", run.stress,
+                   "each case N more times under varying conditions (shared-memory poison "
+                   "patterns, L2 flush, concurrent work), outputs compared bitwise with the first "
+                   "launch; `--stress` alone: 50")
+      ->expected(0, 1)
+      ->default_str("50")
+      ->check(CLI::Range(1, 100000));
+  run_cmd
+      ->add_option("--sanitizer", run.sanitizer,
+                   "run the worker processes under NVIDIA compute-sanitizer with this tool; its "
+                   "findings fail the case ($ATTNCHECK_COMPUTE_SANITIZER or PATH)")
+      ->check(CLI::IsMember({"memcheck", "racecheck", "initcheck", "synccheck"}));
+  run_cmd->add_flag("--no-smem-poison", run.no_smem_poison,
+                    "do not fill shared memory / LDS with NaN before each launch "
+                    "(ATTNCHECK_SMEM_POISON=off; docs/abi.md)");
   run_cmd->add_flag("--in-process", run.in_process,
                     "no worker processes (for a debugger; a crash ends the run)");
 
@@ -83,6 +131,8 @@ int main(int argc, char** argv) {
   repro_cmd->add_option("--repeat", repro.repeat, "launches")->check(CLI::Range(1, 1000));
   repro_cmd->add_flag("--allow-missing-goldens", repro.allow_missing_goldens,
                       "run without a golden directory");
+  repro_cmd->add_flag("--no-smem-poison", repro.no_smem_poison,
+                      "do not fill shared memory / LDS with NaN before each launch");
   repro_cmd->add_option("--worst", repro.worst, "worst elements shown per output")
       ->check(CLI::Range(0, 10000));
 
@@ -124,6 +174,7 @@ int main(int argc, char** argv) {
   worker_cmd->add_option("--kernels", worker.kernels);
   worker_cmd->add_option("--arch", worker.arch);
   worker_cmd->add_option("--repeat", worker.repeat);
+  worker_cmd->add_option("--stress", worker.stress);
   worker_cmd->add_option("--repro-dir", worker.repro_dir);
   worker_cmd->add_option("--repro-extra", worker.repro_extra);
   worker_cmd->add_flag("--allow-missing-goldens", worker.allow_missing_goldens);
@@ -134,7 +185,8 @@ int main(int argc, char** argv) {
       "kernels", "list a kernel library's entries against those the ops ask for (no GPU needed)");
   kernels_cmd->add_option("--kernels", kernels.kernels, "kernel library (.so) [$ATTNCHECK_KERNELS]")
       ->required();
-  kernels_cmd->add_flag("--check", kernels.check, "exit 1 when an entry the ops ask for is missing");
+  kernels_cmd->add_flag("--check", kernels.check,
+                        "exit 1 when an entry the ops ask for is missing");
 
   try {
     app.parse(argc, argv);
@@ -152,6 +204,11 @@ int main(int argc, char** argv) {
   paths.golden_given = golden_opt->count() > 0;
   if (!paths.cases_given) paths.cases = (std::filesystem::path(paths.root) / "cases").string();
   if (!paths.golden_given) paths.golden = (std::filesystem::path(paths.root) / "golden").string();
+
+  // The kernel library reads the switch at every launch, in this process and in the workers,
+  // which inherit the environment.
+  if ((*run_cmd && run.no_smem_poison) || (*repro_cmd && repro.no_smem_poison))
+    ::setenv("ATTNCHECK_SMEM_POISON", "off", 1);
 
   try {
     if (*list_cmd) return cmd_list(paths, list);

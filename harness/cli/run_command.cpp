@@ -8,12 +8,14 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <sstream>
 
 #include "cli/commands.h"
 #include "run/cases.h"
+#include "run/evaluate.h"
 #include "run/pool.h"
 #include "run/provenance.h"
 #include "run/results.h"
@@ -49,10 +51,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// --sanitizer TOOL: workers run under compute-sanitizer, which writes its report to one log file per
-// worker process; the worker reads its own after every case (evaluate.cpp) and fails the case on a
-// finding. Sanitized kernels run 10-100x slower, so the per-case time limit grows 20x.
-void sanitize_workers(WorkerSpec& spec, const RunArgs& a) {
+// --sanitizer TOOL: every case runs in a worker process of its own under compute-sanitizer, which
+// writes its report to a log file per worker; once the worker has exited (the report is complete
+// only then), a finding in it fails the case. Sanitized kernels run 10-100x slower, so the
+// per-case time limit grows 20x. Returns the log path pattern ("{worker}" = the worker's serial).
+std::string sanitize_workers(WorkerSpec& spec, const RunArgs& a) {
   std::string tool_path;
   if (const char* env = std::getenv("ATTNCHECK_COMPUTE_SANITIZER"); env && *env) tool_path = env;
   for (const char* dir : {"/usr/local/cuda/bin", "/opt/cuda/bin"})
@@ -73,15 +76,15 @@ void sanitize_workers(WorkerSpec& spec, const RunArgs& a) {
                                            ("attncheck-sanitizer-" + std::to_string(::getpid()))
                                      : fs::path(a.out) / "sanitizer";
   fs::create_directories(dir);
-  const std::string log = fs::absolute(dir / ("worker-%p." + a.sanitizer + ".log")).string();
+  const std::string log = fs::absolute(dir / ("worker-{worker}." + a.sanitizer + ".log")).string();
   spec.exe = fs::read_symlink("/proc/self/exe").string();  // the wrapper execs it by path
   spec.wrapper = {tool_path, "--tool", a.sanitizer, "--log-file", log, "--print-limit", "100"};
+  spec.one_case_per_worker = true;
   spec.case_timeout_s *= 20;
   spec.start_timeout_s *= 5;
-  ::setenv("ATTNCHECK_SANITIZER_LOG", log.c_str(), 1);  // inherited by the workers
-  ::setenv("ATTNCHECK_SANITIZER", a.sanitizer.c_str(), 1);
   std::cout << "  workers under " << tool_path << " --tool " << a.sanitizer << " (reports: " << log
             << ")\n";
+  return log;
 }
 
 // --stress: per case the nondeterminism rate (launches differing bitwise from the first).
@@ -310,9 +313,10 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
       spec.args.insert(spec.args.end(), {"--repro-extra", path_flags(paths)});
     if (a.allow_missing_goldens) spec.args.push_back("--allow-missing-goldens");
     if (a.stress > 0) spec.args.insert(spec.args.end(), {"--stress", std::to_string(a.stress)});
+    std::string sanitizer_log;
     if (!a.sanitizer.empty()) {
       try {
-        sanitize_workers(spec, a);
+        sanitizer_log = sanitize_workers(spec, a);
       } catch (const std::exception& e) {
         std::cerr << "attncheck: --sanitizer: " << e.what() << "\n";
         return 2;
@@ -337,6 +341,20 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
         record(i, r);
       }
     };
+    if (!sanitizer_log.empty())
+      cb.on_worker_exit = [&](int serial, size_t, nlohmann::json& result) {
+        std::string path = sanitizer_log;
+        path.replace(path.find("{worker}"), 8, std::to_string(serial));
+        std::ifstream in(path);
+        const std::string report((std::istreambuf_iterator<char>(in)),
+                                 std::istreambuf_iterator<char>());
+        try {
+          Result r = Result::from_json(result);
+          apply_sanitizer_report(r, report, a.sanitizer, path);
+          result = r.to_json();
+        } catch (const std::invalid_argument&) {  // on_result reports the unreadable line
+        }
+      };
     cb.on_lost = [&](size_t i, const std::string& what) {
       lost_opt.arch = hello ? hello->value("arch", "") : a.arch;
       const Mode mode =

@@ -2,11 +2,18 @@
 
 #include <fcntl.h>
 #include <hdf5.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <stdexcept>
 #include <utility>
 
@@ -254,6 +261,7 @@ H5File H5File::create(const std::filesystem::path& path) {
   f.tmp_path_ = path;
   f.tmp_path_ += ".tmp." + std::to_string(::getpid());
   f.writable_ = true;
+  require_replaceable(path);
   std::error_code ec;
   if (path.has_parent_path()) {
     std::filesystem::create_directories(path.parent_path(), ec);
@@ -354,6 +362,12 @@ void H5File::commit() {
     const std::string err = std::strerror(errno);
     std::filesystem::remove(tmp_path_, ec);
     throw std::runtime_error(where(path_, "") + ": fsync of the temporary file failed: " + err);
+  }
+  try {
+    require_replaceable(path_);  // again: the target may have changed while the file was written
+  } catch (...) {
+    std::filesystem::remove(tmp_path_, ec);
+    throw;
   }
   std::filesystem::rename(tmp_path_, path_, ec);
   if (ec) {
@@ -522,11 +536,31 @@ Shape H5File::dataset_shape(const std::string& dataset) const {
 Tensor H5File::read_tensor(const std::string& dataset) const {
   const std::string d = normalize(dataset);
   const DType dtype = dataset_dtype(d);
-  Tensor t = Tensor::empty(dtype, dataset_shape(d));
-  if (t.numel() == 0) return t;
+  const Shape shape = dataset_shape(d);
   const Ctx ctx{path_, d};
+  // The extents are metadata a damaged file can declare freely: check them against what the file
+  // stores before allocating (a declared-huge dataset must not allocate gigabytes first).
+  uint64_t bytes = dtype_size(dtype);
+  for (const int64_t n : shape)
+    if (n < 0 || __builtin_mul_overflow(bytes, static_cast<uint64_t>(n), &bytes))
+      fail(path_, d, "declares the impossible shape " + shape_string(shape), false);
+  if (bytes == 0) return Tensor::empty(dtype, shape);
   Handle did =
       ctx.check(H5Dopen2(file_id_, d.c_str(), H5P_DEFAULT), H5Dclose, "cannot open the dataset");
+  const uint64_t stored = H5Dget_storage_size(did.get());
+  std::error_code ec;
+  const uint64_t file_bytes = std::filesystem::file_size(path_, ec);
+  Handle dcpl = ctx.check(H5Dget_create_plist(did.get()), H5Pclose, "cannot read its properties");
+  const H5D_layout_t layout = H5Pget_layout(dcpl.get());
+  // Compact and contiguous data is stored as is; chunks at most deflate's 1032:1 (plus headers).
+  const uint64_t max_ratio = layout == H5D_CHUNKED ? 1100 : 1;
+  if (stored == 0 || (!ec && stored > file_bytes) || bytes / max_ratio > stored)
+    fail(path_, d,
+         "declares " + shape_string(shape) + " (" + std::to_string(bytes) + " bytes) but stores " +
+             std::to_string(stored) + " bytes in a file of " + std::to_string(file_bytes) +
+             ": damaged metadata",
+         false);
+  Tensor t = Tensor::empty(dtype, shape);
   ctx.check(H5Dread(did.get(), storage_of(dtype).mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data()),
             "cannot read the data (corrupt or truncated file?)");
   return t;
@@ -713,6 +747,94 @@ nlohmann::json H5File::attr_json(const std::string& object, const std::string& n
   } catch (const nlohmann::json::exception& e) {
     fail(path_, normalize(object), "attribute '" + name + "' is not JSON: " + e.what(), false);
   }
+}
+
+void require_replaceable(const std::filesystem::path& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return;
+    throw std::runtime_error("'" + path.string() + "': cannot inspect: " + std::strerror(errno));
+  }
+  if (S_ISREG(st.st_mode)) return;
+  const char* kind = S_ISDIR(st.st_mode)    ? "a directory"
+                     : S_ISLNK(st.st_mode)  ? "a symbolic link"
+                     : S_ISCHR(st.st_mode)  ? "a character device"
+                     : S_ISBLK(st.st_mode)  ? "a block device"
+                     : S_ISFIFO(st.st_mode) ? "a FIFO"
+                     : S_ISSOCK(st.st_mode) ? "a socket"
+                                            : "not a regular file";
+  throw std::runtime_error("refusing to replace '" + path.string() + "': it is " + kind +
+                           " (only missing paths and regular files are written)");
+}
+
+std::string read_in_child(const std::function<void()>& read, double timeout_s) {
+  int fds[2];
+  if (::pipe(fds) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+  std::fflush(nullptr);  // nothing buffered is written twice
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    const std::string err = std::strerror(errno);
+    ::close(fds[0]);
+    ::close(fds[1]);
+    throw std::runtime_error("fork: " + err);
+  }
+  if (pid == 0) {
+    // The child: a crash must end it by its signal (no inherited handler may treat it as its own).
+    for (int sig : {SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL}) ::signal(sig, SIG_DFL);
+    ::close(fds[0]);
+    std::string msg = "ok";
+    try {
+      read();
+    } catch (const std::exception& e) {
+      msg = std::string("error: ") + e.what();
+    } catch (...) {
+      msg = "error: unknown exception";
+    }
+    for (size_t off = 0; off < msg.size();) {
+      const ssize_t n = ::write(fds[1], msg.data() + off, msg.size() - off);
+      if (n <= 0) break;
+      off += static_cast<size_t>(n);
+    }
+    ::_exit(0);  // no atexit handlers, no flushing of the parent's buffers
+  }
+  ::close(fds[1]);
+  std::string msg;
+  bool timed_out = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      timed_out = true;
+      break;
+    }
+    pollfd p{fds[0], POLLIN, 0};
+    const int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) continue;
+    char buf[4096];
+    const ssize_t n = ::read(fds[0], buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // EOF: the child exited or closed the pipe
+    msg.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fds[0]);
+  if (timed_out) ::kill(pid, SIGKILL);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (timed_out) {
+    std::ostringstream os;
+    os << "timed out after " << timeout_s << " s (killed)";
+    return os.str();
+  }
+  if (WIFSIGNALED(status))
+    return "crashed with signal " + std::to_string(WTERMSIG(status)) + " (" +
+           strsignal(WTERMSIG(status)) + ")";
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || msg.empty())
+    return "exited with status " + std::to_string(WEXITSTATUS(status)) + " before reporting";
+  if (msg == "ok") return "";
+  return msg.rfind("error: ", 0) == 0 ? msg.substr(7) : msg;
 }
 
 }  // namespace attncheck

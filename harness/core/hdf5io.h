@@ -13,6 +13,7 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -100,5 +101,16 @@ class H5File {
   int64_t file_id_ = -1;            // hid_t
   bool writable_ = false;
 };
+
+// Runs `read` in a forked child process, so that libhdf5 crashing (SIGSEGV, SIGABRT, heap
+// corruption) or looping on damaged metadata ends the child and not the caller; the child reads
+// and exits, it never writes a file (and the callers hold no GPU context it could inherit).
+// Returns "" when `read` returned, the message of the exception it threw, or what ended the child
+// ("crashed with SIGSEGV (...)", "timed out after 60 s").
+std::string read_in_child(const std::function<void()>& read, double timeout_s);
+
+// Refuses to replace `path` unless it is missing or a regular file (not a directory, device,
+// FIFO, socket or symbolic link): throws std::runtime_error naming the path.
+void require_replaceable(const std::filesystem::path& path);
 
 }  // namespace attncheck

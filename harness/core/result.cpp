@@ -171,6 +171,11 @@ nlohmann::json Result::to_json() const {
                       {"expected_from", expected_from}};
   if (!bundle.empty()) j["bundle"] = bundle;
   if (device_error) j["device_error"] = true;
+  if (stress)
+    j["stress"] = {
+        {"launches", stress->launches},     {"differing", stress->differing},
+        {"failed", stress->failed},         {"nondeterminism_rate", stress->rate()},
+        {"conditions", stress->conditions}, {"first_difference", stress->first_difference}};
   return j;
 }
 
@@ -215,6 +220,16 @@ Result Result::from_json(const nlohmann::json& j) {
     r.expected_from = j.value("expected_from", "");
     r.bundle = j.value("bundle", "");
     r.device_error = j.value("device_error", false);
+    if (j.contains("stress")) {
+      const auto& st = j.at("stress");
+      StressStats ss;
+      ss.launches = field(st, "launches").get<int>();
+      ss.differing = field(st, "differing").get<int>();
+      ss.failed = st.value("failed", 0);
+      ss.conditions = st.value("conditions", "");
+      ss.first_difference = st.value("first_difference", "");
+      r.stress = ss;
+    }
   } catch (const nlohmann::json::exception& e) {
     throw std::invalid_argument(std::string("malformed result record: ") + e.what());
   }

@@ -44,6 +44,17 @@ struct Timings {
   double kernel_ms = 0;  // wall time of the first launch
 };
 
+// The stress mode's record (`attncheck run --stress N`, docs/verification.md V12b): N more
+// launches under varying conditions, each output compared bitwise with the first launch's.
+struct StressStats {
+  int launches = 0;        // stress launches made (N, fewer when one failed to launch)
+  int differing = 0;       // launches whose outputs differ bitwise from the first launch's
+  int failed = 0;          // launches whose outputs fail the checks against the expected outputs
+  std::string conditions;  // what was varied ("smem poison patterns, L2 flush, ...")
+  std::string first_difference;  // the first differing launch, in words ("" when none)
+  double rate() const { return launches ? static_cast<double>(differing) / launches : 0.0; }
+};
+
 struct Result {
   std::string id;
   std::string op;
@@ -61,6 +72,7 @@ struct Result {
   // The launch returned ATTNCHECK_ERROR or device I/O failed: the GPU context may be unusable
   // (sticky faults), so the worker process that ran it retires after reporting it.
   bool device_error = false;
+  std::optional<StressStats> stress;  // only with --stress
 
   bool failing() const { return is_failing(verdict); }
   nlohmann::json to_json() const;

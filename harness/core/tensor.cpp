@@ -106,6 +106,25 @@ Tensor Tensor::empty(DType dtype, Shape shape) {
   return t;
 }
 
+Tensor Tensor::sparse(DType dtype, Shape shape, int64_t window_first, int64_t window_count) {
+  for (auto d : shape)
+    if (d < 0) throw std::invalid_argument("negative dimension in tensor shape");
+  Tensor t;
+  t.dtype_ = dtype;
+  t.strides_ = contiguous_strides(shape);
+  t.shape_ = std::move(shape);
+  if (window_first < 0 || window_count < 0 || window_first + window_count > t.numel())
+    throw std::invalid_argument("sparse tensor: window [" + std::to_string(window_first) + ", +" +
+                                std::to_string(window_count) + ") outside " +
+                                std::to_string(t.numel()) + " elements");
+  const size_t es = dtype_size(dtype);
+  t.storage_ = std::make_shared<Storage>();
+  t.storage_->extent = static_cast<uint64_t>(t.numel()) * es;
+  t.storage_->window_begin = static_cast<uint64_t>(window_first) * es;
+  t.storage_->bytes.resize(static_cast<size_t>(window_count) * es);
+  return t;
+}
+
 Tensor Tensor::full(DType dtype, Shape shape, double value) {
   Tensor t = empty(dtype, std::move(shape));
   const uint64_t bits = encode_value(value, dtype);
@@ -174,8 +193,27 @@ int64_t Tensor::element_offset(std::span<const int64_t> idx) const {
   return off;
 }
 
+namespace {
+// Host address of the byte at `byte` of the storage; a sparse storage holds only its window.
+std::byte* host_byte(const Storage& s, int64_t byte, size_t len) {
+  if (!s.sparse()) return const_cast<std::byte*>(s.bytes.data()) + byte;
+  const auto begin = static_cast<int64_t>(s.window_begin);
+  if (byte < begin ||
+      byte + static_cast<int64_t>(len) > begin + static_cast<int64_t>(s.bytes.size()))
+    throw std::out_of_range("byte " + std::to_string(byte) + " of a sparse storage lies outside " +
+                            "its host window [" + std::to_string(begin) + ", " +
+                            std::to_string(begin + static_cast<int64_t>(s.bytes.size())) + ")");
+  return const_cast<std::byte*>(s.bytes.data()) + (byte - begin);
+}
+}  // namespace
+
+std::byte* Tensor::data() const {
+  return host_byte(*storage_, offset_ * static_cast<int64_t>(element_size()), 0);
+}
+
 std::byte* Tensor::element_ptr(std::span<const int64_t> idx) const {
-  return storage_->bytes.data() + element_offset(idx) * static_cast<int64_t>(element_size());
+  return host_byte(*storage_, element_offset(idx) * static_cast<int64_t>(element_size()),
+                   element_size());
 }
 
 std::pair<int64_t, int64_t> Tensor::extent() const {
@@ -239,7 +277,7 @@ Tensor Tensor::as_strided(Shape shape, Shape strides, int64_t offset) const {
   t.strides_ = std::move(strides);
   t.offset_ = offset;
   const auto [lo, hi] = t.extent();
-  const int64_t cap = static_cast<int64_t>(storage_->bytes.size() / element_size());
+  const int64_t cap = static_cast<int64_t>(storage_->size() / element_size());
   if (t.numel() > 0 && (lo < 0 || hi > cap))
     throw std::out_of_range("as_strided view " + t.describe() + " exceeds storage of " +
                             std::to_string(cap) + " elements");
@@ -286,7 +324,8 @@ Tensor Tensor::view_as(DType dtype) const {
 }
 
 Tensor Tensor::rebased(std::shared_ptr<Storage> storage) const {
-  if (!storage || storage->bytes.size() != storage_->bytes.size())
+  if (!storage || storage->bytes.size() != storage_->bytes.size() ||
+      storage->extent != storage_->extent || storage->window_begin != storage_->window_begin)
     throw std::invalid_argument("rebased: storage size differs");
   Tensor t = *this;
   t.storage_ = std::move(storage);

@@ -19,6 +19,14 @@ using Index = std::vector<int64_t>;
 
 struct Storage {
   std::vector<std::byte> bytes;
+  // A sparse storage (large-offset cases, docs/abi.md "Sparse storages"): the host holds only
+  // bytes [window_begin, window_begin + bytes.size()) of an extent of `extent` bytes; the rest
+  // exists only on the device, filled with NaN poison, and no host code may read it.
+  // extent == 0: dense, the host holds every byte.
+  uint64_t window_begin = 0;
+  uint64_t extent = 0;
+  bool sparse() const { return extent != 0; }
+  uint64_t size() const { return sparse() ? extent : bytes.size(); }  // bytes on the device
 };
 
 class Tensor {
@@ -30,6 +38,9 @@ class Tensor {
   // Fills every storage byte (not only the view) with `byte`: sentinels, poison for raw buffers.
   static Tensor filled_bytes(DType dtype, Shape shape, std::byte byte);
   static Shape contiguous_strides(const Shape& shape);
+  // A contiguous tensor on a sparse storage whose host bytes hold only elements
+  // [window_first, window_first + window_count) (in storage order); those start zeroed.
+  static Tensor sparse(DType dtype, Shape shape, int64_t window_first, int64_t window_count);
 
   bool defined() const { return storage_ != nullptr; }
   DType dtype() const { return dtype_; }
@@ -46,7 +57,7 @@ class Tensor {
 
   // Storage access. data() points at element (0,...,0) of the view.
   const std::shared_ptr<Storage>& storage() const { return storage_; }
-  std::byte* data() const { return storage_->bytes.data() + offset_ * element_size(); }
+  std::byte* data() const;
   std::byte* element_ptr(std::span<const int64_t> idx) const;
   int64_t element_offset(std::span<const int64_t> idx) const;  // in elements, from storage start
   // Smallest and one-past-largest element offset the view touches (for device copies).

@@ -54,6 +54,47 @@ ref::DecodeAttentionInputs inputs_of(const Problem& p) {
   return in;
 }
 
+// fp8_codes = special: in the tokens requests read, every 11th element (by token + dim) holds
+// +-max finite (the saturation code) and, in e4m3fn, the next one over -0; every slot no request
+// reads (past a request's length in its last page, pages nobody owns) holds the format's NaN
+// codes (e4m3fn 0x7F / 0xFF, e4m3fnuz 0x80), which a kernel must never let into the output.
+void plant_fp8_specials(const Tensor& cache, const PagedLayout& pl, int64_t P, int64_t first) {
+  const DType kt = cache.dtype();
+  const bool fn = kt == DType::e4m3fn;
+  const uint64_t max_code = encode_value(max_finite(kt), kt);
+  const int64_t hkv = cache.size(-2), D = cache.size(-1);
+  auto element = [&](int64_t page, int64_t slot, int64_t h, int64_t d) {
+    return P == 1 ? Index{page, h, d} : Index{page, slot, h, d};
+  };
+  auto nan_code = [&](int64_t i) -> uint64_t { return fn ? (i % 2 ? 0xFF : 0x7F) : 0x80; };
+  std::vector<bool> owned(static_cast<size_t>(pl.num_blocks), false);
+  for (int64_t b = 0; b < pl.seq_lens.size(0); ++b) {
+    const int64_t len = pl.seq_lens.at<int32_t>({b});
+    for (int64_t n = 0; n < (len + P - 1) / P * P; ++n) {
+      const int64_t page = pl.block_table.at<int32_t>({b, n / P});
+      owned[static_cast<size_t>(page - first)] = true;
+      for (int64_t h = 0; h < hkv; ++h)
+        for (int64_t d = 0; d < D; ++d) {
+          const Index idx = element(page, n % P, h, d);
+          const int64_t k = n + d + h;
+          if (n >= len)
+            cache.set_bits(idx, nan_code(k));
+          else if (k % 11 == 0)
+            cache.set_bits(idx, max_code | ((k / 11) % 2 ? 0x80 : 0x00));
+          else if (fn && k % 11 == 5)
+            cache.set_bits(idx, 0x80);  // -0
+        }
+    }
+  }
+  for (int64_t i = 0; i < pl.num_blocks; ++i) {
+    if (owned[static_cast<size_t>(i)]) continue;
+    for (int64_t slot = 0; slot < P; ++slot)
+      for (int64_t h = 0; h < hkv; ++h)
+        for (int64_t d = 0; d < D; ++d)
+          cache.set_bits(element(first + i, slot, h, d), nan_code(slot + d));
+  }
+}
+
 class DecodeAttentionOp final : public Op {
  public:
   std::string name() const override { return "decode_attention"; }
@@ -81,6 +122,21 @@ class DecodeAttentionOp final : public Op {
          "strided: q, o, lse and the page table are padded views; cross_layer: pages of two "
          "layers interleave (page stride 2 P Hkv D') and head rows are padded by 3 elements"},
         {"seed", "s", 0, {}, "input seed"},
+        {"fp8_codes",
+         "fp8",
+         "ordinary",
+         {"ordinary", "special"},
+         "special: the tokens a request reads hold the saturation codes (+-448 e4m3fn, +-240 "
+         "e4m3fnuz) and, in e4m3fn, -0; every slot no request reads holds the format's NaN codes",
+         false},
+        {"offset_log2",
+         "offlog",
+         0,
+         {0, 31, 32},
+         "31 / 32: every page a request reads lies past byte 2^31 / 2^32 of its cache (block ids "
+         "past 2^31 / page bytes). The device holds the whole extent, NaN-poisoned; the host only "
+         "the pages read (a sparse storage, docs/abi.md). contiguous layout only",
+         false},
     };
   }
 
@@ -93,6 +149,8 @@ class DecodeAttentionOp final : public Op {
     const int64_t cap = param_int(p, "logit_cap"), B = param_int(p, "batch");
     const int64_t seed = param_int(p, "seed");
     const std::string layout = param_str(p, "layout"), kv = param_str(p, "kv_dtype");
+    const bool specials = param_str(p, "fp8_codes") == "special";
+    const int64_t offset_log2 = param_int(p, "offset_log2");
     if (S < 1 || hq < 1 || hkv < 1 || cap < 0 || B < 1)
       throw std::invalid_argument(
           "decode_attention: splits, heads, kv_heads, batch must be >= 1 "
@@ -101,12 +159,28 @@ class DecodeAttentionOp final : public Op {
     const DType kt = kv == "same" ? qt : kv == "e4m3fn" ? DType::e4m3fn : DType::e4m3fnuz;
     const bool fp8 = is_fp8(kt);
     const auto u64 = static_cast<uint64_t>(seed);
+    if (specials && !fp8)
+      throw std::invalid_argument("decode_attention: fp8_codes = special needs an fp8 kv_dtype");
+    if (offset_log2 != 0 && layout != "contiguous")
+      throw std::invalid_argument("decode_attention: offset_log2 needs the contiguous layout");
 
     Problem prob;
     prob.expect_refusal = invalid_reason(hq, hkv, lk, lv, mla);
     const auto pl = paged_layout(c.id, B, param_int(p, "max_ctx"), P, layout == "strided", seed,
                                  /*min_len=*/1);  // L = 0 is undefined upstream (0 / 0)
-    const int64_t pages = pl.num_blocks;
+    // Large offsets: the pages in use are ids [first_page, first_page + num_blocks), the first
+    // one starting past byte 2^offset_log2 of the larger cache (K's; V's is no larger).
+    int64_t first_page = 0;
+    if (offset_log2 > 0) {
+      const int64_t page_bytes = P * hkv * lk * static_cast<int64_t>(dtype_size(kt));
+      first_page = (int64_t{1} << offset_log2) / page_bytes + 1;
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t j = 0; j < pl.block_table.size(1); ++j) {
+          auto& id = pl.block_table.at<int32_t>({b, j});
+          if (id >= 0) id = static_cast<int32_t>(id + first_page);
+        }
+    }
+    const int64_t pages = first_page + pl.num_blocks;
 
     // q: N(0, 1); with a soft-cap, scores reach the cap's non-linear range.
     Tensor q;
@@ -122,6 +196,12 @@ class DecodeAttentionOp final : public Op {
     const double kv_std = fp8 ? max_finite(kt) / 5 : 1.0;
     auto cache = [&](const char* name, int64_t D) {
       Shape shape = P == 1 ? Shape{pages, hkv, D} : Shape{pages, P, hkv, D};
+      if (first_page > 0) {
+        const int64_t per_page = P * hkv * D;
+        Tensor t = Tensor::sparse(kt, shape, first_page * per_page, pl.num_blocks * per_page);
+        fill_normal(t.slice(0, first_page, pages), Rng(c.id, name, u64), 0.0, kv_std);
+        return t;
+      }
       if (layout != "cross_layer") {
         Tensor t = Tensor::empty(kt, shape);
         fill_normal(t, Rng(c.id, name, u64), 0.0, kv_std);
@@ -136,6 +216,10 @@ class DecodeAttentionOp final : public Op {
     };
     const Tensor k = cache("k_buffer", lk);
     const Tensor v = mla ? k.slice(-1, 0, std::min(lv, lk)) : cache("v_buffer", lv);
+    if (specials) {
+      plant_fp8_specials(k, pl, P, first_page);
+      if (!mla) plant_fp8_specials(v, pl, P, first_page);
+    }
     const double k_scale = fp8 ? to_f32(1.1 / kv_std) : 1.0;
     const double v_scale = fp8 ? (mla ? k_scale : to_f32(0.9 / kv_std)) : 1.0;
 

@@ -2,8 +2,9 @@
 // What it guards against: kernels that assume contiguous caches (the hybrid attention+Mamba
 // [K0][V0][K1][V1]... re-striding gives a block stride of 2H, #35925 -> #37228), hard-coded
 // SHUFFLE offsets, chunk or window starts ignored, block tables read past the request's blocks or
-// through the wrong row stride, fp8 dequantization re-quantized to the cache dtype, and writes past
-// the gathered tokens into the rest of the workspace.
+// through the wrong row stride, fp8 dequantization re-quantized to the cache dtype, writes past
+// the gathered tokens into the rest of the workspace, and caches assumed contiguous within a block
+// (the packed (nb, Hkv, P, 2D) layout of vLLM #44455, whose K and V views interleave per slot).
 #include <stdexcept>
 
 #include "core/numeric.h"
@@ -22,6 +23,8 @@ ref::KvLayout parse_layout(const std::string& s) {
 ref::KvStrides parse_strides(const std::string& s) {
   if (s == "hybrid") return ref::KvStrides::hybrid;
   if (s == "padded") return ref::KvStrides::padded;
+  if (s == "separate") return ref::KvStrides::separate;
+  if (s == "packed") return ref::KvStrides::packed;
   return ref::KvStrides::contiguous;
 }
 
@@ -34,8 +37,10 @@ class KvGatherOp final : public Op {
         {"strides",
          "",
          "contiguous",
-         {"contiguous", "hybrid", "padded"},
-         "hybrid: [K0][V0][K1][V1]... one storage, block stride 2H; padded: every stride + 16 B"},
+         {"contiguous", "hybrid", "padded", "separate", "packed"},
+         "hybrid: [K0][V0][K1][V1]... one storage, block stride 2H; padded: every stride + 16 B; "
+         "separate: two storages; packed: one (nb, Hkv, P, 2D) tensor split along its last dim "
+         "(NHD only)"},
         {"kv", "kv", "model", {"model", "e4m3fn", "e4m3fnuz"}, "cache dtype; fp8 dequantizes"},
         {"dtype", "", "bf16", {"bf16", "f16"}, "model (output) dtype"},
         {"heads", "h", 1, {1, 2, 4, 8}, "KV heads Hkv"},

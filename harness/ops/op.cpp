@@ -51,6 +51,7 @@ std::string Op::vars(const Params& p) const {
   std::ostringstream os;
   bool first = true;
   for (const auto& ax : axes()) {
+    if (!ax.in_id_at_default && p.at(ax.name) == ax.default_value) continue;
     os << (first ? "" : "-") << ax.prefix << value_text(p.at(ax.name));
     first = false;
   }
@@ -60,7 +61,8 @@ std::string Op::vars(const Params& p) const {
 Params Op::complete(const Params& given) const {
   if (!given.is_object()) throw std::invalid_argument(name() + ": case parameters must be a table");
   const auto ax = axes();
-  for (const auto& [k, v] : given.items()) {
+  for (const auto& item : given.items()) {
+    const std::string& k = item.key();  // a plain name: clang 14 cannot capture a binding
     if (std::none_of(ax.begin(), ax.end(), [&](const Axis& a) { return a.name == k; })) {
       std::string known;
       for (const auto& a : ax) known += (known.empty() ? "" : ", ") + a.name;

@@ -22,6 +22,15 @@ struct Axis {
   nlohmann::json default_value;
   std::vector<nlohmann::json> allowed;  // empty: any value of the default's JSON type
   std::string help;
+  // false: the axis appears in a case id only when it differs from its default, so that adding
+  // an axis to an op keeps every existing case id (and golden) unchanged.
+  bool in_id_at_default = true;
+  // Bounds of a numeric axis, checked where case files are read (file, line and axis named): a
+  // context of 1e9 or a head count of INT64_MAX must not reach make() and allocate gigabytes.
+  // The default fits every shape the ops model (65536 is the largest in use); an op may narrow it.
+  static constexpr double kDefaultBound = 1 << 17;
+  double min = -kDefaultBound;
+  double max = kDefaultBound;
 };
 
 class Op {

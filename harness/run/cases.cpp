@@ -1,6 +1,7 @@
 #include "cases.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <regex>
 #include <set>
@@ -74,6 +75,42 @@ std::vector<nlohmann::json> value_list(const std::string& path, const toml::node
   return out;
 }
 
+// Numeric axis values within the op's bounds (Axis::min/max).
+void check_bounds(const std::string& path, const Op& op, const Params& given,
+                  const toml::node& node) {
+  for (const auto& a : op.axes()) {
+    const auto it = given.find(a.name);
+    if (it == given.end() || !it->is_number()) continue;
+    const double v = it->get<double>();
+    if (!(v >= a.min && v <= a.max)) {
+      std::ostringstream os;
+      os << "axis '" << a.name << "' = " << it->dump() << " is outside op '" << op.name()
+         << "''s bounds [" << a.min << ", " << a.max << "]";
+      fail(path, node, os.str());
+    }
+  }
+}
+
+int64_t env_limit(const char* name, int64_t fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  const long long n = std::strtoll(v, &end, 10);
+  if (*end || n <= 0)
+    throw CaseFileError(std::string("$") + name + "='" + v + "': expected a positive integer");
+  return n;
+}
+
+// Upper bound of the rows a group's tier expands to, without expanding it (a cartesian product
+// of a million rows must be refused before it is built).
+uint64_t row_bound(const CaseGroup& g, const std::string& how) {
+  if (how == "list") return g.cases.size();
+  uint64_t n = 1;
+  for (const auto& [axis, values] : g.axes)
+    if (__builtin_mul_overflow(n, static_cast<uint64_t>(values.size()), &n)) return UINT64_MAX;
+  return n;  // pairwise covers with fewer rows than the product
+}
+
 std::string json_text(const nlohmann::json& v) {
   return v.is_string() ? "\"" + v.get<std::string>() + "\"" : v.dump();
 }
@@ -144,8 +181,9 @@ std::vector<Case> expand_group(const Op& op, const CaseFile& file, const CaseGro
       bool can_fire = true;
       std::vector<std::vector<std::pair<int, int>>> choices;
       for (const auto& [axis, values] : rule) {
+        const std::string& axis_name = axis;  // clang 14 cannot capture a binding
         const auto ax = std::find_if(g.axes.begin(), g.axes.end(),
-                                     [&](const auto& a) { return a.first == axis; });
+                                     [&](const auto& a) { return a.first == axis_name; });
         if (ax == g.axes.end()) {
           can_fire =
               can_fire && std::find(values.begin(), values.end(), base.at(axis)) != values.end();
@@ -199,6 +237,13 @@ std::vector<Case> expand_group(const Op& op, const CaseFile& file, const CaseGro
   return out;
 }
 
+CaseLimits case_limits() {
+  CaseLimits l;
+  l.per_tier = env_limit("ATTNCHECK_MAX_CASES_PER_TIER", l.per_tier);
+  l.per_file = env_limit("ATTNCHECK_MAX_CASES_PER_FILE", l.per_file);
+  return l;
+}
+
 CaseFile load_case_file(const std::string& path) {
   toml::table root;
   try {
@@ -227,6 +272,7 @@ CaseFile load_case_file(const std::string& path) {
 
   // Checks one assignment of axis values (given on top of the file's defaults), naming `node`.
   auto validate = [&](const Params& given, const toml::node& node, const std::string& field) {
+    check_bounds(path, *op, given, node);
     try {
       (void)op->complete(merged(f.defaults, given));
     } catch (const std::exception& e) {
@@ -239,6 +285,7 @@ CaseFile load_case_file(const std::string& path) {
     for (const auto& [k, v] : t) {
       Params one = Params::object();
       one[std::string(k.str())] = scalar(path, v, "[defaults] " + std::string(k.str()));
+      check_bounds(path, *op, one, v);
       try {
         (void)op->complete(one);
       } catch (const std::exception& e) {
@@ -396,8 +443,9 @@ CaseFile load_case_file(const std::string& path) {
         if (g.has_axes && uses_axes) {
           live = true;
           for (const auto& [axis, values] : rule) {
+            const std::string& axis_name = axis;  // clang 14 cannot capture a binding
             const auto ax = std::find_if(g.axes.begin(), g.axes.end(),
-                                         [&](const auto& a) { return a.first == axis; });
+                                         [&](const auto& a) { return a.first == axis_name; });
             const auto& pool =
                 ax != g.axes.end() ? ax->second : std::vector<nlohmann::json>{base.at(axis)};
             const bool any = std::any_of(values.begin(), values.end(), [&](const auto& v) {
@@ -426,9 +474,32 @@ CaseFile load_case_file(const std::string& path) {
   }
 
   // Expand every tier now: empty expansions and duplicate ids are file errors.
+  const CaseLimits limits = case_limits();
+  const auto over_limit = [&](const CaseGroup& g, const std::string& tier, uint64_t in_tier,
+                              uint64_t in_file) {
+    const bool tier_over = in_tier > static_cast<uint64_t>(limits.per_tier);
+    if (!tier_over && in_file <= static_cast<uint64_t>(limits.per_file)) return;
+    std::ostringstream os;
+    os << g.source << ": " << where_group(g) << " tier '" << tier
+       << "': " << (tier_over ? "tier '" + tier + "' of this file" : std::string("this file"))
+       << " would hold " << (tier_over ? in_tier : in_file) << " cases, over the limit of "
+       << (tier_over ? limits.per_tier : limits.per_file) << " per "
+       << (tier_over ? "tier" : "file") << " (narrow the axes, use pairwise, or raise "
+       << (tier_over ? "$ATTNCHECK_MAX_CASES_PER_TIER" : "$ATTNCHECK_MAX_CASES_PER_FILE") << ")";
+    throw CaseFileError(os.str());
+  };
+  std::map<std::string, uint64_t> per_tier;
+  uint64_t in_file = 0;
+  const auto saturating_add = [](uint64_t x, uint64_t y) {
+    return x > UINT64_MAX - y ? UINT64_MAX : x + y;
+  };
   std::map<std::string, std::map<std::string, std::string>> seen;  // tier -> id -> source
   for (const auto& g : f.groups) {
     for (const auto& [tier, how] : g.tiers) {
+      if (how == "cartesian") {
+        const uint64_t bound = row_bound(g, how);
+        over_limit(g, tier, saturating_add(per_tier[tier], bound), saturating_add(in_file, bound));
+      }
       std::vector<Case> cs;
       try {
         cs = expand_group(*op, f, g, tier);
@@ -438,6 +509,9 @@ CaseFile load_case_file(const std::string& path) {
       if (cs.empty())
         throw CaseFileError(g.source + ": " + where_group(g) + " tier '" + tier + "' (" + how +
                             ") expands to no case: every combination is excluded");
+      per_tier[tier] += cs.size();
+      in_file += cs.size();
+      over_limit(g, tier, per_tier[tier], in_file);
       for (auto& c : cs) {
         auto [it, fresh] = seen[tier].emplace(c.id, c.source);
         if (!fresh)

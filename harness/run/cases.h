@@ -58,6 +58,15 @@ struct CaseFile {
   std::map<std::string, std::vector<Case>> tiers;
 };
 
+// How many cases one file may expand to, per tier and in all its tiers together: a file that
+// expands to a million cases is a mistake (and would take gigabytes in every worker). Defaults
+// 20000 and 50000; $ATTNCHECK_MAX_CASES_PER_TIER and $ATTNCHECK_MAX_CASES_PER_FILE override them.
+struct CaseLimits {
+  int64_t per_tier = 20000;
+  int64_t per_file = 50000;
+};
+CaseLimits case_limits();  // the defaults with the environment's overrides
+
 // Parses, validates and expands one file. Throws CaseFileError.
 CaseFile load_case_file(const std::string& path);
 // Every *.toml of a directory, sorted by file name; duplicate ids of one tier across files are an

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstdlib>
 #include <filesystem>
 #include <cstring>
@@ -24,8 +25,8 @@ std::string python_bridge_path() {
   if (const char* env = std::getenv("ATTNCHECK_PYBRIDGE"); env && *env) return env;
   std::error_code ec;
   const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-  const auto candidate = exe.parent_path().parent_path().parent_path() / "bridge" /
-                         "libattncheck_pybridge.so";
+  const auto candidate =
+      exe.parent_path().parent_path().parent_path() / "bridge" / "libattncheck_pybridge.so";
   if (ec || !std::filesystem::exists(candidate))
     throw std::runtime_error(
         "--kernels py:...: the Python bridge library was not found (looked for " +
@@ -86,12 +87,12 @@ struct DeviceStorage {
 
 class DeviceBuffers {
  public:
-  explicit DeviceBuffers(const attncheck_plugin_v1& api) : api_(api) {}
+  explicit DeviceBuffers(const KernelLibrary& lib) : api_(lib.api()), ext_(lib.extension()) {}
   ~DeviceBuffers() {
     for (auto& s : storages_)
       if (s.device) api_.release(s.device);
   }
-  DeviceStorage& get(const std::shared_ptr<Storage>& host, const std::string& arg) {
+  DeviceStorage& get(const std::shared_ptr<Storage>& host, const std::string& arg, DType dtype) {
     for (auto& s : storages_)
       if (s.host == host) {
         s.arg_names.push_back(arg);
@@ -101,6 +102,7 @@ class DeviceBuffers {
     s.host = host;
     s.bytes = host->bytes.size();
     s.arg_names.push_back(arg);
+    if (host->sparse()) return upload_sparse(std::move(s), dtype);
     const size_t total = s.bytes + 2 * DeviceRunner::kGuardBytes;
     char msg[kMsg] = {0};
     if (api_.alloc(total, &s.device, msg, kMsg) != ATTNCHECK_OK)
@@ -119,18 +121,76 @@ class DeviceBuffers {
     storages_.push_back(std::move(s));
     return storages_.back();
   }
+  // Guard before, the host-held bytes, guard after (for a sparse storage: its window only; the
+  // poisoned rest is not read back).
   std::vector<std::byte> read_back(const DeviceStorage& s) const {
-    const size_t total = s.bytes + 2 * DeviceRunner::kGuardBytes;
-    std::vector<std::byte> staging(total);
+    const size_t G = DeviceRunner::kGuardBytes;
+    std::vector<std::byte> staging(s.bytes + 2 * G);
     char msg[kMsg] = {0};
-    if (api_.copy_to_host(staging.data(), s.device, total, msg, kMsg) != ATTNCHECK_OK)
-      throw std::runtime_error(std::string("copy to host failed: ") + msg);
+    auto* dev = static_cast<std::byte*>(s.device);
+    const bool ok =
+        s.host->sparse()
+            ? api_.copy_to_host(staging.data(), dev, G, msg, kMsg) == ATTNCHECK_OK &&
+                  api_.copy_to_host(staging.data() + G, dev + G + s.host->window_begin, s.bytes,
+                                    msg, kMsg) == ATTNCHECK_OK &&
+                  api_.copy_to_host(staging.data() + G + s.bytes, dev + G + s.host->extent, G, msg,
+                                    kMsg) == ATTNCHECK_OK
+            : api_.copy_to_host(staging.data(), dev, staging.size(), msg, kMsg) == ATTNCHECK_OK;
+    if (!ok) throw std::runtime_error(std::string("copy to host failed: ") + msg);
     return staging;
   }
   std::vector<DeviceStorage>& all() { return storages_; }
 
  private:
+  // A sparse storage: the whole extent on the device, guards around it, the host window uploaded
+  // at its place and everything else poisoned on the device (the library's fill, else uploads of
+  // a poison chunk), so gigabytes of cache never exist on the host.
+  DeviceStorage& upload_sparse(DeviceStorage s, DType dtype) {
+    const size_t G = DeviceRunner::kGuardBytes;
+    const uint64_t extent = s.host->extent, begin = s.host->window_begin;
+    const size_t total = extent + 2 * G;
+    char msg[kMsg] = {0};
+    const std::string& arg = s.arg_names.front();
+    if (api_.alloc(total, &s.device, msg, kMsg) != ATTNCHECK_OK)
+      throw std::runtime_error("device allocation of " + std::to_string(total) +
+                               " bytes for sparse '" + arg + "' failed: " + msg);
+    storages_.push_back(s);  // released by the destructor from here on
+    auto* dev = static_cast<std::byte*>(s.device);
+    auto upload = [&](std::byte* dst, const void* src, size_t n) {
+      if (n && api_.copy_to_device(dst, src, n, msg, kMsg) != ATTNCHECK_OK)
+        throw std::runtime_error("copy to device for '" + arg + "' failed: " + msg);
+    };
+    const uint32_t pattern = sparse_poison_pattern(dtype);
+    auto poison = [&](std::byte* dst, size_t n) {
+      if (n == 0) return;
+      if (ext_ && ext_->size >= sizeof(attncheck_plugin_ext_v1) && ext_->fill) {
+        if (ext_->fill(dst, n, pattern, msg, kMsg) != ATTNCHECK_OK)
+          throw std::runtime_error("device fill for '" + arg + "' failed: " + msg);
+        return;
+      }
+      std::vector<std::byte> chunk(std::min<size_t>(n, size_t{64} << 20));
+      for (size_t i = 0; i < chunk.size(); ++i)
+        chunk[i] = static_cast<std::byte>(pattern >> (8 * (i % 4)));
+      for (size_t done = 0; done < n; done += chunk.size())
+        upload(dst + done, chunk.data(), std::min(chunk.size(), n - done));
+    };
+    std::vector<std::byte> guards(G);
+    for (size_t i = 0; i < G; ++i) guards[i] = guard_byte(i);
+    upload(dev, guards.data(), G);
+    for (size_t i = 0; i < G; ++i) guards[i] = guard_byte(i + 1);
+    upload(dev + G + extent, guards.data(), G);
+    // The fill is byte-phased from its start: begin poison regions at the extent's start so the
+    // pattern stays aligned with elements on both sides of the window.
+    poison(dev + G, begin);
+    const uint64_t end = begin + s.bytes;
+    const uint64_t tail = end - end % 4;  // restart the pattern at a 4-byte boundary
+    poison(dev + G + tail, extent - tail);
+    upload(dev + G + begin, s.host->bytes.data(), s.bytes);
+    return storages_.back();
+  }
+
   const attncheck_plugin_v1& api_;
+  const attncheck_plugin_ext_v1* ext_;
   std::vector<DeviceStorage> storages_;
 };
 
@@ -145,7 +205,7 @@ Marshalled marshal(const Problem& p, DeviceBuffers& bufs, bool rocm) {
   m.shapes.reserve(p.args.size());
   m.strides.reserve(p.args.size());
   for (const auto& a : p.args) {
-    auto& s = bufs.get(a.tensor.storage(), a.name);
+    auto& s = bufs.get(a.tensor.storage(), a.name, a.tensor.dtype());
     m.shapes.push_back(a.tensor.shape());
     m.strides.push_back(a.tensor.strides());
     attncheck_arg arg{};
@@ -162,6 +222,13 @@ Marshalled marshal(const Problem& p, DeviceBuffers& bufs, bool rocm) {
   return m;
 }
 }  // namespace
+
+uint32_t sparse_poison_pattern(DType dtype) {
+  const size_t es = dtype_size(dtype);
+  if (!is_floating(dtype) || es > 4) return 0xFFFFFFFFu;
+  const auto bits = static_cast<uint32_t>(nan_bits(dtype));
+  return es == 4 ? bits : es == 2 ? bits | bits << 16 : bits * 0x01010101u;
+}
 
 std::byte guard_byte(size_t i) {
   return static_cast<std::byte>((0xA5u ^ (i * 0x3Bu) ^ (i >> 8)) & 0xFFu);
@@ -192,6 +259,10 @@ std::unique_ptr<KernelLibrary> KernelLibrary::open(const std::string& spec) {
                              (lib->api_ ? std::to_string(lib->api_->abi_version) : "?") +
                              ", harness " + std::to_string(ATTNCHECK_ABI_VERSION));
   lib->entries_ = split_csv(lib->api_->ops());
+  // Optional: libraries built before the extension simply lack the symbol.
+  if (auto get_ext = reinterpret_cast<attncheck_plugin_ext_v1_get_fn>(
+          dlsym(lib->handle_, "attncheck_plugin_ext_v1_get")))
+    lib->ext_ = get_ext();
   return lib;
 }
 
@@ -215,9 +286,46 @@ std::optional<DeviceInfo> KernelLibrary::device(std::string* why) const {
 DeviceRunner::DeviceRunner(const KernelLibrary& lib, std::string arch)
     : lib_(lib), arch_(std::move(arch)) {}
 
-DeviceOutcome DeviceRunner::run(const Problem& p) const {
+DeviceRunner::~DeviceRunner() {
+  if (l2_scratch_) lib_.api().release(l2_scratch_);
+}
+
+namespace {
+constexpr size_t kL2ScratchBytes = size_t{512} << 20;  // > every L2 / Infinity Cache here (256 MiB)
+}  // namespace
+
+bool DeviceRunner::can_flush_l2() const {
+  const auto* ext = lib_.extension();
+  return ext && ext->size >= offsetof(attncheck_plugin_ext_v1, fill) + sizeof ext->fill &&
+         ext->fill;
+}
+
+bool DeviceRunner::can_run_background() const {
+  const auto* ext = lib_.extension();
+  return ext && ext->size >= sizeof(attncheck_plugin_ext_v1) && ext->background;
+}
+
+// Between the uploads and the launch: evict L2, start concurrent work. Throws on device errors.
+void DeviceRunner::prepare_launch(const LaunchConditions& when) const {
+  char msg[kMsg] = {0};
+  if (when.flush_l2 && can_flush_l2()) {
+    if (!l2_scratch_ &&
+        lib_.api().alloc(kL2ScratchBytes, &l2_scratch_, msg, kMsg) != ATTNCHECK_OK) {
+      l2_scratch_ = nullptr;
+      throw std::runtime_error(std::string("L2 flush buffer: ") + msg);
+    }
+    if (lib_.extension()->fill(l2_scratch_, kL2ScratchBytes, 0x5A5A5A5Au, msg, kMsg) !=
+        ATTNCHECK_OK)
+      throw std::runtime_error(std::string("L2 flush: ") + msg);
+  }
+  if (when.background_us > 0 && can_run_background() &&
+      lib_.extension()->background(when.background_us, msg, kMsg) != ATTNCHECK_OK)
+    throw std::runtime_error(std::string("background work: ") + msg);
+}
+
+DeviceOutcome DeviceRunner::run(const Problem& p, const LaunchConditions& when) const {
   try {
-    return run_unguarded(p);
+    return run_unguarded(p, when);
   } catch (const std::exception& e) {
     DeviceOutcome out;
     out.status = ATTNCHECK_ERROR;
@@ -226,12 +334,13 @@ DeviceOutcome DeviceRunner::run(const Problem& p) const {
   }
 }
 
-DeviceOutcome DeviceRunner::run_unguarded(const Problem& p) const {
+DeviceOutcome DeviceRunner::run_unguarded(const Problem& p, const LaunchConditions& when) const {
   const auto& api = lib_.api();
   DeviceOutcome out;
-  DeviceBuffers bufs(api);
+  DeviceBuffers bufs(lib_);
   const bool rocm = arch_.rfind("gfx", 0) == 0;
   Marshalled m = marshal(p, bufs, rocm);
+  prepare_launch(when);
   const std::string params = p.kernel_params.dump();
   const std::string kernel = p.kernel;
   char msg[kMsg] = {0};
@@ -271,8 +380,10 @@ DeviceOutcome DeviceRunner::run_unguarded(const Problem& p) const {
       if (a.tensor.storage() != s.host || a.role == Role::input) continue;
       const size_t es = a.tensor.element_size();
       a.tensor.for_each_index([&](const Index& idx, int64_t) {
-        const auto off = static_cast<size_t>(a.tensor.element_offset(idx)) * es;
-        for (size_t b = 0; b < es; ++b) writable[off + b] = true;
+        // Host-window relative (a sparse storage's window starts at window_begin).
+        const auto off =
+            static_cast<size_t>(a.tensor.element_offset(idx)) * es - s.host->window_begin;
+        for (size_t b = 0; b < es && off + b < s.bytes; ++b) writable[off + b] = true;
       });
     }
     for (size_t b = 0; b < s.bytes; ++b) {
@@ -283,14 +394,15 @@ DeviceOutcome DeviceRunner::run_unguarded(const Problem& p) const {
           if (a.tensor.storage() != s.host) continue;
           const auto [lo, hi] = a.tensor.extent();
           const auto es = static_cast<int64_t>(a.tensor.element_size());
-          const auto bb = static_cast<int64_t>(b);
+          const auto bb = static_cast<int64_t>(b + s.host->window_begin);
           if (bb >= lo * es && bb < hi * es) {
             owner = (a.role == Role::input ? "input '" : "gap inside view of '") + a.name + "'";
             break;
           }
         }
-        out.violations.push_back("byte " + std::to_string(b) + " of buffer " + who + " changed (" +
-                                 owner + "): the kernel must not write there");
+        out.violations.push_back("byte " + std::to_string(b + s.host->window_begin) +
+                                 " of buffer " + who + " changed (" + owner +
+                                 "): the kernel must not write there");
         break;
       }
     }
@@ -304,7 +416,7 @@ DeviceOutcome DeviceRunner::run_unguarded(const Problem& p) const {
 
 double DeviceRunner::time(const Problem& p, int warmup, int iters, std::string* err) const {
   const auto& api = lib_.api();
-  DeviceBuffers bufs(api);
+  DeviceBuffers bufs(lib_);
   Marshalled m = marshal(p, bufs, arch_.rfind("gfx", 0) == 0);
   const std::string params = p.kernel_params.dump();
   char msg[kMsg] = {0};

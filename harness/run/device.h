@@ -28,6 +28,8 @@ class KernelLibrary {
   KernelLibrary& operator=(const KernelLibrary&) = delete;
 
   const attncheck_plugin_v1& api() const { return *api_; }
+  // The optional extension table (attncheck_plugin_ext_v1_get), or nullptr.
+  const attncheck_plugin_ext_v1* extension() const { return ext_; }
   const std::string& path() const { return path_; }
   std::string library() const { return api_->library ? api_->library : "?"; }
   // The kernel entries the library lists (no GPU needed).
@@ -40,6 +42,7 @@ class KernelLibrary {
   KernelLibrary() = default;
   void* handle_ = nullptr;
   const attncheck_plugin_v1* api_ = nullptr;
+  const attncheck_plugin_ext_v1* ext_ = nullptr;
   std::string path_;
   std::vector<std::string> entries_;
 };
@@ -52,12 +55,25 @@ struct DeviceOutcome {
   double wall_ms = 0;
 };
 
+// What else happens around one launch (the stress mode varies these; docs/verification.md V12b).
+struct LaunchConditions {
+  bool flush_l2 = false;       // overwrite a 512 MiB scratch buffer between the uploads and the
+                               // launch, so the kernel starts with its inputs evicted from L2
+  uint32_t background_us = 0;  // concurrent work on another stream during the launch
+};
+
 class DeviceRunner {
  public:
   explicit DeviceRunner(const KernelLibrary& lib, std::string arch = "");
+  ~DeviceRunner();
+  DeviceRunner(const DeviceRunner&) = delete;
+  DeviceRunner& operator=(const DeviceRunner&) = delete;
   // One launch of the problem's kernel. Device I/O failures (allocation, copies) come back as
   // status ATTNCHECK_ERROR, never as exceptions.
-  DeviceOutcome run(const Problem& p) const;
+  DeviceOutcome run(const Problem& p, const LaunchConditions& when = {}) const;
+  // Whether the library can produce these conditions (its extension table has fill / background).
+  bool can_flush_l2() const;
+  bool can_run_background() const;
   // Mean device time per launch (ms), via the library's timer.
   double time(const Problem& p, int warmup, int iters, std::string* err) const;
   const KernelLibrary& library() const { return lib_; }
@@ -66,12 +82,19 @@ class DeviceRunner {
   static constexpr size_t kGuardBytes = 4096;
 
  private:
-  DeviceOutcome run_unguarded(const Problem& p) const;
+  DeviceOutcome run_unguarded(const Problem& p, const LaunchConditions& when) const;
+  void prepare_launch(const LaunchConditions& when) const;
   const KernelLibrary& lib_;
   std::string arch_;
+  mutable void* l2_scratch_ = nullptr;  // allocated on the first flush
 };
 
 // The byte the guard region holds at position i (a pattern no plausible kernel write reproduces).
 std::byte guard_byte(size_t i);
+
+// The 32-bit pattern that fills the device bytes a sparse storage's host window does not cover:
+// the NaN code of the storage's dtype, repeated (fp8 e4m3fn 0x7F, e4m3fnuz 0x80, bf16 0x7FC0, ...;
+// integer dtypes 0xFF bytes, i.e. -1).
+uint32_t sparse_poison_pattern(DType dtype);
 
 }  // namespace attncheck

@@ -1,9 +1,11 @@
 #include "run/evaluate.h"
 
 #include <chrono>
+#include <cstdlib>
 #include <map>
 #include <optional>
 #include <regex>
+#include <sstream>
 
 namespace attncheck {
 
@@ -80,8 +82,8 @@ void launch_failed(Result& r, const DeviceOutcome& o, const std::string& launch)
       return;
     case ATTNCHECK_UNKNOWN_OP:
       r.verdict = Verdict::failed;
-      r.message = launch + "the kernel library does not know entry '" + r.kernel_entry +
-                  "': " + o.message;
+      r.message =
+          launch + "the kernel library does not know entry '" + r.kernel_entry + "': " + o.message;
       return;
     default:
       r.verdict = Verdict::failed;
@@ -93,6 +95,94 @@ void launch_failed(Result& r, const DeviceOutcome& o, const std::string& launch)
 // starts like this (docs/bridge.md); any other refusal of a valid case is a failure.
 bool is_unsupported(const DeviceOutcome& o) {
   return o.status == ATTNCHECK_REFUSED && o.message.rfind("unsupported by ", 0) == 0;
+}
+
+// The shared-memory poison patterns stress launches cycle through (docs/abi.md): NaN in f32,
+// bf16 and f16 (two kinds), and none at all, which leaves what the previous launch wrote.
+constexpr const char* kStressPoisons[] = {"0x7FFF7FFF", "0xFFFFFFFF", "0x7FC07FC0", "off"};
+
+// Restores an environment variable on scope exit (the stress mode varies the library's switch).
+class EnvRestore {
+ public:
+  explicit EnvRestore(const char* name) : name_(name) {
+    if (const char* v = std::getenv(name)) old_ = v;
+  }
+  ~EnvRestore() {
+    if (old_)
+      ::setenv(name_, old_->c_str(), 1);
+    else
+      ::unsetenv(name_);
+  }
+  EnvRestore(const EnvRestore&) = delete;
+  EnvRestore& operator=(const EnvRestore&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+// V12b: `launches` more launches of `p`, launch i with poison pattern i % 4, an L2 flush on odd i
+// and concurrent work on every third (where the library offers them); every output is compared
+// bitwise with the first launch's. A declared-deterministic kernel fails on any difference; every
+// kernel fails when a stress launch fails the checks.
+void stress_launches(Result& r, const Op& op, const Problem& p, const TensorMap& first,
+                     const TensorMap& expected, const std::vector<OutputCheck>& checks,
+                     const DeviceRunner& device, int launches, std::vector<std::string>& problems) {
+  StressStats st;
+  const bool flush = device.can_flush_l2(), background = device.can_run_background();
+  st.conditions = std::string("shared-memory poison 0x7FFF7FFF / 0xFFFFFFFF / 0x7FC07FC0 / off") +
+                  (flush ? ", L2 flushed before every 2nd launch" : ", no L2 flush (library)") +
+                  (background ? ", concurrent work on another stream in every 3rd"
+                              : ", no concurrent work (library)");
+  std::string first_failure;
+  {
+    EnvRestore restore("ATTNCHECK_SMEM_POISON");
+    for (int i = 0; i < launches; ++i) {
+      ::setenv("ATTNCHECK_SMEM_POISON", kStressPoisons[i % 4], 1);
+      LaunchConditions when;
+      when.flush_l2 = flush && i % 2 == 1;
+      when.background_us = background && i % 3 == 2 ? 200 : 0;
+      const std::string which = "stress launch " + std::to_string(i + 1) + " (poison " +
+                                kStressPoisons[i % 4] + (when.flush_l2 ? ", L2 flushed" : "") +
+                                (when.background_us ? ", concurrent work" : "") + ")";
+      const auto again = device.run(p, when);
+      if (again.status != ATTNCHECK_OK) {
+        Result failed_launch = r;
+        launch_failed(failed_launch, again, which + ": ");
+        r.device_error = r.device_error || failed_launch.device_error;
+        problems.push_back(failed_launch.message);
+        break;
+      }
+      ++st.launches;
+      for (const auto& v : again.violations) problems.push_back(which + ": " + v);
+      bool differs = false;
+      for (const auto& [name, t] : first) {
+        const auto cmp = compare_exact(name, t, again.outputs.at(name));
+        if (cmp.passed) continue;
+        if (!differs && st.first_difference.empty())
+          st.first_difference = which + ": '" + name + "': " + cmp.message;
+        differs = true;
+      }
+      st.differing += differs;
+      if (!differs && op.deterministic()) continue;  // same bits as the checked first launch
+      bool failed = false;
+      for (const auto& ch : check_outputs(checks, expected, again.outputs)) {
+        if (ch.passed) continue;
+        if (first_failure.empty()) first_failure = which + ": " + ch.name + ": " + ch.message;
+        failed = true;
+      }
+      st.failed += failed;
+    }
+  }
+  if (st.failed)
+    problems.push_back("stress: " + std::to_string(st.failed) + " of " +
+                       std::to_string(st.launches) +
+                       " launches fail the checks; first: " + first_failure);
+  if (op.deterministic() && st.differing)
+    problems.push_back("not deterministic under stress: " + std::to_string(st.differing) + " of " +
+                       std::to_string(st.launches) +
+                       " launches differ bitwise from the first; first: " + st.first_difference);
+  r.stress = st;
 }
 
 // Kernel launches and checks for a valid problem: the first launch against the expected outputs,
@@ -166,6 +256,8 @@ void judge_kernel(Result& r, const Op& op, const Problem& p, const TensorMap& ex
       }
     }
   }
+  if (opt.stress > 0)
+    stress_launches(r, op, p, o.outputs, expected, checks, device, opt.stress, problems);
   r.verdict = problems.empty() ? Verdict::passed : Verdict::failed;
   r.message = problems.empty() ? "all checks within budget" : join(problems);
 }
@@ -229,11 +321,12 @@ void evaluate_reference(Result& r, const Op& op, const Case& c, const Problem& p
     const bool golden_tier = c.in_tier("smoke") || c.in_tier("quick");
     if (golden_tier && ctx.require_goldens) {
       r.verdict = Verdict::error;
-      r.message = "no golden for this case in " +
-                  (ctx.goldens ? ctx.goldens->path_of(c.op) : std::string("(no golden directory)")) +
-                  " (run `attncheck golden generate --op " + c.op +
-                  "`, or pass --allow-missing-goldens to run the reference with nothing to "
-                  "compare)";
+      r.message =
+          "no golden for this case in " +
+          (ctx.goldens ? ctx.goldens->path_of(c.op) : std::string("(no golden directory)")) +
+          " (run `attncheck golden generate --op " + c.op +
+          "`, or pass --allow-missing-goldens to run the reference with nothing to "
+          "compare)";
       return;
     }
     // Reference vs nothing: the reference and its budgets must still run (or the reference
@@ -346,6 +439,31 @@ std::vector<CheckResult> check_outputs(const std::vector<OutputCheck>& checks,
       out.push_back(compare(chk.name, e->second, a->second, chk.budget));
   }
   return out;
+}
+
+std::vector<std::string> sanitizer_findings(const std::string& report) {
+  static const std::regex finding(
+      R"(^========= (Invalid |Error|Uninitialized |Barrier error|Program hit |Race reported|Malformed |Misaligned |Out-of-range |Address ))");
+  std::vector<std::string> out;
+  std::istringstream in(report);
+  for (std::string line; std::getline(in, line);)
+    if (std::regex_search(line, finding)) out.push_back(line.substr(10));
+  return out;
+}
+
+void apply_sanitizer_report(Result& r, const std::string& report, const std::string& tool,
+                            const std::string& path) {
+  const auto found = sanitizer_findings(report);
+  if (found.empty()) return;
+  const std::string what = "compute-sanitizer " + tool + ": " + std::to_string(found.size()) +
+                           " finding(s); first: " + found.front() + " (report: " + path + ")";
+  if (r.verdict == Verdict::passed || r.verdict == Verdict::refused_as_expected ||
+      r.verdict == Verdict::unexpected_pass) {
+    r.verdict = Verdict::failed;
+    r.message = what;
+  } else {
+    r.message = what + "; " + r.message;
+  }
 }
 
 Result evaluate(const Case& c, const EvalContext& ctx, CaseArtifacts* artifacts) {

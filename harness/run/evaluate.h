@@ -24,6 +24,9 @@ struct RunOptions {
   std::string arch;          // for known_bug scoping
   std::string kernels_path;  // for the repro line
   std::string repro_extra;   // appended to the repro line (e.g. " --cases DIR")
+  // >0: after the checks, this many more launches under varying conditions (shared-memory poison
+  // patterns, L2 flush, concurrent work), each compared bitwise with the first (Result::stress).
+  int stress = 0;
 };
 
 struct EvalContext {
@@ -61,6 +64,15 @@ std::string repro_command(const Case& c, const RunOptions& opt);
 // A copy of `p` whose pure outputs start from the bitwise complement of their initial bytes (other
 // arguments sharing those storages keep their bytes).
 Problem with_flipped_poison(const Problem& p);
+
+// compute-sanitizer (`attncheck run --sanitizer TOOL`): the finding lines of a report ("=========
+// Invalid __global__ read of size 4 bytes", "========= Error: Race reported between ...",
+// "========= Uninitialized __global__ memory read ..."), without banners, summaries and the
+// indented detail lines under each finding.
+std::vector<std::string> sanitizer_findings(const std::string& report);
+// Fails `r` (or prefixes its failure) with the first finding of a sanitizer report of its case.
+void apply_sanitizer_report(Result& r, const std::string& report, const std::string& tool,
+                            const std::string& path);
 
 // Checks of `actual` outputs against `expected` per the op's checks.
 std::vector<CheckResult> check_outputs(const std::vector<OutputCheck>& checks,

@@ -7,8 +7,8 @@
 #include <set>
 #include <sstream>
 
+#include "run/results.h"
 #include "run/sha256.h"
-
 
 namespace attncheck {
 
@@ -47,8 +47,8 @@ std::string digest_difference(const nlohmann::json& golden, const nlohmann::json
   return s.empty() ? "digest records differ" : s;
 }
 
-CheckResult compare_golden_output(const std::string& name, const Tensor& golden, DType golden_ref_dtype,
-                           const Tensor& now) {
+CheckResult compare_golden_output(const std::string& name, const Tensor& golden,
+                                  DType golden_ref_dtype, const Tensor& now) {
   if (now.dtype() != golden_ref_dtype || now.shape() != golden.shape()) {
     CheckResult r;
     r.name = name;
@@ -137,9 +137,52 @@ bool GoldenStore::has_op(const std::string& op) const {
   return fs::exists(path_of(op));
 }
 
+std::string golden_manifest_problem(const std::string& dir, const std::string& op) {
+  const std::string file = op + ".h5";
+  const std::string path = (fs::path(dir) / file).string();
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec))
+    return path + ": not a regular file" + (fs::exists(path, ec) ? "" : " (missing)");
+  std::vector<ManifestEntry> manifest;
+  try {
+    manifest = read_manifest(dir);
+  } catch (const std::exception& e) {
+    return path + ": not read, nothing to check it against: " + e.what();
+  }
+  const auto it = std::find_if(manifest.begin(), manifest.end(),
+                               [&](const ManifestEntry& e) { return e.file == file; });
+  if (it == manifest.end())
+    return path + ": not read: it is not listed in " + (fs::path(dir) / "MANIFEST").string();
+  const uint64_t size = fs::file_size(path, ec);
+  if (ec || size != it->size)
+    return path + ": not read: " + std::to_string(size) + " bytes, MANIFEST says " +
+           std::to_string(it->size) + " (truncated or replaced)";
+  if (sha256_file(path) != it->sha256)
+    return path +
+           ": not read: its sha256 does not match MANIFEST (corrupt, or changed outside "
+           "`attncheck golden generate`)";
+  return "";
+}
+
+std::string probe_golden_file(const std::string& dir, const std::string& op, double timeout_s) {
+  return read_in_child(
+      [&] {
+        GoldenStore probe(dir);
+        probe.checked_ = false;
+        for (const auto& id : probe.case_ids(op)) (void)probe.load(op, id);
+      },
+      timeout_s);
+}
+
 H5File& GoldenStore::file(const std::string& op) {
   auto it = open_.find(op);
   if (it != open_.end()) return *it->second;
+  if (checked_) {
+    if (std::string why = golden_manifest_problem(dir_, op); !why.empty())
+      throw std::runtime_error(why);
+    if (std::string why = probe_golden_file(dir_, op); !why.empty())
+      throw std::runtime_error(path_of(op) + ": unreadable (read in a child process): " + why);
+  }
   auto f = std::make_unique<H5File>(H5File::open(path_of(op)));
   const int64_t format = f->has_attr("/", "format") ? f->attr_int("/", "format") : -1;
   if (format != kGoldenFormat)
@@ -186,8 +229,13 @@ std::optional<GoldenCase> GoldenStore::load(const std::string& op, const std::st
 
 std::vector<ManifestEntry> read_manifest(const std::string& dir) {
   const std::string path = (fs::path(dir) / "MANIFEST").string();
+  std::error_code ec;
+  if (!fs::exists(path, ec))
+    throw std::runtime_error(path + ": missing (run `attncheck golden generate`)");
+  if (!fs::is_regular_file(path, ec))  // a FIFO would block, /dev/zero never end
+    throw std::runtime_error(path + ": not a regular file");
   std::ifstream in(path);
-  if (!in) throw std::runtime_error(path + ": missing (run `attncheck golden generate`)");
+  if (!in) throw std::runtime_error(path + ": cannot be opened");
   std::vector<ManifestEntry> out;
   std::string line;
   int n = 0;
@@ -205,17 +253,12 @@ std::vector<ManifestEntry> read_manifest(const std::string& dir) {
 }
 
 void write_manifest(const std::string& dir, const std::vector<ManifestEntry>& entries) {
-  const fs::path path = fs::path(dir) / "MANIFEST";
-  const fs::path tmp = fs::path(dir) / "MANIFEST.tmp";
-  {
-    std::ofstream out(tmp);
-    out << "# attncheck goldens (written by `attncheck golden generate`; checked by `attncheck "
-           "golden verify`)\n# sha256 bytes cases file\n";
-    for (const auto& e : entries)
-      out << e.sha256 << ' ' << e.size << ' ' << e.cases << ' ' << e.file << '\n';
-    if (!out) throw std::runtime_error(tmp.string() + ": write failed");
-  }
-  fs::rename(tmp, path);
+  std::ostringstream out;
+  out << "# attncheck goldens (written by `attncheck golden generate`; checked by `attncheck "
+         "golden verify`)\n# sha256 bytes cases file\n";
+  for (const auto& e : entries)
+    out << e.sha256 << ' ' << e.size << ' ' << e.cases << ' ' << e.file << '\n';
+  write_file_atomic((fs::path(dir) / "MANIFEST").string(), out.str());
 }
 
 std::map<std::string, std::vector<Case>> golden_cases(const std::vector<CaseFile>& files,
@@ -238,6 +281,5 @@ std::map<std::string, std::vector<Case>> golden_cases(const std::vector<CaseFile
       throw std::invalid_argument("op '" + o + "' has no smoke or quick cases, hence no golden");
   return out;
 }
-
 
 }  // namespace attncheck

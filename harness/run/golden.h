@@ -26,6 +26,9 @@ namespace attncheck {
 inline constexpr int64_t kGoldenFormat = 1;
 inline constexpr std::string_view kGoldenTiers[] = {"smoke", "quick"};
 inline constexpr uint64_t kGoldenBudgetBytes = 25ull * 1000 * 1000;
+// How long reading one golden file may take before its reader counts as hung (it takes well
+// under a second; this allows a loaded 2-core CI machine and sanitizer builds).
+inline constexpr double kGoldenReadTimeoutS = 120;
 
 // SHA-256 of everything a case hands the kernel: per argument its name, dtype, shape, strides,
 // offset and the bytes of its whole storage; plus the kernel parameters and the refusal reason.
@@ -46,7 +49,18 @@ struct GoldenCase {
   std::map<std::string, DType> stored_dtypes;
 };
 
-// Reads golden/<op>.h5 files on demand (read-only, one open file per op).
+// Parses golden <dir>/<op>.h5 completely (every case's attributes and outputs, as
+// GoldenStore::load does) in a child process with a timeout (read_in_child, core/hdf5io.h), so a
+// file on which libhdf5 crashes or loops is reported. "" when it reads cleanly, else why not.
+// MANIFEST is not consulted (check_golden_file does that first).
+std::string probe_golden_file(const std::string& dir, const std::string& op,
+                              double timeout_s = kGoldenReadTimeoutS);
+// What must hold before a golden is parsed at all: <dir>/<op>.h5 is a regular file whose size and
+// sha256 match its line in <dir>/MANIFEST. "" when they do, else why not (naming the file).
+std::string golden_manifest_problem(const std::string& dir, const std::string& op);
+
+// Reads golden/<op>.h5 files on demand (read-only, one open file per op). A file is parsed only
+// after golden_manifest_problem() and probe_golden_file() found nothing wrong with it.
 class GoldenStore {
  public:
   explicit GoldenStore(std::string dir) : dir_(std::move(dir)) {}
@@ -61,8 +75,10 @@ class GoldenStore {
   std::string path_of(const std::string& op) const;
 
  private:
+  friend std::string probe_golden_file(const std::string&, const std::string&, double);
   H5File& file(const std::string& op);
   std::string dir_;
+  bool checked_ = true;  // false only inside probe_golden_file's child (it is the check)
   std::map<std::string, std::unique_ptr<H5File>> open_;
   std::map<std::string, GoldenCase> overrides_;
 };
@@ -97,9 +113,12 @@ struct GoldenOptions {
 std::map<std::string, std::vector<Case>> golden_cases(const std::vector<CaseFile>& files,
                                                       const std::vector<std::string>& ops);
 
-// Writes <dir>/<op>.h5 for each selected op (atomically) and updates MANIFEST; prints one line per
-// op (cases, bytes, seconds) and the total against the size budget. Returns 0, or 1 when the
-// total exceeds the budget (files are still written). Throws on reference errors.
+// Writes <dir>/<op>.h5 for each selected op and MANIFEST as one transaction: every file is staged
+// in a sibling directory (golden_staging_dir, git-ignored) with the files it keeps, and the two
+// directories are swapped at once (renameat2 RENAME_EXCHANGE), so a kill at any instant leaves
+// the old set or the new one in <dir> and nothing else. Prints one line per op (cases, bytes,
+// seconds) and the total against the size budget. Returns 0, or 1 when the total exceeds the
+// budget (files are still written). Throws on reference errors and write errors.
 int golden_generate(const std::vector<CaseFile>& files, const GoldenOptions& opt,
                     std::ostream& out);
 // Checks MANIFEST (every file listed with its sha256 and size, nothing missing or extra), the set
@@ -109,6 +128,10 @@ int golden_verify(const std::vector<CaseFile>& files, const GoldenOptions& opt, 
 // Which cases would change (recomputed reference, or opt.against) and by how much. Returns the
 // number of cases that differ.
 int golden_diff(const std::vector<CaseFile>& files, const GoldenOptions& opt, std::ostream& out);
+
+// Where generate stages a new golden set for `dir`: "<parent>/.<name>.staging" (same file system,
+// so the swap is a rename; ignored by git).
+std::string golden_staging_dir(const std::string& dir);
 
 // The group name of a case inside golden/<op>.h5 and repro bundles ("cases/<vars>").
 std::string golden_group(const std::string& id);

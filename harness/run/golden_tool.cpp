@@ -1,7 +1,12 @@
 // `attncheck golden generate|verify|diff` (docs/goldens.md): the goldens' lifecycle, on top of the
 // storage rules in golden.h and the one evaluation path in evaluate.h.
+#include <fcntl.h>
+#include <stdio.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <cmath>
 #include <filesystem>
 #include <iomanip>
@@ -43,27 +48,64 @@ Result verify_case(const Case& c, GoldenStore& store) {
 
 }  // namespace
 
+std::string golden_staging_dir(const std::string& dir) {
+  const fs::path d = fs::absolute(dir).lexically_normal();
+  const fs::path name = d.has_filename() ? d.filename() : d.parent_path().filename();
+  const fs::path parent = d.has_filename() ? d.parent_path() : d.parent_path().parent_path();
+  return (parent / ("." + name.string() + ".staging")).string();
+}
+
+namespace {
+
+// Swaps two directories in one step; a kill before it leaves the old set, after it the new.
+void swap_directories(const fs::path& a, const fs::path& b) {
+  if (::renameat2(AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_EXCHANGE) == 0) return;
+  throw std::runtime_error("cannot swap '" + a.string() + "' and '" + b.string() +
+                           "' (renameat2 RENAME_EXCHANGE): " + std::strerror(errno) +
+                           "; the golden set is unchanged, the new one is in '" + a.string() + "'");
+}
+
+}  // namespace
+
 int golden_generate(const std::vector<CaseFile>& files, const GoldenOptions& opt,
                     std::ostream& out) {
   const auto per_op = golden_cases(files, opt.ops);
   fs::create_directories(opt.dir);
+  // The real directory (a symlinked golden/ keeps its link), and a fresh staging directory next
+  // to it; a killed generate's staging directory is removed here.
+  const fs::path dir = fs::canonical(opt.dir);
+  const fs::path staging = golden_staging_dir(dir.string());
+  fs::remove_all(staging);
+  fs::create_directory(staging);
   std::map<std::string, ManifestEntry> manifest;
-  if (fs::exists(fs::path(opt.dir) / "MANIFEST"))
-    for (const auto& e : read_manifest(opt.dir)) manifest[e.file] = e;
-  const std::string git = git_revision(opt.root);
-  const std::string ref_rev =
-      git_revision_of(opt.root, {"reference", "harness/ops", "harness/core"});
+  if (fs::exists(dir / "MANIFEST"))
+    for (const auto& e : read_manifest(dir.string())) manifest[e.file] = e;
+  // Everything that is not regenerated is kept: hard links into the staging directory.
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name == "MANIFEST") continue;
+    if (name.size() > 3 && name.ends_with(".h5") && per_op.count(name.substr(0, name.size() - 3)))
+      continue;
+    if (name.find(".h5.tmp.") != std::string::npos) continue;  // left by an older attncheck
+    std::error_code ec;
+    if (entry.is_regular_file() && !entry.is_symlink())
+      fs::create_hard_link(entry.path(), staging / name, ec);
+    if (ec || !entry.is_regular_file() || entry.is_symlink())
+      fs::copy(entry.path(), staging / name,
+               fs::copy_options::recursive | fs::copy_options::copy_symlinks);
+  }
 
   for (const auto& [op_name, cases] : per_op) {
     const auto t0 = std::chrono::steady_clock::now();
     const Op& op = *find_op(op_name);
-    const fs::path path = fs::path(opt.dir) / (op_name + ".h5");
+    const fs::path path = staging / (op_name + ".h5");
     H5File f = H5File::create(path);
+    // No revision in the file: its bytes depend on the case files and the reference alone, so
+    // regenerating on a clean checkout is byte-identical (the commit that wrote golden/ is its
+    // provenance: `git log golden/`).
     f.set_attr("/", "format", kGoldenFormat);
     f.set_attr("/", "op", op_name);
     f.set_attr("/", "generator", "attncheck " + attncheck_version() + " golden generate");
-    f.set_attr("/", "git_revision", git);
-    f.set_attr("/", "reference_revision", ref_rev);
     f.set_attr("/", "tiers", "smoke,quick");
     f.set_attr("/", "case_count", static_cast<int64_t>(cases.size()));
     f.set_attr("/", "storage",
@@ -112,8 +154,10 @@ int golden_generate(const std::vector<CaseFile>& files, const GoldenOptions& opt
   }
   std::vector<ManifestEntry> entries;
   for (const auto& [file, e] : manifest)
-    if (fs::exists(fs::path(opt.dir) / file)) entries.push_back(e);
-  write_manifest(opt.dir, entries);
+    if (fs::exists(staging / file)) entries.push_back(e);
+  write_manifest(staging.string(), entries);
+  swap_directories(staging, dir);
+  fs::remove_all(staging);  // now the old set
 
   uint64_t total = 0;
   for (const auto& e : entries) total += e.size;
@@ -144,9 +188,10 @@ struct ManifestCheck {
 int golden_verify(const std::vector<CaseFile>& files, const GoldenOptions& opt, std::ostream& out) {
   const auto per_op = golden_cases(files, opt.ops);
   int problems = 0;
+  // Every line is flushed: a verify that is killed (or a reader that dies) loses nothing it said.
   auto problem = [&](const std::string& s) {
     ++problems;
-    out << "  FAIL " << s << "\n";
+    out << "  FAIL " << s << std::endl;
   };
   const std::string dir = opt.dir;
   auto shown = [&](const std::string& file) { return (fs::path(dir) / file).string(); };
@@ -161,7 +206,13 @@ int golden_verify(const std::vector<CaseFile>& files, const GoldenOptions& opt, 
   if (opt.ops.empty()) {
     std::error_code ec;
     for (const auto& e : fs::directory_iterator(dir, ec)) {
-      if (e.path().extension() != ".h5") continue;
+      if (e.path().filename() == "MANIFEST") continue;
+      if (e.path().extension() != ".h5") {
+        problem(e.path().string() +
+                ": not a golden file and not MANIFEST (a leftover? golden/ "
+                "holds only <op>.h5 and MANIFEST)");
+        continue;
+      }
       const std::string op = e.path().stem().string();
       if (!per_op.count(op))
         problem(e.path().string() + ": no case file has smoke/quick cases for op '" + op +
@@ -178,9 +229,24 @@ int golden_verify(const std::vector<CaseFile>& files, const GoldenOptions& opt, 
     const int before = problems;
     const std::string file = op_name + ".h5";
     const std::string path = shown(file);
-    if (!fs::exists(path)) {
+    std::error_code ec;
+    if (!fs::exists(fs::symlink_status(path, ec))) {
       problem(path + " missing: " + std::to_string(cases.size()) + " smoke/quick cases of '" +
               op_name + "' have no golden (run `attncheck golden generate --op " + op_name + "`)");
+      continue;
+    }
+    // A directory, FIFO, socket or device (also behind a symlink) is reported and skipped: a
+    // FIFO would block the hash, /dev/zero never end it.
+    if (!fs::is_regular_file(path, ec)) {
+      const auto st = fs::status(path, ec);
+      const char* kind = fs::is_directory(st)        ? "a directory"
+                         : fs::is_fifo(st)           ? "a FIFO"
+                         : fs::is_character_file(st) ? "a character device"
+                         : fs::is_block_file(st)     ? "a block device"
+                         : fs::is_socket(st)         ? "a socket"
+                         : fs::exists(st)            ? "not a regular file"
+                                                     : "a dangling symbolic link";
+      problem(path + " is " + kind + ", not a golden file (not read)");
       continue;
     }
     const auto it = man.entries.find(file);
@@ -197,7 +263,14 @@ int golden_verify(const std::vector<CaseFile>& files, const GoldenOptions& opt, 
                 "): the file is corrupt or was changed outside `attncheck golden generate`");
     }
     if (opt.manifest_only) {
-      if (problems == before) out << "  ok   " << file << " matches MANIFEST\n";
+      if (problems == before) out << "  ok   " << file << " matches MANIFEST" << std::endl;
+      continue;
+    }
+    // Only a file that matches its MANIFEST line is parsed (GoldenStore checks again, and reads
+    // it once in a child process first).
+    if (problems != before || !man.readable) {
+      out << "  FAIL " << std::left << std::setw(24) << op_name << std::right
+          << " not parsed: the file does not match MANIFEST" << std::endl;
       continue;
     }
     std::vector<std::string> stored;
@@ -237,7 +310,7 @@ int golden_verify(const std::vector<CaseFile>& files, const GoldenOptions& opt, 
     out << "  " << (problems == before ? "ok   " : "FAIL ") << std::left << std::setw(24) << op_name
         << std::right << std::setw(5) << verified << "/" << cases.size() << " cases verified"
         << "  worst drift " << std::setprecision(2) << worst_ratio << " of the storage bound  "
-        << std::fixed << std::setprecision(1) << seconds_since(t0) << " s\n"
+        << std::fixed << std::setprecision(1) << seconds_since(t0) << " s" << std::endl
         << std::defaultfloat;
   }
   return problems;

@@ -29,6 +29,9 @@ struct Worker {
   bool retiring = false;  // said it exits after its last result: gets no further case
   long busy = -1;         // case index being run
   Clock::time_point deadline;
+  int serial = -1;    // spawn number ("{worker}" in the wrapper's arguments)
+  long pending = -1;  // one_case_per_worker: case whose result waits for the exit
+  nlohmann::json pending_result;
 };
 
 void close_fd(int& fd) {
@@ -36,20 +39,24 @@ void close_fd(int& fd) {
   fd = -1;
 }
 
-Worker spawn(const WorkerSpec& spec) {
+Worker spawn(const WorkerSpec& spec, int serial) {
   int pin[2], pout[2], perr[2];
   if (::pipe2(pin, O_CLOEXEC) || ::pipe2(pout, O_CLOEXEC) || ::pipe2(perr, O_CLOEXEC))
     throw std::runtime_error(std::string("cannot create pipes for a worker: ") +
                              std::strerror(errno));
   // Everything the child needs is prepared before fork: between fork and exec only
   // async-signal-safe calls are allowed.
-  std::vector<std::string> store;
+  std::vector<std::string> store(spec.wrapper.begin(), spec.wrapper.end());
+  for (auto& arg : store)
+    for (size_t at; (at = arg.find("{worker}")) != std::string::npos;)
+      arg.replace(at, 8, std::to_string(serial));
   store.push_back(spec.exe);
   for (const auto& a : spec.args) store.push_back(a);
+  const std::string program = spec.wrapper.empty() ? spec.exe : spec.wrapper.front();
   std::vector<char*> argv;
   for (auto& s : store) argv.push_back(s.data());
   argv.push_back(nullptr);
-  const std::string exec_failed = "attncheck: cannot exec " + spec.exe + "\n";
+  const std::string exec_failed = "attncheck: cannot exec " + program + "\n";
 
   const pid_t pid = ::fork();
   if (pid < 0) throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
@@ -58,7 +65,7 @@ Worker spawn(const WorkerSpec& spec) {
     ::dup2(pout[1], 1);
     ::dup2(perr[1], 2);
     ::close_range(3, ~0u, 0);  // nothing else of the parent (result files, ...) leaks into workers
-    ::execv(spec.exe.c_str(), argv.data());
+    ::execv(program.c_str(), argv.data());
     [[maybe_unused]] auto n = ::write(2, exec_failed.data(), exec_failed.size());
     ::_exit(127);
   }
@@ -67,6 +74,7 @@ Worker spawn(const WorkerSpec& spec) {
   ::close(perr[1]);
   Worker w;
   w.pid = pid;
+  w.serial = serial;
   w.in = pin[1];
   w.out = pout[0];
   w.err = perr[0];
@@ -155,7 +163,7 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<std::string>& ids,
   const int jobs = std::max(1, std::min<int>(spec.jobs, static_cast<int>(ids.size())));
   std::vector<Worker> workers(static_cast<size_t>(jobs));
   size_t next = 0, done = 0;
-  int start_failures = 0;
+  int start_failures = 0, spawned = 0;
   const auto case_timeout =
       std::chrono::milliseconds(static_cast<int64_t>(spec.case_timeout_s * 1e3));
 
@@ -176,7 +184,7 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<std::string>& ids,
   while (done < ids.size()) {
     const auto now = Clock::now();
     for (auto& w : workers) {
-      if (w.pid < 0 && next < ids.size()) w = spawn(spec);
+      if (w.pid < 0 && next < ids.size()) w = spawn(spec, spawned++);
       if (w.pid >= 0 && w.ready && !w.retiring && w.busy < 0 && next < ids.size()) {
         const std::string line = ids[next] + "\n";
         if (::write(w.in, line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
@@ -241,6 +249,15 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<std::string>& ids,
           } else if (w.busy >= 0 && j.contains("result")) {
             const auto idx = static_cast<size_t>(w.busy);
             w.busy = -1;
+            if (spec.one_case_per_worker) {
+              // Delivered (and counted done) once the worker and its wrapper have exited.
+              w.pending = static_cast<long>(idx);
+              w.pending_result = j["result"];
+              w.retiring = true;
+              w.deadline = Clock::now() + case_timeout;
+              close_fd(w.in);
+              continue;
+            }
             ++done;
             if (j.value("retire", false)) {
               w.retiring = true;
@@ -256,6 +273,12 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<std::string>& ids,
         int status = 0;
         reap(w, status, false);
         if (w.retiring && w.busy < 0) {  // left as announced, owing nothing
+          if (w.pending >= 0) {
+            const auto idx = static_cast<size_t>(w.pending);
+            if (cb.on_worker_exit) cb.on_worker_exit(w.serial, idx, w.pending_result);
+            ++done;
+            cb.on_result(idx, w.pending_result);
+          }
           w = Worker{};
           continue;
         }
@@ -267,6 +290,14 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<std::string>& ids,
       if ((w.busy >= 0 || !w.ready || w.retiring) && Clock::now() > w.deadline) {
         int status = 0;
         reap(w, status, true);
+        if (w.pending >= 0) {  // ran its case, then did not exit in time: deliver what it said
+          const auto idx = static_cast<size_t>(w.pending);
+          if (cb.on_worker_exit) cb.on_worker_exit(w.serial, idx, w.pending_result);
+          ++done;
+          cb.on_result(idx, w.pending_result);
+          w = Worker{};
+          continue;
+        }
         const double limit = w.ready ? spec.case_timeout_s : spec.start_timeout_s;
         lose_or_fail_start(w, "timed out after " + std::to_string(static_cast<int64_t>(limit)) +
                                   " s (hung, or slower than --timeout); the worker was killed");

@@ -20,6 +20,13 @@ struct WorkerSpec {
   double case_timeout_s = 120;    // per case, from the moment its id is sent
   double start_timeout_s = 120;   // from exec to the worker's hello line
   std::string log_path;           // workers' stderr is appended here ("" = discarded)
+  // A program the workers run under, with its arguments, e.g. {"/usr/local/cuda/bin/
+  // compute-sanitizer", "--tool", "memcheck", ...}: the worker is exec'd as wrapper + exe + args.
+  // "{worker}" in a wrapper argument becomes the worker's serial number (0, 1, ... per spawn).
+  std::vector<std::string> wrapper;
+  // Each worker runs one case and exits; its result is delivered only after it has exited,
+  // through PoolCallbacks::on_worker_exit first (a wrapper's report is complete only then).
+  bool one_case_per_worker = false;
 };
 
 struct PoolCallbacks {
@@ -30,6 +37,9 @@ struct PoolCallbacks {
   // Case `index` produced no result: `what` says why (signal, exit status, timeout) and ends with
   // the worker's last stderr lines.
   std::function<void(size_t index, const std::string& what)> on_lost;
+  // one_case_per_worker: the worker with this serial ran case `index` and has exited; the
+  // callback may amend its result before on_result receives it.
+  std::function<void(int serial, size_t index, nlohmann::json& result)> on_worker_exit;
 };
 
 // Runs every id. Throws std::runtime_error when workers cannot start (exec failure, a worker that

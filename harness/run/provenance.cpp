@@ -55,16 +55,6 @@ std::string git_revision(const std::string& root) {
   return dirty.empty() ? rev : rev + "+dirty";
 }
 
-std::string git_revision_of(const std::string& root, const std::vector<std::string>& paths) {
-  std::string list;
-  for (const auto& p : paths) list += " " + quote(p);
-  std::string rev, dirty;
-  if (!capture("git -C " + quote(root) + " log -1 --format=%H --" + list, rev)) return "unknown";
-  if (rev.empty()) rev = "uncommitted";
-  capture("git -C " + quote(root) + " status --porcelain --untracked-files=all --" + list, dirty);
-  return dirty.empty() ? rev : rev + "+dirty";
-}
-
 std::string toolchain() {
 #if defined(__clang__)
   return std::string("clang ") + __clang_version__;

@@ -2,7 +2,6 @@
 // the repository is (case files, goldens, the report package).
 #pragma once
 #include <string>
-#include <vector>
 
 namespace attncheck {
 
@@ -11,8 +10,6 @@ std::string attncheck_version();
 std::string default_root();
 // `git rev-parse HEAD` in root, "+dirty" when tracked files differ; "unknown" outside git.
 std::string git_revision(const std::string& root);
-// The last commit touching `paths` (relative to root), "+dirty" when they have local changes.
-std::string git_revision_of(const std::string& root, const std::vector<std::string>& paths);
 std::string toolchain();    // compiler that built attncheck
 std::string utc_now_iso();  // "2026-05-01T12:00:00Z"
 

@@ -1,9 +1,13 @@
 #include "results.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -11,6 +15,7 @@
 #include <sstream>
 
 #include "core/hdf5io.h"
+#include "run/sha256.h"
 
 namespace attncheck {
 
@@ -19,9 +24,14 @@ namespace fs = std::filesystem;
 namespace {
 
 // The summary table's columns: every verdict, and how many cases compared a kernel's output.
-constexpr Verdict kColumns[] = {Verdict::passed,          Verdict::failed,      Verdict::refused_as_expected,
-                                Verdict::known_bug,       Verdict::unexpected_pass,
-                                Verdict::unsupported,     Verdict::skipped,     Verdict::error};
+constexpr Verdict kColumns[] = {Verdict::passed,
+                                Verdict::failed,
+                                Verdict::refused_as_expected,
+                                Verdict::known_bug,
+                                Verdict::unexpected_pass,
+                                Verdict::unsupported,
+                                Verdict::skipped,
+                                Verdict::error};
 constexpr const char* kHeadings[] = {"passed", "failed",      "refused", "known_bug",
                                      "xpass",  "unsupported", "skipped", "error"};
 
@@ -82,8 +92,53 @@ double seconds_of(const nlohmann::json& r) {
 
 std::string id_to_filename(const std::string& id) {
   std::string s;
-  for (char c : id) s += c == '/' ? std::string("__") : std::string(1, c);
+  for (const char c : id) {
+    if (c == '/')
+      s += "__";
+    else if (std::isalnum(static_cast<unsigned char>(c)) || std::strchr("._+=-", c))
+      s += c;
+    else
+      s += '_';
+  }
+  if (s.empty() || s[0] == '.' || s[0] == '-') s.insert(0, "_");
+  // NAME_MAX is 255; ".h5" and ".tmp.<pid>" still have to fit.
+  constexpr size_t kMaxName = 180;
+  if (s.size() > kMaxName) s = s.substr(0, kMaxName - 17) + "_" + sha256_hex(id).substr(0, 16);
   return s;
+}
+
+namespace {
+
+[[noreturn]] void write_failed(const std::string& path, const std::string& what, int err) {
+  throw std::runtime_error("cannot write '" + path + "': " + what + ": " + std::strerror(err));
+}
+
+// Writes all of `text` to fd, retrying short writes and EINTR.
+void write_all(int fd, const std::string& text, const std::string& path) {
+  size_t off = 0;
+  while (off < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + off, text.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) write_failed(path, "write", n < 0 ? errno : EIO);
+    off += static_cast<size_t>(n);
+  }
+}
+
+}  // namespace
+
+JsonlWriter::JsonlWriter(const std::string& path) : path_(path) {
+  require_replaceable(path);
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+  if (fd_ < 0) write_failed(path, "open", errno);
+}
+
+JsonlWriter::~JsonlWriter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void JsonlWriter::append(const std::string& line) {
+  // One write per line, straight to the file (no user-space buffer to lose in a crash).
+  write_all(fd_, line + "\n", path_);
 }
 
 void Summary::add(const Result& r) {
@@ -98,7 +153,8 @@ void Summary::print(std::ostream& out) const {
   for (const auto& [op, counts] : per_op) w = std::max(w, op.size() + 2);
   out << std::left << std::setw(static_cast<int>(w)) << "op" << std::right;
   for (const char* h : kHeadings) out << std::setw(12) << h;
-  out << std::setw(12) << "kernel_run" << "\n";
+  out << std::setw(12) << "kernel_run"
+      << "\n";
   std::map<Verdict, int64_t> total;
   int64_t total_kernel = 0;
   for (const auto& [op, counts] : per_op) {
@@ -192,13 +248,33 @@ std::string junit_xml(const std::vector<nlohmann::json>& results, const std::str
 }
 
 void write_file_atomic(const std::string& path, const std::string& text) {
+  require_replaceable(path);
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary);
-    out << text;
-    if (!out) throw std::runtime_error(tmp + ": write failed");
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) write_failed(path, "cannot create '" + tmp + "'", errno);
+  try {
+    write_all(fd, text, path);
+    if (::fsync(fd) != 0) write_failed(path, "fsync", errno);
+    if (::close(fd) != 0) {
+      ::unlink(tmp.c_str());
+      write_failed(path, "close", errno);
+    }
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
   }
-  fs::rename(tmp, path);
+  try {
+    require_replaceable(path);  // again: it may have changed while we wrote
+  } catch (...) {
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    write_failed(path, "rename", err);
+  }
 }
 
 void write_repro_bundle(const std::string& path, const Result& r, const CaseArtifacts& a,
@@ -237,6 +313,28 @@ void write_repro_bundle(const std::string& path, const Result& r, const CaseArti
   for (const auto& [name, t] : a.expected) f.write_tensor("expected/" + name, t);
   for (const auto& [name, t] : a.actual) f.write_tensor("actual/" + name, t);
   f.commit();
+}
+
+std::string check_repro_bundle(const std::string& path, double timeout_s) {
+  return read_in_child(
+      [&] {
+        const H5File f = H5File::open(path);
+        for (const char* name : {"id", "op", "kernel", "expect_refusal", "verdict", "mode",
+                                 "message", "repro", "arch"})
+          (void)f.attr_string("/", name);
+        for (const char* name : {"params", "kernel_params", "checks", "meta"})
+          (void)f.attr_json("/", name);
+        for (const char* group : {"inputs", "expected", "actual"})
+          for (const auto& name : f.children(group)) {
+            const std::string ds = std::string(group) + "/" + name;
+            (void)f.read_tensor(ds);
+            if (std::string(group) == "inputs") {
+              (void)f.attr_string(ds, "role");
+              (void)f.attr_json(ds, "layout");
+            }
+          }
+      },
+      timeout_s);
 }
 
 std::vector<WorstElement> worst_elements(const Tensor& expected, const Tensor& actual,

@@ -14,8 +14,28 @@
 
 namespace attncheck {
 
-// "mla_decode/h8-bs16" -> "mla_decode__h8-bs16": the repro bundle's name.
+// "mla_decode/h8-bs16" -> "mla_decode__h8-bs16": the repro bundle's name. Always one plain file
+// name, whatever the id holds: '/' becomes "__", any byte other than [A-Za-z0-9._+=-] becomes
+// '_', a leading '.' or '-' is prefixed with '_', and a name over 180 bytes is cut and ends
+// in 16 hex digits of the id's sha256 (so it cannot leave the directory it is joined to).
 std::string id_to_filename(const std::string& id);
+
+// results.jsonl: one line per case, appended and flushed as it comes; every write is checked
+// (ENOSPC, EFBIG, EIO) and throws std::runtime_error naming the file.
+class JsonlWriter {
+ public:
+  // Creates or truncates `path`, which must be missing or a regular file (require_replaceable).
+  explicit JsonlWriter(const std::string& path);
+  ~JsonlWriter();
+  JsonlWriter(const JsonlWriter&) = delete;
+  JsonlWriter& operator=(const JsonlWriter&) = delete;
+  void append(const std::string& line);  // adds the newline
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
 
 // Counts per op and verdict, and how many cases compared a kernel's output.
 struct Summary {
@@ -32,7 +52,9 @@ struct Summary {
 // skipped and known_bug as <skipped>.
 std::string junit_xml(const std::vector<nlohmann::json>& results, const std::string& suite_name);
 
-// Writes `text` to path via a temporary file and rename.
+// Writes `text` to path via a temporary file ("<path>.tmp.<pid>"), fsync and rename. Refuses a
+// path that exists and is not a regular file (a directory, device, FIFO, symlink: it is never
+// replaced); every write is checked. Throws std::runtime_error naming the path.
 void write_file_atomic(const std::string& path, const std::string& text);
 
 // A self-contained HDF5 bundle of one case: attributes id, op, params, kernel_params, verdict,
@@ -40,6 +62,11 @@ void write_file_atomic(const std::string& path, const std::string& text);
 // contents, with role and layout attributes), expected/, actual/. Readable by h5py + numpy.
 void write_repro_bundle(const std::string& path, const Result& r, const CaseArtifacts& a,
                         const nlohmann::json& meta);
+
+// Reads a repro bundle back completely (every attribute, and every dataset of inputs/, expected/
+// and actual/) in a child process (read_in_child), as any reader of an HDF5 file that came from
+// elsewhere must. "" when it reads cleanly as a bundle, else why not.
+std::string check_repro_bundle(const std::string& path, double timeout_s);
 
 // The n elements with the largest error ratio (numeric: |a-e| / (atol + rtol |e|), NaN and
 // mismatched infinities first; exact: the first n that differ bitwise), multi-dimensional indices.

@@ -27,6 +27,7 @@ std::unique_ptr<CaseContext> make_context(const WorkerConfig& cfg) {
   e.goldens = ctx->goldens.get();
   e.require_goldens = !cfg.allow_missing_goldens;
   e.options.repeat = cfg.repeat;
+  e.options.stress = cfg.stress;
   e.options.kernels_path = cfg.kernels;
   e.options.repro_extra = cfg.repro_extra;
   if (cfg.kernels.empty()) {

@@ -23,6 +23,7 @@ struct WorkerConfig {
   int repeat = 2;
   // Run without goldens where they are missing (reference vs nothing), instead of an error.
   bool allow_missing_goldens = false;
+  int stress = 0;  // RunOptions::stress
 };
 
 struct CaseContext {

@@ -115,6 +115,30 @@ TEST(KvGather, HybridGatherEqualsContiguousGather) {
   }
 }
 
+TEST(KvGather, PackedAndSeparateCachesGatherLikeContiguousOnes) {
+  // Packed (vLLM #44455): one (nb, Hkv, P, 2D) tensor; V of a slot starts D elements after its K,
+  // heads are P*2D apart, so neither view is contiguous within a block.
+  const int64_t P = 16, Hkv = 2, D = 64, nb = 12;
+  const auto pk = make_kv_cache(DType::bf16, KvLayout::nhd, KvStrides::packed, nb, P, Hkv, D);
+  EXPECT_EQ(pk.key_cache.storage(), pk.value_cache.storage());
+  EXPECT_EQ(pk.key_cache.strides(), (Shape{Hkv * P * 2 * D, 2 * D, P * 2 * D, 1}));
+  EXPECT_EQ(pk.value_cache.element_offset(Index{3, 5, 1, 0}),
+            pk.key_cache.element_offset(Index{3, 5, 1, 0}) + D);
+  const auto sep = make_kv_cache(DType::bf16, KvLayout::nhd, KvStrides::separate, nb, P, Hkv, D);
+  EXPECT_NE(sep.key_cache.storage(), sep.value_cache.storage());
+  const auto con = make_kv_cache(DType::bf16, KvLayout::nhd, KvStrides::contiguous, nb, P, Hkv, D);
+  for (const auto* c : {&pk, &sep, &con}) fill_tagged(*c, KvLayout::nhd);
+  const auto pg = paged({0, 1, 15, 16, 17, 50}, P, nb);
+  const auto m = window_meta(pg.context_lens, 20, 2);
+  const auto a = kv_gather(args_for(pk, KvLayout::nhd, pg, m));
+  const auto b = kv_gather(args_for(sep, KvLayout::nhd, pg, m));
+  const auto c = kv_gather(args_for(con, KvLayout::nhd, pg, m));
+  expect_bitwise_equal(a.key, c.key);
+  expect_bitwise_equal(a.value, c.value);
+  expect_bitwise_equal(b.key, c.key);
+  expect_bitwise_equal(b.value, c.value);
+}
+
 TEST(KvGather, ContiguousBlockStrideOnHybridCacheReadsOtherBlocks) {
   // The seed bug (#35925): block blk read at blk * H instead of blk * 2H. The tagged data must
   // expose it, otherwise the hybrid cases could not catch the pre-fix kernel.

@@ -297,6 +297,63 @@ TEST_F(Cli, KnownBugsFollowTheArch) {
   EXPECT_TRUE(has(o.text, "not deterministic")) << o.text;
 }
 
+// --sanitizer: each case in a worker of its own under the sanitizer (here a stand-in script that
+// writes compute-sanitizer's log format only when its process ends); a finding fails exactly the
+// case whose worker reported it, with the report's first finding line.
+TEST_F(Cli, SanitizerFindingsFailTheirCase) {
+  const fs::path d = dir("san");
+  fs::create_directories(d);
+  const fs::path tool = d / "compute-sanitizer";
+  {
+    std::ofstream f(tool);
+    f << "#!/bin/sh\n"
+         "log=$4; shift 6\n"
+         "echo '========= COMPUTE-SANITIZER' > \"$log\"\n"
+         "\"$@\"; rc=$?\n"
+         "case \"$log\" in *worker-0.*) echo '========= Invalid __global__ read of size 4 bytes' "
+         ">> \"$log\";; esac\n"
+         "echo '========= ERROR SUMMARY: 0 errors' >> \"$log\"\n"
+         "exit $rc\n";
+  }
+  fs::permissions(tool, fs::perms::owner_all);
+  const Output o =
+      sh("ATTNCHECK_COMPUTE_SANITIZER=" + tool.string() + " " + at() + " run --kernels " + kFake +
+         " --sanitizer memcheck --jobs 2 --out " + (d / "out").string());
+  EXPECT_EQ(o.status, 1) << o.text;
+  EXPECT_TRUE(has(o.text,
+                  "compute-sanitizer memcheck: 1 finding(s); first: Invalid __global__ "
+                  "read of size 4 bytes"))
+      << o.text;
+  int failing = 0;
+  for (const auto& [id, r] : results_of(d / "out")) failing += r["failing"].get<bool>();
+  EXPECT_EQ(failing, 1);
+  EXPECT_TRUE(fs::exists(d / "out" / "sanitizer" / "worker-0.memcheck.log"));
+  EXPECT_TRUE(fs::exists(d / "out" / "sanitizer" / "worker-5.memcheck.log"));  // one per case
+  const Output missing = sh("ATTNCHECK_COMPUTE_SANITIZER= PATH=/nonexistent " + at() +
+                            " run --kernels " + kFake + " --sanitizer racecheck");
+  EXPECT_EQ(missing.status, 2) << missing.text;
+}
+
+// --stress N: every case N more times; the summary names the cases with differing launches.
+TEST_F(Cli, StressReportsTheNondeterminismRate) {
+  const Output o = sh("ATTNCHECK_FAKE_FAULT=nondeterministic " + at() + " run --kernels " + kFake +
+                      " --repeat 1 --stress 4 --filter bs16-b5-ctx17-strided --arch gfx950");
+  EXPECT_EQ(o.status, 1) << o.text;
+  EXPECT_TRUE(has(o.text, "stress: 1 case(s) x 4 launches; 1 with differing or failing launches"))
+      << o.text;
+  EXPECT_TRUE(has(o.text, "2 of 4 launches differ (rate 0.5)")) << o.text;
+  // run.json records the stress count and the shared-memory poison switch.
+  const fs::path out = dir("out");
+  const Output plain = sh(at() + " run --kernels " + kFake + " --stress 3 --no-smem-poison " +
+                          "--filter bs16-b5-ctx17-strided --out " + out.string());
+  EXPECT_EQ(plain.status, 0) << plain.text;
+  std::ifstream f(out / "run.json");
+  const auto run = nlohmann::json::parse(f);
+  EXPECT_EQ(run["stress"], 3);
+  EXPECT_EQ(run["smem_poison"], false);
+  EXPECT_EQ(run["sanitizer"], "");
+}
+
 TEST_F(Cli, ReproPrintsBudgetsWorstElementsAndWritesABundle) {
   const fs::path bundle = dir("bundle.h5");
   const Output o = sh("ATTNCHECK_FAKE_FAULT=unwritten " + at() +

@@ -250,5 +250,27 @@ TEST(Tensor, ZeroSizedTensorsAreContiguous) {
   EXPECT_FALSE(Tensor::empty(DType::f32, {4, 8}).slice(1, 0, 8, 2).is_contiguous());
 }
 
+// A sparse storage holds only its window on the host: views and element access inside it work
+// with offsets into the whole extent; anything outside it throws instead of reading garbage.
+TEST(SparseTensor, WindowAccessAndExtent) {
+  // 1000 rows of 8 bf16, the host holds rows [600, 610).
+  Tensor t = Tensor::sparse(DType::bf16, {1000, 8}, 600 * 8, 10 * 8);
+  EXPECT_TRUE(t.storage()->sparse());
+  EXPECT_EQ(t.storage()->size(), 1000u * 8 * 2);
+  EXPECT_EQ(t.storage()->bytes.size(), 10u * 8 * 2);
+  EXPECT_EQ(t.storage()->window_begin, 600u * 8 * 2);
+  const Tensor rows = t.slice(0, 600, 610);
+  rows.set({3, 5}, 1.5);
+  EXPECT_EQ(t.get({603, 5}), 1.5);
+  EXPECT_EQ(rows.to(DType::f32).get({3, 5}), 1.5);
+  EXPECT_THROW(t.get({599, 7}), std::out_of_range);
+  EXPECT_THROW(t.get({610, 0}), std::out_of_range);
+  EXPECT_THROW((void)t.to(DType::f32), std::out_of_range);  // reads every row
+  // Views may span the whole extent (device offsets), not only the window.
+  EXPECT_NO_THROW((void)t.as_strided({1000, 8}, {8, 1}, 0));
+  EXPECT_THROW((void)t.as_strided({1001, 8}, {8, 1}, 0), std::out_of_range);
+  EXPECT_THROW((void)Tensor::sparse(DType::f32, {4, 4}, 10, 7), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace attncheck

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
 
 #include "core/numeric.h"
 #include "ops/op.h"
@@ -279,6 +280,81 @@ TEST(DecodeAttentionOp, PreFixTileEmulationFailsOnlyThe320x256MlaCases) {
     const Judged j = judge(c, true);
     EXPECT_EQ(j.passed, !target) << c.id << "\n" << j.message;
   }
+}
+
+// fp8_codes = special: the tokens read hold the saturation codes (and -0 in e4m3fn), the slots no
+// request reads hold NaN codes; the axis stays out of ids at its default.
+TEST(DecodeAttentionOp, Fp8SpecialCodesSitWhereTheContractSays) {
+  EXPECT_EQ(op().make_case(Params::object()).id.find("fp8"), std::string::npos);
+  for (const char* kv : {"e4m3fn", "e4m3fnuz"}) {
+    const Case c = op().make_case({{"lk_lv", "128x128"},
+                                   {"is_mla", false},
+                                   {"kv_heads", 2},
+                                   {"kv_dtype", kv},
+                                   {"fp8_codes", "special"}});
+    EXPECT_NE(c.id.find("-fp8special"), std::string::npos) << c.id;
+    const Problem p = op().make(c);
+    const Tensor &k = p.arg("k_buffer"), &table = p.arg("req_to_token"), &lens = p.arg("b_seq_len");
+    const bool fn = std::string(kv) == "e4m3fn";
+    const int64_t P = k.size(1);
+    std::map<int64_t, int64_t> read_until;  // page -> slots read
+    for (int64_t b = 0; b < lens.size(0); ++b)
+      for (int64_t n = 0; n < lens.at<int32_t>({b}); ++n) {
+        auto& r = read_until[static_cast<int64_t>(table.get({b, n / P}))];
+        r = std::max(r, n % P + 1);
+      }
+    int64_t saturated = 0, neg_zero = 0, nan_read = 0, nan_unread = 0, unread = 0;
+    k.for_each_index([&](const Index& idx, int64_t) {
+      const uint64_t bits = k.get_bits(idx);
+      const bool is_nan = fn ? (bits & 0x7F) == 0x7F : bits == 0x80;
+      const auto it = read_until.find(idx[0]);
+      const bool read = it != read_until.end() && idx[1] < it->second;
+      if (!read) {
+        ++unread;
+        nan_unread += is_nan;
+        return;
+      }
+      nan_read += is_nan;
+      saturated += std::abs(k.get(idx)) == max_finite(k.dtype());
+      neg_zero += fn && bits == 0x80;
+    });
+    EXPECT_EQ(nan_read, 0) << kv;
+    EXPECT_EQ(nan_unread, unread) << kv;
+    EXPECT_GT(saturated, 100) << kv;
+    EXPECT_EQ(neg_zero > 0, fn) << kv;
+    const Judged j = judge(c, false);  // the budgets stay sound with saturated inputs
+    EXPECT_TRUE(j.passed) << c.id << "\n" << j.message;
+  }
+}
+
+// offset_log2: every page read starts past byte 2^31 (2^32) of its cache; the host holds only
+// those pages and the reference reads only them.
+TEST(DecodeAttentionOp, LargeOffsetCasesReadPagesPastTheOffset) {
+  for (int64_t log2 : {31, 32}) {
+    const Case c = op().make_case({{"lk_lv", "128x128"},
+                                   {"is_mla", false},
+                                   {"kv_heads", 2},
+                                   {"kv_dtype", "e4m3fn"},
+                                   {"offset_log2", log2}});
+    EXPECT_NE(c.id.find("-offlog" + std::to_string(log2)), std::string::npos) << c.id;
+    const Problem p = op().make(c);
+    const Tensor &k = p.arg("k_buffer"), &table = p.arg("req_to_token");
+    ASSERT_TRUE(k.storage()->sparse());
+    EXPECT_GT(k.storage()->size(), uint64_t{1} << log2);
+    EXPECT_LT(k.storage()->bytes.size(), size_t{1} << 20);  // the pages read, not the extent
+    const int64_t page_bytes = k.stride(0) * static_cast<int64_t>(k.element_size());
+    table.for_each_index([&](const Index& idx, int64_t) {
+      const auto id = static_cast<int64_t>(table.get(idx));
+      if (id >= 0) {
+        EXPECT_GT(id * page_bytes, int64_t{1} << log2);
+      }
+    });
+    const TensorMap out = op().reference(p);
+    out.at("o").for_each_index(
+        [&](const Index& idx, int64_t) { ASSERT_TRUE(std::isfinite(out.at("o").get(idx))); });
+  }
+  EXPECT_THROW((void)op().make(op().make_case({{"offset_log2", 31}, {"layout", "strided"}})),
+               std::invalid_argument);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <limits>
 #include <set>
 
+#include "core/numeric.h"
 #include "run/device.h"
 #include "run/evaluate.h"
 
@@ -46,6 +47,84 @@ class FakeKernels : public ::testing::Test {
 
 bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
+}
+
+// A sparse storage reaches the device as its whole extent with the host window at its place (the
+// fake library has no fill extension: the poison goes through copy_to_device) and passes; the
+// window at a wrong offset would hand the kernel NaN poison instead of x.
+TEST_F(FakeKernels, SparseStorageUploadsItsWindowInPlace) {
+  const Result r = run("selftest_axpy", {{"layout", "sparse"}, {"heads", 4}});
+  EXPECT_EQ(r.verdict, Verdict::passed) << r.message;
+  EXPECT_EQ(r.mode, Mode::kernel);
+}
+
+// --stress: N more launches compared bitwise with the first; a kernel that flips a bit on every
+// second launch is caught with its rate, a clean one passes with a zero rate; the record survives
+// the worker's JSON.
+TEST_F(FakeKernels, StressCountsLaunchesThatDifferFromTheFirst) {
+  const Op* op = find_op("selftest_axpy");
+  ASSERT_NE(op, nullptr);
+  DeviceRunner runner(*lib_, "fake-cpu");
+  EvalContext ctx;
+  ctx.device = &runner;
+  ctx.options.repeat = 1;  // no V12 repeats: the stress launches alone must find it
+  ctx.options.stress = 10;
+  ctx.options.arch = "fake-cpu";
+  const Case c = op->make_case(Params::object());
+
+  ::unsetenv("ATTNCHECK_FAKE_FAULT");
+  const Result clean = evaluate(c, ctx);
+  EXPECT_EQ(clean.verdict, Verdict::passed) << clean.message;
+  ASSERT_TRUE(clean.stress);
+  EXPECT_EQ(clean.stress->launches, 10);
+  EXPECT_EQ(clean.stress->differing, 0);
+  EXPECT_TRUE(contains(clean.stress->conditions, "no L2 flush"));  // the fake has no extension
+
+  ::setenv("ATTNCHECK_FAKE_FAULT", "nondeterministic", 1);
+  const Result flaky = evaluate(c, ctx);
+  EXPECT_EQ(flaky.verdict, Verdict::failed);
+  ASSERT_TRUE(flaky.stress);
+  EXPECT_EQ(flaky.stress->launches, 10);
+  EXPECT_GE(flaky.stress->differing, 4);
+  EXPECT_LE(flaky.stress->differing, 6);
+  EXPECT_TRUE(contains(flaky.message, "not deterministic under stress")) << flaky.message;
+  const Result back = Result::from_json(flaky.to_json());
+  ASSERT_TRUE(back.stress);
+  EXPECT_EQ(back.stress->differing, flaky.stress->differing);
+  EXPECT_DOUBLE_EQ(flaky.to_json()["stress"]["nondeterminism_rate"].get<double>(),
+                   flaky.stress->rate());
+  ctx.options.stress = 0;
+  ::unsetenv("ATTNCHECK_FAKE_FAULT");
+  const Result plain = evaluate(c, ctx);
+  EXPECT_FALSE(plain.stress);
+  EXPECT_FALSE(plain.to_json().contains("stress"));
+}
+
+TEST(Sanitizer, FindingsAreTheReportLinesNotTheBanners) {
+  const std::string report =
+      "========= COMPUTE-SANITIZER\n"
+      "========= Invalid __global__ read of size 2 bytes\n"
+      "=========     at decode_stage1<16, 4>(Stage1Args)+0x1a90 in decode_attention.hip:101\n"
+      "=========     by thread (3,0,0) in block (0,0,0)\n"
+      "========= Error: Race reported between Write access at decode_stage1+0x10\n"
+      "========= Uninitialized __global__ memory read of size 4 bytes\n"
+      "========= Barrier error detected. Divergent thread(s) in warp\n"
+      "========= ERROR SUMMARY: 4 errors\n"
+      "========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)\n";
+  const auto found = sanitizer_findings(report);
+  ASSERT_EQ(found.size(), 4u);
+  EXPECT_EQ(found[0], "Invalid __global__ read of size 2 bytes");
+  EXPECT_TRUE(contains(found[1], "Race reported"));
+  EXPECT_TRUE(sanitizer_findings("========= COMPUTE-SANITIZER\n========= ERROR SUMMARY: 0 errors\n")
+                  .empty());
+}
+
+TEST(SparsePoison, IsTheDtypesNanRepeated) {
+  EXPECT_EQ(sparse_poison_pattern(DType::e4m3fn), 0x7F7F7F7Fu);
+  EXPECT_EQ(sparse_poison_pattern(DType::e4m3fnuz), 0x80808080u);
+  EXPECT_EQ(sparse_poison_pattern(DType::bf16), 0x7FC07FC0u);
+  EXPECT_EQ(sparse_poison_pattern(DType::f32), static_cast<uint32_t>(nan_bits(DType::f32)));
+  EXPECT_EQ(sparse_poison_pattern(DType::i32), 0xFFFFFFFFu);
 }
 
 TEST_F(FakeKernels, LibraryDescribesItself) {
@@ -291,9 +370,9 @@ TEST(ResultJson, RoundTripsThroughJson) {
 }
 
 TEST(Verdicts, FailingIsFailedOrError) {
-  for (Verdict v : {Verdict::passed, Verdict::failed, Verdict::refused_as_expected,
-                    Verdict::known_bug, Verdict::unexpected_pass, Verdict::unsupported,
-                    Verdict::skipped, Verdict::error}) {
+  for (Verdict v :
+       {Verdict::passed, Verdict::failed, Verdict::refused_as_expected, Verdict::known_bug,
+        Verdict::unexpected_pass, Verdict::unsupported, Verdict::skipped, Verdict::error}) {
     EXPECT_EQ(is_failing(v), v == Verdict::failed || v == Verdict::error) << verdict_name(v);
     EXPECT_EQ(parse_verdict(verdict_name(v)), v);
   }

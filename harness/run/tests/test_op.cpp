@@ -19,7 +19,12 @@ class SelftestAxpyOp final : public Op {
         {"heads", "h", 2, {1, 2, 3, 4}, "rows; 3 is invalid (not a power of two)"},
         {"n", "n", 64, {}, "row length"},
         {"dtype", "", "f32", {"f32", "bf16"}, "x and out dtype"},
-        {"layout", "", "contiguous", {"contiguous", "strided"}, "strided: rows 7 elements apart"},
+        {"layout",
+         "",
+         "contiguous",
+         {"contiguous", "strided", "sparse"},
+         "strided: rows 7 elements apart; sparse: x is rows [64, 64 + heads) of a sparse storage "
+         "of 64 + heads + 8 rows whose host window holds only those rows"},
         {"seed", "s", 0, {}, "input seed"},
     };
   }
@@ -28,8 +33,12 @@ class SelftestAxpyOp final : public Op {
     const int64_t heads = param_int(c.params, "heads");
     const int64_t n = param_int(c.params, "n");
     const DType dt = param_dtype(c.params, "dtype");
-    const int64_t pitch = param_str(c.params, "layout") == "strided" ? n + 7 : n;
-    Tensor x = Tensor::empty(dt, {heads, pitch}).slice(1, 0, n);
+    const std::string layout = param_str(c.params, "layout");
+    const int64_t pitch = layout == "strided" ? n + 7 : n;
+    Tensor x =
+        layout == "sparse"
+            ? Tensor::sparse(dt, {64 + heads + 8, n}, 64 * n, heads * n).slice(0, 64, 64 + heads)
+            : Tensor::empty(dt, {heads, pitch}).slice(1, 0, n);
     fill_normal(x, Rng(c.id, "x", static_cast<uint64_t>(param_int(c.params, "seed"))));
     Tensor out = Tensor::empty(dt, {heads, pitch});
     poison(out);

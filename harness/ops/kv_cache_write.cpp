@@ -1,0 +1,189 @@
+// kv_cache_write: reshape_and_cache_flash and its SHUFFLE / packed variants
+// (docs/ops/kv_cache_write.md). Exact op: both caches are inout views compared bitwise over every
+// element, so a slot written where it should not be (another slot, another block, the other half
+// of a hybrid or packed block) fails, and the harness checks the bytes outside the views (padding).
+// What it guards against: writers that take block or head offsets from the shape instead of the
+// strides (vLLM #39192, AITER #3492: the SHUFFLE writer on hybrid caches), that assume K and V are
+// contiguous within a block (the packed layout, vLLM #44455), that write padding tokens (slot -1),
+// or that quantize to fp8 with the wrong scale direction, rounding or overflow.
+#include <cmath>
+#include <stdexcept>
+
+#include "core/numeric.h"
+#include "core/policy.h"
+#include "core/rng.h"
+#include "ops/op.h"
+#include "reference/kv_cache_write.h"
+
+namespace attncheck {
+namespace {
+
+ref::KvStrides parse_strides(const std::string& s) {
+  if (s == "hybrid") return ref::KvStrides::hybrid;
+  if (s == "padded") return ref::KvStrides::padded;
+  if (s == "separate") return ref::KvStrides::separate;
+  if (s == "packed") return ref::KvStrides::packed;
+  return ref::KvStrides::contiguous;
+}
+
+constexpr int64_t kTrailingPad = 3;  // padding tokens at the end (slot -1), like a padded batch
+
+// Slots of the T tokens. scattered: distinct slots of half the blocks in a random order, about
+// one token in six padding, the cache's very last slot always among them; tail: consecutive slots
+// ending at the cache's last slot (a prefill into the last blocks). The last kTrailingPad are -1.
+Tensor make_slots(const std::string& id, const std::string& mode, int64_t T, int64_t total,
+                  int64_t seed) {
+  Rng rng(id, "slots", static_cast<uint64_t>(seed));
+  Tensor slots = Tensor::empty(DType::i64, {T});
+  const int64_t real = T - kTrailingPad;
+  const auto perm = permutation(total, rng);
+  for (int64_t t = 0; t < T; ++t) {
+    int64_t s = -1;
+    if (t < real && mode == "tail") {
+      s = total - real + t;
+    } else if (t < real) {
+      s = t == real / 2 ? total - 1 : perm[static_cast<size_t>(t)];
+      if (t != real / 2 && (s == total - 1 || rng.uniform() < 1.0 / 6)) s = -1;
+    }
+    slots.at<int64_t>({t}) = s;
+  }
+  return slots;
+}
+
+// Old contents (earlier tokens) from 16 values, k/4 for k in [-8, 8), exact in every cache dtype:
+// every element the op must not write has a value to keep that no written token (normal, mostly
+// not a multiple of 1/4) repeats, in few bits, so the expected caches committed as goldens
+// compress.
+void fill_old_contents(const Tensor& cache, const Rng& rng) {
+  cache.for_each_index([&](const Index& i, int64_t k) {
+    const double v = std::floor(rng.uniform_at(static_cast<uint64_t>(k)) * 16.0) / 4.0 - 2.0;
+    if (is_fp8(cache.dtype()))
+      cache.set_bits(i, fp8_encode(v, cache.dtype()));
+    else
+      cache.set(i, v);
+  });
+}
+
+class KvCacheWriteOp final : public Op {
+ public:
+  std::string name() const override { return "kv_cache_write"; }
+  std::vector<Axis> axes() const override {
+    return {
+        {"layout", "", "nhd", {"nhd", "shuffle"}, "NHD [nb,P,Hkv,D] or SHUFFLE 5-d tiles"},
+        {"strides",
+         "",
+         "contiguous",
+         {"contiguous", "hybrid", "padded", "separate", "packed"},
+         "one storage K then V; hybrid [K0][V0][K1][V1]...; every stride + 16 B; two storages; "
+         "packed (nb, Hkv, P, 2D) (NHD only)"},
+        {"kv", "kv", "model", {"model", "e4m3fn", "e4m3fnuz"}, "cache dtype; fp8 quantizes"},
+        {"dtype", "", "bf16", {"bf16", "f16"}, "key/value dtype"},
+        {"heads", "h", 2, {}, "KV heads Hkv"},
+        {"head_dim", "d", 64, {}, "head size D"},
+        {"block_size", "bs", 16, {}, "tokens per cache block P"},
+        {"tokens", "t", 24, {}, "slot_mapping entries (the last 3 are padding, slot -1)"},
+        {"slots",
+         "",
+         "scattered",
+         {"scattered", "tail"},
+         "random distinct slots incl. the last one, or consecutive slots ending the cache"},
+        {"key",
+         "",
+         "contiguous",
+         {"contiguous", "qkv"},
+         "key/value contiguous, or views of a fused qkv row (2*Hkv query heads before them)"},
+        {"seed", "s", 0, {}, "input seed"},
+    };
+  }
+
+  Problem make(const Case& c) const override {
+    const auto& p = c.params;
+    const bool shuffle = param_str(p, "layout") == "shuffle";
+    const auto layout = shuffle ? ref::KvLayout::shuffle : ref::KvLayout::nhd;
+    const DType in = param_str(p, "dtype") == "f16" ? DType::f16 : DType::bf16;
+    const std::string kv = param_str(p, "kv");
+    const DType cache_dtype = kv == "model" ? in : kv == "e4m3fn" ? DType::e4m3fn : DType::e4m3fnuz;
+    const int64_t Hkv = param_int(p, "heads"), D = param_int(p, "head_dim");
+    const int64_t P = param_int(p, "block_size"), T = param_int(p, "tokens");
+    const int64_t seed = param_int(p, "seed");
+    if (Hkv < 1 || D < 1 || P < 1 || T <= kTrailingPad)
+      throw std::invalid_argument(c.id + ": heads, head_dim, block_size >= 1 and tokens > 3");
+    // Twice the blocks the tokens need, plus two nobody writes.
+    const int64_t nb = 2 * ((T + P - 1) / P) + 2;
+    const auto cache = ref::make_kv_cache(cache_dtype, layout,
+                                          parse_strides(param_str(p, "strides")), nb, P, Hkv, D);
+    fill_old_contents(cache.key_cache, Rng(c.id, "old_key_cache", static_cast<uint64_t>(seed)));
+    fill_old_contents(cache.value_cache, Rng(c.id, "old_value_cache", static_cast<uint64_t>(seed)));
+
+    Tensor key, value;
+    if (param_str(p, "key") == "qkv") {
+      const int64_t row = (2 * Hkv + 2 * Hkv) * D;  // q (2 Hkv heads) | k | v
+      Tensor qkv = Tensor::empty(in, {T, row});
+      fill_normal(qkv, Rng(c.id, "qkv", static_cast<uint64_t>(seed)));
+      key = qkv.as_strided({T, Hkv, D}, {row, D, 1}, 2 * Hkv * D);
+      value = qkv.as_strided({T, Hkv, D}, {row, D, 1}, 3 * Hkv * D);
+    } else {
+      key = Tensor::empty(in, {T, Hkv, D});
+      value = Tensor::empty(in, {T, Hkv, D});
+      fill_normal(key, Rng(c.id, "key", static_cast<uint64_t>(seed)));
+      fill_normal(value, Rng(c.id, "value", static_cast<uint64_t>(seed)));
+    }
+    Tensor k_scale = Tensor::full(DType::f32, {1}, 1.0);
+    Tensor v_scale = Tensor::full(DType::f32, {1}, 1.0);
+    if (is_fp8(cache_dtype)) {
+      // k: |x| / scale small, so fp8 subnormals and ties occur; v: small scale, so some |x| / scale
+      // pass the format's max and saturate. A multiplied (not divided) scale cannot pass.
+      Rng s_rng(c.id, "scales", static_cast<uint64_t>(seed));
+      k_scale.set({0}, s_rng.uniform(0.5, 3.0));
+      v_scale.set({0}, s_rng.uniform(0.005, 0.009));
+    }
+
+    Problem prob;
+    prob.args = {
+        {"key", key, Role::input},
+        {"value", value, Role::input},
+        {"key_cache", cache.key_cache, Role::inout},
+        {"value_cache", cache.value_cache, Role::inout},
+        {"slot_mapping", make_slots(c.id, param_str(p, "slots"), T, nb * P, seed), Role::input},
+        {"k_scale", k_scale, Role::input},
+        {"v_scale", v_scale, Role::input}};
+    prob.kernel_params = {{"kv_cache_layout", shuffle ? "SHUFFLE" : "NHD"},
+                          {"kv_cache_dtype", is_fp8(cache_dtype) ? "fp8" : "auto"}};
+    if (is_fp8(cache_dtype))
+      prob.kernel_params["fp8_format"] = cache_dtype == DType::e4m3fn ? "e4m3fn" : "e4m3fnuz";
+    const double elems = 2.0 * static_cast<double>(T * Hkv * D);
+    prob.bytes = elems * static_cast<double>(dtype_size(in) + dtype_size(cache_dtype));
+    return prob;
+  }
+
+  TensorMap reference(const Problem& p) const override {
+    ref::KvCacheWriteArgs a;
+    a.key = p.arg("key");
+    a.value = p.arg("value");
+    a.key_cache = p.arg("key_cache");
+    a.value_cache = p.arg("value_cache");
+    a.slot_mapping = p.arg("slot_mapping");
+    a.layout = p.kernel_params.at("kv_cache_layout") == "SHUFFLE" ? ref::KvLayout::shuffle
+                                                                  : ref::KvLayout::nhd;
+    if (p.kernel_params.at("kv_cache_dtype") == "fp8")
+      a.quant = ref::KvQuant{static_cast<float>(p.arg("k_scale").get({0})),
+                             static_cast<float>(p.arg("v_scale").get({0}))};
+    const ref::KvCaches w = ref::kv_cache_write(a);
+    return {{"key_cache", w.key_cache}, {"value_cache", w.value_cache}};
+  }
+
+  std::vector<OutputCheck> checks(const Problem& p, const TensorMap&) const override {
+    const Budget b = exact_budget(
+        p.kernel_params.at("kv_cache_dtype") == "fp8"
+            ? "every cache element bitwise: written slots hold RNE_fp8(fp32 x / scale) saturated "
+              "(one correctly rounded division, one rounding), every other element its old value"
+            : "every cache element bitwise: written slots hold the token's bits, every other "
+              "element its old value");
+    return {{"key_cache", b, {}, {}}, {"value_cache", b, {}, {}}};
+  }
+};
+
+const OpRegistrar kRegister(std::make_unique<KvCacheWriteOp>());
+
+}  // namespace
+}  // namespace attncheck

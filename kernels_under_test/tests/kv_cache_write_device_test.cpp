@@ -1,0 +1,94 @@
+// kv_cache_write on a GPU: the smoke and quick tiers of cases/kv_cache_write.toml through the
+// library named by ATTNCHECK_KERNELS; refusals of inconsistent arguments; and, when the mutant
+// library sits beside it (or in ATTNCHECK_MUTANT_DIR), proof that the SHUFFLE writer with the
+// block offset from the shape (pre vLLM #39192) is caught by the hybrid and padded SHUFFLE cases
+// and passes the SHUFFLE caches whose shape and strides agree. Skips, with the reason, when there
+// is no library or no GPU.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <regex>
+
+#include "device_test_support.h"
+
+namespace attncheck {
+namespace {
+
+using namespace devtest;
+
+TEST(KvCacheWriteDevice, SmokeAndQuickTiersPassBitwise) {
+  std::string why;
+  auto gpu = open_default_gpu(&why, "");
+  if (!gpu) GTEST_SKIP() << why;
+  const Op* op = find_op("kv_cache_write");
+  ASSERT_NE(op, nullptr);
+  for (const std::string& tier : device_tiers()) {
+    const auto cases = tier_cases("kv_cache_write", {tier});
+    ASSERT_FALSE(cases.empty()) << tier;
+    const Tally t = run_all(*op, cases, *gpu, 2);
+    std::printf("[kv_cache_write %s on %s] %d/%d passed (bitwise, repeat 2), kernel wall %.1f ms\n",
+                tier.c_str(), gpu->arch.c_str(), t.accepted(), t.cases, t.kernel_ms);
+    for (const auto& f : t.failures) ADD_FAILURE() << f;
+  }
+}
+
+TEST(KvCacheWriteDevice, RefusesInconsistentArguments) {
+  std::string why;
+  auto gpu = open_default_gpu(&why, "");
+  if (!gpu) GTEST_SKIP() << why;
+  const Op* op = find_op("kv_cache_write");
+  ASSERT_NE(op, nullptr);
+  struct Bad {
+    Params given;
+    const char* param;
+    nlohmann::json value;
+    const char* message;
+  };
+  const Bad bad[] = {
+      {{{"layout", "shuffle"}}, "kv_cache_layout", "NHD", "has 5 dimensions, expected 4"},
+      {{{"layout", "nhd"}}, "kv_cache_layout", "HND", "kv_cache_layout must be NHD or SHUFFLE"},
+      {{{"kv", "e4m3fn"}}, "fp8_format", "e5m2", "fp8_format must be e4m3fn or e4m3fnuz"},
+      {{{"kv", "e4m3fn"}}, "kv_cache_dtype", "auto", "caches must have the key's dtype"},
+      {{{"kv", "model"}}, "kv_cache_dtype", "fp8_e5m2", "kv_cache_dtype must be auto or fp8"},
+  };
+  for (const auto& b : bad) {
+    Problem p = op->make(op->make_case(b.given));
+    p.kernel = "kv_cache_write";
+    p.kernel_params[b.param] = b.value;
+    const auto o = gpu->runner->run(p);
+    EXPECT_EQ(o.status, ATTNCHECK_REFUSED) << b.message;
+    EXPECT_NE(o.message.find(b.message), std::string::npos) << o.message;
+  }
+}
+
+TEST(KvCacheWriteDevice, ShuffleShapeOffsetMutantIsCaughtByHybridAndPaddedShuffleCases) {
+  std::string why;
+  auto gpu = open_gpu(mutant_library("kv_cache_write_shuffle_shape_offset"), &why, "");
+  if (!gpu) GTEST_SKIP() << "mutant: " << why;
+  const std::string re = mutant_regex("kv_cache_write", "kv_cache_write_shuffle_shape_offset");
+  ASSERT_FALSE(re.empty());
+  const Op* op = find_op("kv_cache_write");
+  const auto cases = tier_cases("kv_cache_write", {"quick"});
+  std::vector<Case> targeted, controls;
+  for (const auto& c : cases) {
+    if (std::regex_search(c.id, std::regex(re)))
+      targeted.push_back(c);
+    else if (c.params.at("layout") == "shuffle")
+      controls.push_back(c);
+  }
+  ASSERT_FALSE(targeted.empty());
+  ASSERT_FALSE(controls.empty());
+  const Tally hit = run_all(*op, targeted, *gpu, 1);
+  const Tally ctl = run_all(*op, controls, *gpu, 1);
+  const int killed = hit.cases - hit.accepted();
+  std::printf(
+      "[mutant kv_cache_write_shuffle_shape_offset] quick cases matching %s: %d/%d fail; "
+      "contiguous and separate SHUFFLE controls: %d/%d pass\n",
+      re.c_str(), killed, hit.cases, ctl.accepted(), ctl.cases);
+  if (!hit.failures.empty()) std::printf("  e.g. %s\n", hit.failures.front().c_str());
+  EXPECT_EQ(killed, hit.cases) << "some hybrid or padded SHUFFLE cases did not catch the mutant";
+  for (const auto& f : ctl.failures) ADD_FAILURE() << "control failed: " << f;
+}
+
+}  // namespace
+}  // namespace attncheck
