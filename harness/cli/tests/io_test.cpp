@@ -18,41 +18,19 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_test_support.h"
+
 namespace {
 
 namespace fs = std::filesystem;
+using attncheck::clitest::has;
+using attncheck::clitest::Output;
+using attncheck::clitest::read;
+using attncheck::clitest::sh;
 
 const std::string kBin = ATTNCHECK_BIN;
 const std::string kFake = ATTNCHECK_FAKE_KERNELS;
 const std::string kData = ATTNCHECK_TEST_DATA;
-
-struct Output {
-  int status = -1;
-  std::string text;  // stdout and stderr
-};
-
-Output sh(const std::string& cmd) {
-  Output o;
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return o;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) o.text.append(buf, n);
-  const int st = ::pclose(p);
-  o.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  return o;
-}
-
-bool has(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-std::string read(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 std::set<std::string> names_in(const fs::path& d) {
   std::set<std::string> s;
