@@ -4,7 +4,10 @@
 // there is no library or no device, and running cases into a tally.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +15,7 @@
 #include <initializer_list>
 #include <memory>
 #include <optional>
+#include <regex>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -214,6 +218,60 @@ inline Tally run_all(const Op& op, const std::vector<Case>& cases, const Gpu& gp
     if (on_result) on_result(c, r);
   }
   return t;
+}
+
+// One kernel parameter made inconsistent with the arguments: the kernel must refuse, saying why.
+struct BadArgument {
+  Params given;  // the case's axes
+  const char* param;
+  nlohmann::json value;
+  const char* message;  // part of the refusal message
+};
+
+inline void expect_refusals(const Gpu& gpu, const std::string& op_name,
+                            const std::vector<BadArgument>& bad) {
+  const Op& op = registered_op(op_name);
+  for (const auto& b : bad) {
+    Problem p = op.problem(op.make_case(b.given));
+    p.kernel_params[b.param] = b.value;
+    const auto o = gpu.runner->run(p);
+    EXPECT_EQ(o.status, ATTNCHECK_REFUSED) << b.message;
+    EXPECT_NE(o.message.find(b.message), std::string::npos) << o.message;
+  }
+}
+
+// A mutant library against one op's quick cases: every case named by the mutant's regex in
+// kernels_under_test/<family>.mutants must fail, and the controls (the other cases `is_control`
+// accepts) must pass. Skips without a GPU or without the mutant library.
+inline void expect_mutant_killed(const std::string& family, const std::string& mutant,
+                                 const std::string& op_name,
+                                 const std::function<bool(const Case&)>& is_control,
+                                 const std::string& controls_what) {
+  std::string why;
+  auto gpu = open_gpu(mutant_library(mutant), &why, "");
+  if (!gpu) GTEST_SKIP() << "mutant: " << why;
+  const std::string re = mutant_regex(family, mutant);
+  ASSERT_FALSE(re.empty()) << mutant << " is not listed in kernels_under_test/" << family
+                           << ".mutants";
+  std::vector<Case> targeted, controls;
+  for (const auto& c : tier_cases(op_name, {"quick"})) {
+    if (std::regex_search(c.id, std::regex(re)))
+      targeted.push_back(c);
+    else if (is_control(c))
+      controls.push_back(c);
+  }
+  ASSERT_FALSE(targeted.empty());
+  ASSERT_FALSE(controls.empty());
+  const Op& op = registered_op(op_name);
+  const Tally hit = run_all(op, targeted, *gpu, 1);
+  const Tally ctl = run_all(op, controls, *gpu, 1);
+  const int killed = hit.cases - hit.accepted();
+  std::printf("[mutant %s] quick cases matching %s: %d/%d fail; %s controls: %d/%d pass\n",
+              mutant.c_str(), re.c_str(), killed, hit.cases, controls_what.c_str(), ctl.accepted(),
+              ctl.cases);
+  if (!hit.failures.empty()) std::printf("  e.g. %s\n", hit.failures.front().c_str());
+  EXPECT_EQ(killed, hit.cases) << "some targeted cases did not catch the mutant";
+  for (const auto& f : ctl.failures) ADD_FAILURE() << "control failed: " << f;
 }
 
 }  // namespace attncheck::devtest

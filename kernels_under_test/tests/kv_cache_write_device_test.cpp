@@ -36,58 +36,22 @@ TEST(KvCacheWriteDevice, RefusesInconsistentArguments) {
   std::string why;
   auto gpu = open_default_gpu(&why, "");
   if (!gpu) GTEST_SKIP() << why;
-  const Op* op = find_op("kv_cache_write");
-  ASSERT_NE(op, nullptr);
-  struct Bad {
-    Params given;
-    const char* param;
-    nlohmann::json value;
-    const char* message;
-  };
-  const Bad bad[] = {
-      {{{"layout", "shuffle"}}, "kv_cache_layout", "NHD", "has 5 dimensions, expected 4"},
-      {{{"layout", "nhd"}}, "kv_cache_layout", "HND", "kv_cache_layout must be NHD or SHUFFLE"},
-      {{{"kv", "e4m3fn"}}, "fp8_format", "e5m2", "fp8_format must be e4m3fn or e4m3fnuz"},
-      {{{"kv", "e4m3fn"}}, "kv_cache_dtype", "auto", "caches must have the key's dtype"},
-      {{{"kv", "model"}}, "kv_cache_dtype", "fp8_e5m2", "kv_cache_dtype must be auto or fp8"},
-  };
-  for (const auto& b : bad) {
-    Problem p = op->make(op->make_case(b.given));
-    p.kernel = "kv_cache_write";
-    p.kernel_params[b.param] = b.value;
-    const auto o = gpu->runner->run(p);
-    EXPECT_EQ(o.status, ATTNCHECK_REFUSED) << b.message;
-    EXPECT_NE(o.message.find(b.message), std::string::npos) << o.message;
-  }
+  expect_refusals(
+      *gpu, "kv_cache_write",
+      {
+          {{{"layout", "shuffle"}}, "kv_cache_layout", "NHD", "has 5 dimensions, expected 4"},
+          {{{"layout", "nhd"}}, "kv_cache_layout", "HND", "kv_cache_layout must be NHD or SHUFFLE"},
+          {{{"kv", "e4m3fn"}}, "fp8_format", "e5m2", "fp8_format must be e4m3fn or e4m3fnuz"},
+          {{{"kv", "e4m3fn"}}, "kv_cache_dtype", "auto", "caches must have the key's dtype"},
+          {{{"kv", "model"}}, "kv_cache_dtype", "fp8_e5m2", "kv_cache_dtype must be auto or fp8"},
+      });
 }
 
 TEST(KvCacheWriteDevice, ShuffleShapeOffsetMutantIsCaughtByHybridAndPaddedShuffleCases) {
-  std::string why;
-  auto gpu = open_gpu(mutant_library("kv_cache_write_shuffle_shape_offset"), &why, "");
-  if (!gpu) GTEST_SKIP() << "mutant: " << why;
-  const std::string re = mutant_regex("kv_cache_write", "kv_cache_write_shuffle_shape_offset");
-  ASSERT_FALSE(re.empty());
-  const Op* op = find_op("kv_cache_write");
-  const auto cases = tier_cases("kv_cache_write", {"quick"});
-  std::vector<Case> targeted, controls;
-  for (const auto& c : cases) {
-    if (std::regex_search(c.id, std::regex(re)))
-      targeted.push_back(c);
-    else if (c.params.at("layout") == "shuffle")
-      controls.push_back(c);
-  }
-  ASSERT_FALSE(targeted.empty());
-  ASSERT_FALSE(controls.empty());
-  const Tally hit = run_all(*op, targeted, *gpu, 1);
-  const Tally ctl = run_all(*op, controls, *gpu, 1);
-  const int killed = hit.cases - hit.accepted();
-  std::printf(
-      "[mutant kv_cache_write_shuffle_shape_offset] quick cases matching %s: %d/%d fail; "
-      "contiguous and separate SHUFFLE controls: %d/%d pass\n",
-      re.c_str(), killed, hit.cases, ctl.accepted(), ctl.cases);
-  if (!hit.failures.empty()) std::printf("  e.g. %s\n", hit.failures.front().c_str());
-  EXPECT_EQ(killed, hit.cases) << "some hybrid or padded SHUFFLE cases did not catch the mutant";
-  for (const auto& f : ctl.failures) ADD_FAILURE() << "control failed: " << f;
+  expect_mutant_killed(
+      "kv_cache_write", "kv_cache_write_shuffle_shape_offset", "kv_cache_write",
+      [](const Case& c) { return c.params.at("layout") == "shuffle"; },
+      "contiguous and separate SHUFFLE");
 }
 
 }  // namespace

@@ -35,58 +35,20 @@ TEST(KvGatherDevice, RefusesInconsistentArguments) {
   std::string why;
   auto gpu = open_default_gpu(&why, "");
   if (!gpu) GTEST_SKIP() << why;
-  const Op* op = find_op("kv_gather");
-  ASSERT_NE(op, nullptr);
-  struct Bad {
-    Params given;
-    const char* param;
-    nlohmann::json value;
-    const char* message;
-  };
-  const Bad bad[] = {
-      {{{"layout", "shuffle"}}, "kv_cache_layout", "NHD", "has 5 dimensions, expected 4"},
-      {{{"layout", "nhd"}}, "kv_cache_layout", "HND", "kv_cache_layout must be NHD or SHUFFLE"},
-      {{{"kv", "e4m3fn"}}, "fp8_format", "e5m2", "fp8_format must be e4m3fn or e4m3fnuz"},
-      {{{"kv", "e4m3fn"}}, "dequant", false, "without dequant the caches must have the output"},
-  };
-  for (const auto& b : bad) {
-    Problem p = op->make(op->make_case(b.given));
-    p.kernel = "kv_gather";
-    p.kernel_params[b.param] = b.value;
-    const auto o = gpu->runner->run(p);
-    EXPECT_EQ(o.status, ATTNCHECK_REFUSED) << b.message;
-    EXPECT_NE(o.message.find(b.message), std::string::npos) << o.message;
-  }
+  expect_refusals(
+      *gpu, "kv_gather",
+      {
+          {{{"layout", "shuffle"}}, "kv_cache_layout", "NHD", "has 5 dimensions, expected 4"},
+          {{{"layout", "nhd"}}, "kv_cache_layout", "HND", "kv_cache_layout must be NHD or SHUFFLE"},
+          {{{"kv", "e4m3fn"}}, "fp8_format", "e5m2", "fp8_format must be e4m3fn or e4m3fnuz"},
+          {{{"kv", "e4m3fn"}}, "dequant", false, "without dequant the caches must have the output"},
+      });
 }
 
 TEST(KvGatherDevice, ContiguousStridesMutantIsCaughtByHybridCasesOnly) {
-  std::string why;
-  auto gpu = open_gpu(mutant_library("kv_gather_contiguous_strides"), &why, "");
-  if (!gpu) GTEST_SKIP() << "mutant: " << why;
-  const std::string re = mutant_regex("kv_gather", "kv_gather_contiguous_strides");
-  ASSERT_FALSE(re.empty());
-  const Op* op = find_op("kv_gather");
-  const auto cases = tier_cases("kv_gather", {"quick"});
-  std::vector<Case> targeted, controls;
-  for (const auto& c : cases) {
-    if (std::regex_search(c.id, std::regex(re)))
-      targeted.push_back(c);
-    else if (c.params.at("strides") == "contiguous")
-      controls.push_back(c);
-  }
-  ASSERT_FALSE(targeted.empty());
-  ASSERT_FALSE(controls.empty());
-  const Tally hit = run_all(*op, targeted, *gpu, 1);
-  const Tally ctl = run_all(*op, controls, *gpu, 1);
-  const int killed = hit.cases - hit.accepted();
-  std::printf(
-      "[mutant kv_gather_contiguous_strides] quick cases matching %s: %d/%d fail; "
-      "contiguous-cache controls: %d/%d pass\n",
-      re.c_str(), killed, hit.cases, ctl.accepted(), ctl.cases);
-  if (!hit.failures.empty()) std::printf("  e.g. %s\n", hit.failures.front().c_str());
-  EXPECT_GT(killed, 0) << "the mutant survived every targeted case";
-  EXPECT_EQ(killed, hit.cases) << "some hybrid cases did not catch the mutant";
-  for (const auto& f : ctl.failures) ADD_FAILURE() << "control failed: " << f;
+  expect_mutant_killed(
+      "kv_gather", "kv_gather_contiguous_strides", "kv_gather",
+      [](const Case& c) { return c.params.at("strides") == "contiguous"; }, "contiguous-cache");
 }
 
 }  // namespace
