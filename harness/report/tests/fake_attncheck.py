@@ -2,7 +2,8 @@
 """Stands in for `attncheck run` in the ci/gpu-job tests: writes a results directory in the
 contract's format (tests/synthetic.py records), records the device environment it ran with, and
 exits 1 when a case failed. FAKE_ARCH sets the arch; FAKE_ALL_PASS=1 drops failing records;
-a kernels path naming a mutant makes every case fail."""
+a kernels path naming a mutant makes every case fail; FAKE_STRESS_FAIL=1 makes a --stress run
+exit 1 (a nondeterministic stressed case)."""
 
 import json
 import os
@@ -42,6 +43,8 @@ def main(argv):
                             filter=opts.get("filter", ""))
     (Path(opts["out"]) / "argv.json").write_text(json.dumps(argv))
     print(f"fake attncheck: {len(records)} cases")
+    if "stress" in opts and os.environ.get("FAKE_STRESS_FAIL"):
+        return 1
     return 1 if any(r["failing"] for r in records) else 0
 
 

@@ -43,7 +43,7 @@ def test_scripts_those_scripts_call_exist_too():
         if path.suffix not in (".cjs", ".py"):
             body = "\n".join(line for line in path.read_text().splitlines()
                              if not line.lstrip().startswith("#"))
-            todo += [s for s in scripts_called(body) if not s.endswith(".log")]
+            todo += [s for s in scripts_called(body) if not s.endswith((".log", ".txt"))]
     assert {"ci/build", "ci/docker-run", "ci/install-deps", "ci/lint"} <= seen
 
 
@@ -72,9 +72,11 @@ def test_gha_plan_per_trigger():
 
     rc, out, _ = plan(EVENT="pull_request")
     assert rc == 0 and out["tier"] == "quick" and out["mutants"] == "false"
+    assert out["stress"] == "0"
     assert out["shards"] == "[0,1]" and out["expected_jobs"] == "2"
     rc, out, _ = plan(EVENT="schedule", SHARDS_FULL="3")
     assert (out["tier"], out["shards"], out["mutants"]) == ("full", "[0,1,2]", "true")
+    assert out["stress"] == "50"
     rc, out, _ = plan(EVENT="workflow_dispatch", INPUT_TIER="smoke", INPUT_FILTER="rope/")
     assert (out["tier"], out["filter"], out["shard_count"]) == ("smoke", "rope/", "1")
     rc, _, err = plan(EVENT="workflow_dispatch", INPUT_TIER="huge")
@@ -148,6 +150,23 @@ def test_gpu_job_shards_one_process_per_visible_gpu(fake_machine):
     assert "✅ **PASSED**" in md and md in summary.read_text()
     assert "**Mutation score** 1/1" in md  # the stand-in fails every case of a mutant
     assert "kernel mode, tier quick, arch gfx942, backend hip, 2 process(es)" in p.stdout
+
+
+def test_gpu_job_stress_runs_the_nightly_selection(fake_machine):
+    f = fake_machine
+    tool(f, "rocminfo", "printf '  Name:    gfx950\\n'\n")
+    (f["build"] / "kernels_under_test" / "libattncheck_kernels_hip.so").write_bytes(b"")
+    p = gpu_job(f, "smoke", "--stress", "7", FAKE_ALL_PASS="1")
+    assert p.returncode == 0, p.stdout + p.stderr
+    argv = json.loads((f["out"] / "stress" / "argv.json").read_text())
+    assert argv[:3] == ["run", "--tier", "quick"] and argv[argv.index("--stress") + 1] == "7"
+    wanted = [ln for ln in (REPO / "ci/stress-cases.txt").read_text().splitlines()
+              if ln.strip() and not ln.startswith("#")]
+    assert argv[argv.index("--filter") + 1] == "|".join(wanted)
+    bad = gpu_job(f, "smoke", "--stress", "many")
+    assert bad.returncode == 2 and "--stress wants a whole number" in bad.stderr
+    failing = gpu_job(f, "smoke", "--stress", "3", FAKE_ALL_PASS="1", FAKE_STRESS_FAIL="1")
+    assert failing.returncode == 1 and "stress run failed" in failing.stderr
 
 
 def test_gpu_job_fails_when_cases_fail_and_names_them(fake_machine):
