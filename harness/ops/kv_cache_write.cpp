@@ -6,6 +6,9 @@
 // strides (vLLM #39192, AITER #3492: the SHUFFLE writer on hybrid caches), that assume K and V are
 // contiguous within a block (the packed layout, vLLM #44455), that write padding tokens (slot -1),
 // or that quantize to fp8 with the wrong scale direction, rounding or overflow.
+// quant = "per_token" is AITER's reshape_and_cache_with_pertoken_quant (entry
+// kv_cache_write_pertoken_quant): one scale per (token, head) from the row's amax, stored beside
+// the codes in two inout scale tensors, so a scale at the wrong index or from the wrong row fails.
 #include <cmath>
 #include <stdexcept>
 
@@ -54,29 +57,100 @@ Tensor make_slots(const std::string& id, const std::string& mode, int64_t T, int
 // every element the op must not write has a value to keep that no written token (normal, mostly
 // not a multiple of 1/4) repeats, in few bits, so the expected caches committed as goldens
 // compress.
+// int8 caches hold k - 8 (integers: an int8 code is a count of scale steps).
 void fill_old_contents(const Tensor& cache, const Rng& rng) {
   cache.for_each_index([&](const Index& i, int64_t k) {
-    const double v = std::floor(rng.uniform_at(static_cast<uint64_t>(k)) * 16.0) / 4.0 - 2.0;
-    if (is_fp8(cache.dtype()))
+    const double u = std::floor(rng.uniform_at(static_cast<uint64_t>(k)) * 16.0);
+    const double v = u / 4.0 - 2.0;
+    if (cache.dtype() == DType::i8)
+      cache.set(i, u - 8.0);
+    else if (is_fp8(cache.dtype()))
       cache.set_bits(i, fp8_encode(v, cache.dtype()));
     else
       cache.set(i, v);
   });
 }
 
+// Old dequant scales: 16 positive values (k + 1) / 64, none of them a scale the rows produce in
+// practice (amax / M of normal samples is not a multiple of 1/64).
+Tensor old_scales(const Shape& shape, const Rng& rng) {
+  Tensor t = Tensor::empty(DType::f32, shape);
+  t.for_each_index([&](const Index& i, int64_t k) {
+    t.set(i, (std::floor(rng.uniform_at(static_cast<uint64_t>(k)) * 16.0) + 1.0) / 64.0);
+  });
+  return t;
+}
+
+struct TokenPair {
+  Tensor key, value;
+};
+
+// key/value [T, Hkv, D]: contiguous, or views of a fused qkv row (2 Hkv query heads first).
+TokenPair make_tokens(const Case& c, DType in, int64_t T, int64_t Hkv, int64_t D, int64_t seed) {
+  TokenPair kv;
+  if (param_str(c.params, "key") == "qkv") {
+    const int64_t row = (2 * Hkv + 2 * Hkv) * D;  // q (2 Hkv heads) | k | v
+    Tensor qkv = Tensor::empty(in, {T, row});
+    fill_normal(qkv, Rng(c.id, "qkv", static_cast<uint64_t>(seed)));
+    kv.key = qkv.as_strided({T, Hkv, D}, {row, D, 1}, 2 * Hkv * D);
+    kv.value = qkv.as_strided({T, Hkv, D}, {row, D, 1}, 3 * Hkv * D);
+  } else {
+    kv.key = Tensor::empty(in, {T, Hkv, D});
+    kv.value = Tensor::empty(in, {T, Hkv, D});
+    fill_normal(kv.key, Rng(c.id, "key", static_cast<uint64_t>(seed)));
+    fill_normal(kv.value, Rng(c.id, "value", static_cast<uint64_t>(seed)));
+  }
+  return kv;
+}
+
+// Per-token rows: head h scaled by 2^(h % 4 - 1), so the heads of one token have different amax
+// (a scale taken from another head or over all heads is visibly wrong). rows = zero_tiny: rows
+// with (t + 2h) % 5 == 1 are all zero (scale 0: the eps clamp keeps 1 / scale finite) and rows with
+// (t + 2h) % 5 == 3 are scaled by 2^-40 (bf16: amax < 1e-12 * M, so the clamped scale quantizes
+// them) or 2^-16 (f16, which has no such values: f16 subnormal inputs instead).
+void shape_pertoken_rows(const Tensor& x, bool zero_tiny) {
+  const int64_t T = x.size(0), Hkv = x.size(1), D = x.size(2);
+  const double tiny = std::ldexp(1.0, x.dtype() == DType::bf16 ? -40 : -16);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < Hkv; ++h) {
+      const int64_t kind = zero_tiny ? (t + 2 * h) % 5 : 0;
+      const double m = std::ldexp(1.0, static_cast<int>(h % 4) - 1) * (kind == 3 ? tiny : 1.0);
+      for (int64_t d = 0; d < D; ++d)  // zero rows +0: x * 0 would keep the signs (-0)
+        x.set({t, h, d}, kind == 1 ? 0.0 : x.get({t, h, d}) * m);
+    }
+}
+
+constexpr const char* kPertokenEntry = "kv_cache_write_pertoken_quant";
+
 class KvCacheWriteOp final : public Op {
  public:
   std::string name() const override { return "kv_cache_write"; }
   std::vector<Axis> axes() const override {
     return {
-        {"layout", "", "nhd", {"nhd", "shuffle"}, "NHD [nb,P,Hkv,D] or SHUFFLE 5-d tiles"},
+        {"quant",
+         "",
+         "per_tensor",
+         {"per_tensor", "per_token"},
+         "per_tensor: reshape_and_cache_flash (scales k_scale/v_scale given, fp8 only); per_token: "
+         "AITER reshape_and_cache_with_pertoken_quant (a scale per token and head, written)",
+         false},
+        {"layout",
+         "",
+         "nhd",
+         {"nhd", "shuffle", "paged"},
+         "NHD [nb,P,Hkv,D]; SHUFFLE 5-d tiles (per_token: asm_layout); paged (per_token only): K "
+         "SHUFFLE tile, V [nb,Hkv,D,P]"},
         {"strides",
          "",
          "contiguous",
          {"contiguous", "hybrid", "padded", "separate", "packed"},
          "one storage K then V; hybrid [K0][V0][K1][V1]...; every stride + 16 B; two storages; "
          "packed (nb, Hkv, P, 2D) (NHD only)"},
-        {"kv", "kv", "model", {"model", "e4m3fn", "e4m3fnuz"}, "cache dtype; fp8 quantizes"},
+        {"kv",
+         "kv",
+         "model",
+         {"model", "e4m3fn", "e4m3fnuz", "int8"},
+         "cache dtype; fp8 quantizes; int8 per_token only"},
         {"dtype", "", "bf16", {"bf16", "f16"}, "key/value dtype"},
         {"heads", "h", 2, {}, "KV heads Hkv"},
         {"head_dim", "d", 64, {}, "head size D"},
@@ -92,12 +166,29 @@ class KvCacheWriteOp final : public Op {
          "contiguous",
          {"contiguous", "qkv"},
          "key/value contiguous, or views of a fused qkv row (2*Hkv query heads before them)"},
+        {"rows",
+         "",
+         "normal",
+         {"normal", "zero_tiny"},
+         "per_token: also all-zero rows and rows below the scale eps (bf16) / f16 subnormal rows",
+         false},
         {"seed", "s", 0, {}, "input seed"},
     };
   }
 
+  std::vector<std::string> kernel_entries() const override {
+    return {"kv_cache_write", kPertokenEntry};
+  }
+
   Problem make(const Case& c) const override {
+    if (param_str(c.params, "quant") == "per_token") return make_pertoken(c);
     const auto& p = c.params;
+    if (param_str(p, "layout") == "paged")
+      throw std::invalid_argument(c.id + ": layout paged is a per_token layout");
+    if (param_str(p, "kv") == "int8")
+      throw std::invalid_argument(c.id + ": int8 caches are per_token only");
+    if (param_str(p, "rows") != "normal")
+      throw std::invalid_argument(c.id + ": rows = zero_tiny is for per_token cases");
     const bool shuffle = param_str(p, "layout") == "shuffle";
     const auto layout = shuffle ? ref::KvLayout::shuffle : ref::KvLayout::nhd;
     const DType in = param_str(p, "dtype") == "f16" ? DType::f16 : DType::bf16;
@@ -115,19 +206,7 @@ class KvCacheWriteOp final : public Op {
     fill_old_contents(cache.key_cache, Rng(c.id, "old_key_cache", static_cast<uint64_t>(seed)));
     fill_old_contents(cache.value_cache, Rng(c.id, "old_value_cache", static_cast<uint64_t>(seed)));
 
-    Tensor key, value;
-    if (param_str(p, "key") == "qkv") {
-      const int64_t row = (2 * Hkv + 2 * Hkv) * D;  // q (2 Hkv heads) | k | v
-      Tensor qkv = Tensor::empty(in, {T, row});
-      fill_normal(qkv, Rng(c.id, "qkv", static_cast<uint64_t>(seed)));
-      key = qkv.as_strided({T, Hkv, D}, {row, D, 1}, 2 * Hkv * D);
-      value = qkv.as_strided({T, Hkv, D}, {row, D, 1}, 3 * Hkv * D);
-    } else {
-      key = Tensor::empty(in, {T, Hkv, D});
-      value = Tensor::empty(in, {T, Hkv, D});
-      fill_normal(key, Rng(c.id, "key", static_cast<uint64_t>(seed)));
-      fill_normal(value, Rng(c.id, "value", static_cast<uint64_t>(seed)));
-    }
+    const auto [key, value] = make_tokens(c, in, T, Hkv, D, seed);
     Tensor k_scale = Tensor::full(DType::f32, {1}, 1.0);
     Tensor v_scale = Tensor::full(DType::f32, {1}, 1.0);
     if (is_fp8(cache_dtype)) {
@@ -156,7 +235,75 @@ class KvCacheWriteOp final : public Op {
     return prob;
   }
 
+  // AITER reshape_and_cache_with_pertoken_quant: K SHUFFLE tile, V SHUFFLE (asm_layout) or
+  // [nb, Hkv, D, P], 1-byte codes, f32 scales per (slot, head).
+  Problem make_pertoken(const Case& c) const {
+    const auto& p = c.params;
+    const std::string layout = param_str(p, "layout"), kv = param_str(p, "kv");
+    if (layout == "nhd")
+      throw std::invalid_argument(c.id + ": per_token caches are shuffle (asm_layout) or paged");
+    if (kv == "model")
+      throw std::invalid_argument(c.id + ": per_token caches are e4m3fn, e4m3fnuz or int8");
+    const bool asm_layout = layout == "shuffle";
+    const DType in = param_str(p, "dtype") == "f16" ? DType::f16 : DType::bf16;
+    const DType cache_dtype = kv == "int8"     ? DType::i8
+                              : kv == "e4m3fn" ? DType::e4m3fn
+                                               : DType::e4m3fnuz;
+    const int64_t Hkv = param_int(p, "heads"), D = param_int(p, "head_dim");
+    const int64_t P = param_int(p, "block_size"), T = param_int(p, "tokens");
+    const int64_t seed = param_int(p, "seed");
+    if (Hkv < 1 || D < 1 || P < 1 || T <= kTrailingPad)
+      throw std::invalid_argument(c.id + ": heads, head_dim, block_size >= 1 and tokens > 3");
+    const int64_t nb = 2 * ((T + P - 1) / P) + 2;
+    const auto cache = ref::make_pertoken_cache(
+        cache_dtype, asm_layout, parse_strides(param_str(p, "strides")), nb, P, Hkv, D);
+    fill_old_contents(cache.key_cache, Rng(c.id, "old_key_cache", static_cast<uint64_t>(seed)));
+    fill_old_contents(cache.value_cache, Rng(c.id, "old_value_cache", static_cast<uint64_t>(seed)));
+    const Shape s_shape = asm_layout ? Shape{nb, Hkv, P} : Shape{Hkv, nb * P};
+    Tensor k_scales = old_scales(s_shape, Rng(c.id, "old_k_scales", static_cast<uint64_t>(seed)));
+    Tensor v_scales = old_scales(s_shape, Rng(c.id, "old_v_scales", static_cast<uint64_t>(seed)));
+
+    const auto [key, value] = make_tokens(c, in, T, Hkv, D, seed);
+    const bool zero_tiny = param_str(p, "rows") == "zero_tiny";
+    shape_pertoken_rows(key, zero_tiny);  // through the views: a qkv row keeps its q heads
+    shape_pertoken_rows(value, zero_tiny);
+
+    Problem prob;
+    prob.kernel = kPertokenEntry;
+    prob.args = {
+        {"key", key, Role::input},
+        {"value", value, Role::input},
+        {"key_cache", cache.key_cache, Role::inout},
+        {"value_cache", cache.value_cache, Role::inout},
+        {"k_dequant_scales", k_scales, Role::inout},
+        {"v_dequant_scales", v_scales, Role::inout},
+        {"slot_mapping", make_slots(c.id, param_str(p, "slots"), T, nb * P, seed), Role::input}};
+    prob.kernel_params = {{"asm_layout", asm_layout ? "true" : "false"},
+                          {"kv_cache_dtype", kv == "int8" ? "int8" : "fp8"}};
+    if (kv != "int8") prob.kernel_params["fp8_format"] = kv;
+    const double elems = 2.0 * static_cast<double>(T * Hkv * D);
+    prob.bytes =
+        elems * static_cast<double>(dtype_size(in) + 1) + 2.0 * static_cast<double>(T * Hkv) * 4.0;
+    return prob;
+  }
+
   TensorMap reference(const Problem& p) const override {
+    if (p.kernel == kPertokenEntry) {
+      ref::KvPertokenWriteArgs a;
+      a.key = p.arg("key");
+      a.value = p.arg("value");
+      a.key_cache = p.arg("key_cache");
+      a.value_cache = p.arg("value_cache");
+      a.k_dequant_scales = p.arg("k_dequant_scales");
+      a.v_dequant_scales = p.arg("v_dequant_scales");
+      a.slot_mapping = p.arg("slot_mapping");
+      a.asm_layout = p.kernel_params.at("asm_layout") == "true";
+      const ref::KvPertokenWritten w = ref::kv_cache_write_pertoken_quant(a);
+      return {{"key_cache", w.key_cache},
+              {"value_cache", w.value_cache},
+              {"k_dequant_scales", w.k_dequant_scales},
+              {"v_dequant_scales", w.v_dequant_scales}};
+    }
     ref::KvCacheWriteArgs a;
     a.key = p.arg("key");
     a.value = p.arg("value");
@@ -173,6 +320,26 @@ class KvCacheWriteOp final : public Op {
   }
 
   std::vector<OutputCheck> checks(const Problem& p, const TensorMap&) const override {
+    if (p.kernel == kPertokenEntry) {
+      // The upstream kernel fixes every fp32 operation (docs/ops/kv_cache_write.md, "Per-token
+      // quant"): amax is exact, the scale one correctly rounded division, the reciprocal one more,
+      // the product one more, then one conversion. No step leaves a choice, so bits are compared.
+      const bool int8 = p.kernel_params.at("kv_cache_dtype") == "int8";
+      const Budget codes =
+          exact_budget(std::string("every cache element bitwise: written slots hold ") +
+                       (int8 ? "trunc" : "RNE_fp8") +
+                       "(fp32(x * fp32(1 / max(scale, 1e-12f)))) of their (token, head) row, every "
+                       "other element "
+                       "its old value");
+      const Budget scales = exact_budget(
+          "every scale bitwise: written (slot, head) entries hold fp32(amax_row / M) (one "
+          "correctly "
+          "rounded division of exact operands), every other entry its old value");
+      return {{"key_cache", codes, {}, {}},
+              {"value_cache", codes, {}, {}},
+              {"k_dequant_scales", scales, {}, {}},
+              {"v_dequant_scales", scales, {}, {}}};
+    }
     const Budget b = exact_budget(
         p.kernel_params.at("kv_cache_dtype") == "fp8"
             ? "every cache element bitwise: written slots hold RNE_fp8(fp32 x / scale) saturated "
