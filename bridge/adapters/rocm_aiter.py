@@ -1,0 +1,1198 @@
+"""rocm_aiter: AITER's (ROCm/aiter) attention kernels judged by attncheck, for MI300 (gfx942) and
+MI355 (gfx950). NOT RUN ON AMD HARDWARE: written from AITER's source and tested on a CPU against a
+NumPy stand-in that follows AITER's signatures and kernel semantics (bridge/tests/aiter_standin).
+
+    attncheck run --tier quick --op mla_decode --kernels py:rocm_aiter
+
+Read at ROCm/aiter commit e4048607a535ace3a2b51ded31b1c8c2d45c0879 (2026-08-22): aiter/mla.py,
+aiter/ops/attention.py, aiter/ops/cache.py, aiter/ops/rope.py, aiter/ops/topk.py,
+aiter/ops/triton/attention/{fp8_mqa_logits,pa_mqa_logits}.py, csrc/py_itfs_cu/asm_mla.cu,
+hsa/gfx942|gfx950/mla/mla_asm.csv, csrc/kernels/cache_kernels.cu, csrc/kernels/rope/,
+csrc/kernels/topk_per_row_kernels.cu. The callers' side follows vLLM's ROCm backends
+(vllm/v1/attention/backends/mla/rocm_aiter_mla.py, rocm_aiter_mla_sparse.py,
+vllm/v1/attention/ops/rocm_aiter_mla_sparse.py). docs/adapters/aiter.md has the mapping table.
+
+Named rocm_aiter, not aiter: an adapter module called ``aiter`` would shadow the package it calls.
+
+Every entry is a pure *plan* function (attncheck tensors and parameters -> the AITER calls, their
+arguments as views of the harness's tensors, host-built metadata and workspaces) plus one executor
+that runs a plan on a backend:
+
+- ``torch`` (default): torch.from_dlpack views of the harness's device buffers, the real aiter;
+- ``numpy`` (ATTNCHECK_AITER_BACKEND=numpy, test only): host buffers (device "cpu") and the
+  stand-in ``aiter`` package, which must come first on PYTHONPATH (the backend insists on its
+  ``STANDIN`` marker).
+
+A plan refuses (Refuse) what attncheck's op contract calls invalid and declines (Unsupported), with
+AITER's reason, what AITER cannot serve; outputs that AITER returns in tensors of its own (the MLA
+LSE, the prefill logits) or that vLLM un-pads (fewer than 16 MLA heads) are copied into the
+harness's views, and nothing else is copied.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import numpy as np
+
+import attncheck_bridge as ab
+from attncheck_bridge import Refuse, Unsupported
+
+AITER_COMMIT = "e4048607a535ace3a2b51ded31b1c8c2d45c0879"
+ARCHS = ("gfx942", "gfx950")
+BACKEND = os.environ.get("ATTNCHECK_AITER_BACKEND", "torch")
+if BACKEND not in ("torch", "numpy"):
+    raise ValueError(f"ATTNCHECK_AITER_BACKEND must be torch or numpy, got {BACKEND!r}")
+
+ADAPTER = ab.Adapter(
+    name="rocm_aiter" if BACKEND == "torch" else "rocm_aiter (numpy stand-in)",
+    device="cuda" if BACKEND == "torch" else "cpu",
+)
+
+MLA_HEADS_MESSAGE = (
+    "Aiter MLA requires that num_heads be multiples or divisors of 16, but provided {n} number of heads.\n"
+    "Try adjusting tensor_parallel_size value."
+)
+
+
+def platform_fp8(arch):
+    """aiter.dtypes.fp8: float8_e4m3fnuz on gfx942 (MI300), float8_e4m3fn on gfx950 (MI355)."""
+    return "e4m3fnuz" if arch == "gfx942" else "e4m3fn"
+
+
+FP8_MAX = {"e4m3fn": 448.0, "e4m3fnuz": 240.0}
+
+# ------------------------------------------------------------------------------------------------
+# Plans: what to call, with what. Nothing here touches a device.
+
+
+class Ref:
+    """A tensor a plan step uses: a view of a harness argument ("arg") or of a buffer an earlier
+    step made ("work"), with view operations applied in order (no copies)."""
+
+    __slots__ = ("kind", "key", "ops")
+
+    def __init__(self, kind, key, ops=()):
+        self.kind, self.key, self.ops = kind, key, tuple(ops)
+
+    def _then(self, op):
+        return Ref(self.kind, self.key, self.ops + (op,))
+
+    def unsqueeze(self, dim):
+        return self._then(("unsqueeze", dim))
+
+    def view(self, *shape):
+        return self._then(("view", tuple(shape)))
+
+    def slice(self, dim, start, stop, step=1):
+        return self._then(("slice", dim, start, stop, step))
+
+    def as_dtype(self, name):
+        """Reinterpret the bits (uint8 as an fp8 format)."""
+        return self._then(("dtype", name))
+
+    def __eq__(self, other):
+        return isinstance(other, Ref) and (self.kind, self.key, self.ops) == (other.kind, other.key, other.ops)
+
+    def __hash__(self):
+        return hash((self.kind, self.key, self.ops))
+
+    def __repr__(self):
+        s = f"{self.kind}:{self.key}"
+        for op in self.ops:
+            s += f".{op[0]}{op[1:]}"
+        return s
+
+
+def arg(name):
+    return Ref("arg", name)
+
+
+def work(key):
+    return Ref("work", key)
+
+
+class Host:
+    """Metadata the plan built on the host (indptr, page indices, scales)."""
+
+    __slots__ = ("array", "dtype")
+
+    def __init__(self, array, dtype):
+        self.array, self.dtype = np.asarray(array), dtype
+
+    def __repr__(self):
+        return f"Host({self.dtype}, {self.array.tolist() if self.array.size <= 16 else self.array.shape})"
+
+
+class Dtype:
+    """A dtype argument (torch.bfloat16 on the GPU, its name for the stand-in)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name):
+        self.name = name
+
+    def __eq__(self, other):
+        return isinstance(other, Dtype) and other.name == self.name
+
+    def __repr__(self):
+        return f"Dtype({self.name})"
+
+
+class Alloc:
+    """A workspace: ``fill`` None leaves it uninitialized, as AITER's callers do."""
+
+    def __init__(self, key, shape, dtype, fill=None):
+        self.key, self.shape, self.dtype, self.fill = key, tuple(shape), dtype, fill
+
+    def __repr__(self):
+        return f"Alloc({self.key}, {self.shape}, {self.dtype}, fill={self.fill})"
+
+
+class AllocFromInfo:
+    """Buffers shaped by the (shape, dtype) pairs an earlier Call returned (get_mla_metadata_info_v1)."""
+
+    def __init__(self, keys, info):
+        self.keys, self.info = tuple(keys), info
+
+    def __repr__(self):
+        return f"AllocFromInfo({self.keys} <- {self.info})"
+
+
+class RepeatHeads:
+    """vLLM's AiterMLAHelper padding: q.repeat_interleave(repeat, dim=1) into a new tensor."""
+
+    def __init__(self, key, src, repeat):
+        self.key, self.src, self.repeat = key, src, repeat
+
+    def __repr__(self):
+        return f"RepeatHeads({self.key} <- {self.src} x{self.repeat})"
+
+
+class Contiguous:
+    """A contiguous copy of an input the kernel reads as packed rows (RoPE's cos/sin halves)."""
+
+    def __init__(self, key, src):
+        self.key, self.src = key, src
+
+    def __repr__(self):
+        return f"Contiguous({self.key} <- {self.src})"
+
+
+class Call:
+    """``fn`` is "module:function" under the aiter package; ``result`` names what it returns
+    (a key, a tuple of keys, or None)."""
+
+    def __init__(self, fn, args, kwargs=None, result=None):
+        self.fn, self.args, self.kwargs, self.result = fn, tuple(args), dict(kwargs or {}), result
+
+    def __repr__(self):
+        return f"Call({self.fn}, {len(self.args)} args, {sorted(self.kwargs)}, -> {self.result})"
+
+
+class Copy:
+    def __init__(self, dst, src):
+        self.dst, self.src = dst, src
+
+    def __repr__(self):
+        return f"Copy({self.dst} <- {self.src})"
+
+
+class Localize:
+    """vLLM's _localize_aiter_prefill_topk: indices >= 0 become indices - row_start, in place."""
+
+    def __init__(self, indices, starts):
+        self.indices, self.starts = indices, starts
+
+    def __repr__(self):
+        return f"Localize({self.indices} - {self.starts})"
+
+
+class Plan:
+    def __init__(self, steps, path=""):
+        self.steps, self.path = list(steps), path
+
+    def calls(self):
+        return [s for s in self.steps if isinstance(s, Call)]
+
+    def call(self, fn):
+        found = [c for c in self.calls() if c.fn == fn]
+        if len(found) != 1:
+            raise KeyError(f"plan has {len(found)} calls of {fn}: {self.calls()}")
+        return found[0]
+
+    def __repr__(self):
+        return f"Plan({self.path}: {self.steps})"
+
+
+# ------------------------------------------------------------------------------------------------
+# Checks shared by the plans
+
+
+def _need(t, name):
+    if name not in t:
+        raise Refuse(f"missing argument '{name}'")
+    return t[name]
+
+
+def _contiguous_1d(x):
+    return x.ndim == 1 and (x.shape[0] <= 1 or x.strides[0] == 1)
+
+
+def _rows_of(x, width):
+    """A 2-D view whose rows are ``width`` apart with a unit column stride (rows may be any count)."""
+    return x.ndim == 2 and (x.shape[1] <= 1 or x.strides[1] == 1) and (x.shape[0] <= 1 or x.strides[0] == width)
+
+
+def _arch_supported(arch):
+    if arch not in ARCHS:
+        raise Unsupported(f"arch {arch}: this adapter maps AITER's gfx942 (MI300) and gfx950 (MI355) kernels only")
+
+
+def _fp8_format(p, what):
+    fmt = p.get("fp8_format")
+    if fmt not in ("e4m3fn", "e4m3fnuz"):
+        raise Refuse(f"fp8_format must be e4m3fn or e4m3fnuz for {what}, got {fmt!r}")
+    return fmt
+
+
+def _platform_format(fmt, arch, who):
+    want = platform_fp8(arch)
+    if fmt != want:
+        raise Unsupported(f"fp8_format {fmt}: {who} uses {arch}'s fp8, {want} (aiter.dtypes.fp8 / opus::fp8_t)")
+
+
+def _mla_heads_valid(n):
+    return n >= 1 and (n % 16 == 0 if n >= 16 else 16 % n == 0)
+
+
+def _mla_path(arch, kv_kind, heads, qlen):
+    """How mla_decode_fwd can serve (kv dtype, padded heads, qlen) *with* an LSE on ``arch``:
+    "split" (split-KV ASM stage 1 + Triton stage 2, which returns the LSE), "persistent"
+    (get_mla_metadata_v1 + an ASM kernel with an LSE variant), or the reason it cannot.
+
+    From the decode rows of hsa/<arch>/mla/mla_asm.csv as mla_decode_stage1_asm_fwd looks them up
+    (csrc/py_itfs_cu/asm_mla.cu): split-KV bf16/bf16 kernels exist for 16 heads at qlen 1, <=4,
+    <=8 (one kernel each), for 32 and 128 heads at any qlen, for 64 heads at any qlen on gfx950
+    and at qlen > 1 on gfx942 (the gfx942 table has no 64-head qlen-1 split kernel); the persistent
+    path asks for an LSE variant only in persistent mode and gfx942 has none for a bf16 q, while
+    gfx950 runs every bf16 head count natively with LSE variants (qSeqLen 1 x 64 heads, qSeqLen
+    4 x 32 heads). A bf16 q with an fp8 cache has persistent kernels only (qSeqLen 4, 16 heads),
+    none with an LSE."""
+    if kv_kind == "fp8":
+        return None, (
+            "a bf16 q with an fp8 cache has only persistent kernels in mla_asm.csv (16 heads, qSeqLen 4) "
+            "and none of them has an LSE variant; attncheck's contract includes the LSE"
+        )
+    if heads == 16 and qlen <= 8:
+        return "split", None
+    if heads in (32, 128):
+        return "split", None
+    if heads == 64 and (qlen > 1 or arch == "gfx950"):
+        return "split", None
+    if arch == "gfx950":
+        return "persistent", None
+    if heads == 64:
+        return None, "gfx942 has no split-KV kernel for 64 heads at qlen 1 (mla_asm.csv) and no persistent bf16 kernel with an LSE"
+    return None, (
+        f"no split-KV kernel for {heads} heads at qlen {qlen} on gfx942 (mla_asm.csv: 16 heads up to qlen 8, "
+        "32/64/128 heads) and no persistent bf16 kernel with an LSE"
+    )
+
+
+def _mla_common(t, p):
+    """The refusals docs/ops/mla_decode.md and sparse_mla.md share; returns the facts the plans
+    need (AITER's declines come after the metadata checks, in _mla_declines)."""
+    q, kv, out, lse, bt = (_need(t, n) for n in ("q", "kv_cache", "out", "lse", "block_table"))
+    ab.expect_ndim(q, 3)
+    T, N, Lk = q.shape
+    if not _mla_heads_valid(N):
+        raise Refuse(MLA_HEADS_MESSAGE.format(n=N))
+    ab.expect_dtype(q, "bf16", "f16")
+    if q.ndim == 3 and q.shape[2] > 1 and q.strides[2] != 1:
+        raise Refuse("'q' must have a unit stride in its last dim")
+    ab.expect_ndim(out, 3)
+    ab.expect_dtype(out, q.dtype_name)
+    ab.expect_ndim(lse, 2)
+    ab.expect_dtype(lse, "f32")
+    Lv = out.shape[2]
+    if out.shape[:2] != (T, N) or lse.shape != (T, N):
+        raise Refuse(f"out {out.shape} / lse {lse.shape} are not [T={T}, N={N}, Lv] / [T, N]")
+    if Lk % 16 or Lv % 16 or Lv > Lk or Lk > 576 or Lv > 512:
+        raise Refuse(f"Lk={Lk}, Lv={Lv}: both multiples of 16, Lv <= Lk, Lk <= 576, Lv <= 512")
+    if int(p.get("lv", Lv)) != Lv:
+        raise Refuse(f"lv={p.get('lv')} but out holds {Lv}")
+    ab.expect_ndim(kv, 3)
+    if kv.shape[2] != Lk or not kv.is_contiguous():
+        raise Refuse(f"kv_cache {kv.shape} strides {kv.strides}: must be a contiguous [num_blocks, P, {Lk}]")
+    if kv.ptr % 16:
+        raise Refuse("kv_cache must be 16-byte aligned")
+    P = kv.shape[1]
+    if int(p.get("kernel_block_size", -1)) != P:
+        raise Refuse(f"kernel_block_size {p.get('kernel_block_size')} is not the cache block size {P}")
+    kv_scale = float(p.get("kv_scale", 1.0))
+    fmt = None
+    if kv.dtype_name == "u8":
+        fmt = _fp8_format(p, "an fp8 cache")
+    elif kv.dtype_name == q.dtype_name:
+        if kv_scale != 1.0:
+            raise Refuse(f"kv_scale must be 1 for a 16-bit cache, got {kv_scale}")
+    else:
+        raise Refuse(f"kv_cache must be {q.dtype_name} or uint8 (fp8), got {kv.dtype_name}")
+    ab.expect_dtype(bt, "i32")
+    ab.expect_ndim(bt, 2)
+    if "scale" not in p:
+        raise Refuse("missing parameter scale (the softmax scale is never recomputed)")
+    return dict(T=T, N=N, Lk=Lk, Lv=Lv, P=P, fmt=fmt, kv_scale=kv_scale, nb=kv.shape[0], scale=float(p["scale"]))
+
+
+def _mla_declines(t, f, arch, *, qlen, sparse):
+    _arch_supported(arch)
+    q = t["q"]
+    if (f["Lk"], f["Lv"]) != (576, 512):
+        raise Unsupported(
+            f"Lk={f['Lk']}, Lv={f['Lv']}: AITER's MLA decode kernels are hand-written assembly for "
+            "DeepSeek's 576/512 latent (kv_lora_rank 512 + rope 64; op_tests/test_mla.py)"
+        )
+    if q.dtype_name != "bf16":
+        raise Unsupported(f"q is {q.dtype_name}: mla_decode_stage1_asm_fwd takes a bf16 or fp8 q ('unsupport Q dtype')")
+    if f["fmt"] is not None:
+        _platform_format(f["fmt"], arch, "mla_decode_fwd's fp8 cache")
+    heads = max(f["N"], 16)
+    kind = "fp8" if f["fmt"] else "bf16"
+    if sparse and kind == "fp8":
+        raise Unsupported("an fp8 cache: vLLM's ROCM_AITER_MLA_SPARSE serves bf16 caches, and AITER has no split-KV kernel for a bf16 q with an fp8 cache")
+    path, why = _mla_path(arch, kind, heads, qlen)
+    if path is None:
+        raise Unsupported(why)
+    if sparse and path != "split":
+        raise Unsupported(f"{heads} heads: the sparse path is split-KV (one query row per request) and {arch} has no split-KV kernel for them")
+    if f["N"] >= 16:
+        for x in (t["q"], t["out"]):
+            if not x.is_contiguous():
+                raise Unsupported(
+                    f"'{x.name}' strides {x.strides}: mla_decode_fwd needs a contiguous q (AITER_CHECK Q.is_contiguous()) "
+                    "and writes o through o.view(total_s, num_kv_splits, nhead, v_head_dim)"
+                )
+    return path, heads
+
+
+def _expand_pages(table, lens, P):
+    """vLLM's _expand_page_indices_kernel: slot of token t of request r = table[r, t / P] * P + t % P."""
+    out = []
+    for r, n in enumerate(lens):
+        tok = np.arange(int(n), dtype=np.int64)
+        out.append(table[r, tok // P].astype(np.int64) * P + tok % P)
+    return np.concatenate(out) if out else np.zeros(0, np.int64)
+
+
+def _mla_steps(f, path, heads, qo_indptr, kv_indptr, kv_indices, max_seqlen_q, batch):
+    """The calls shared by dense and sparse MLA: pad heads, (persistent metadata,) mla_decode_fwd,
+    copy the LSE (and the un-padded output) into the harness's views."""
+    N, T, Lk, Lv = f["N"], f["T"], f["Lk"], f["Lv"]
+    steps = []
+    r = heads // N
+    if N < 16:
+        steps.append(RepeatHeads("q_pad", arg("q"), r))
+        steps.append(Alloc("o_pad", (T, heads, Lv), "bf16"))
+        q_ref, o_ref = work("q_pad"), work("o_pad")
+    else:
+        q_ref, o_ref = arg("q"), arg("out")
+    # vLLM's kv_buffer: page size 1, one flat slot per page. Only bf16 caches get here: every fp8
+    # one is declined (_mla_path), so no kv_scale is passed.
+    assert f["fmt"] is None
+    kv_ref = arg("kv_cache").view(-1, 1, 1, Lk)
+    last = Host(np.ones(batch, np.int32), "i32")
+    qo, kvp, idx = Host(qo_indptr, "i32"), Host(kv_indptr, "i32"), Host(kv_indices, "i32")
+    kwargs = dict(page_size=1, nhead_kv=1, sm_scale=f["scale"], logit_cap=0.0, return_lse=True)
+    if path == "persistent":
+        buffers = ("work_meta_data", "work_indptr", "work_info_set", "reduce_indptr", "reduce_final_map", "reduce_partial_map")
+        steps.append(
+            Call(
+                "aiter.ops.attention:get_mla_metadata_info_v1",
+                (batch, max_seqlen_q, heads, Dtype("bf16"), Dtype("bf16"), False),
+                dict(fast_mode=True),
+                result="mla_metadata_info",
+            )
+        )
+        steps.append(AllocFromInfo(buffers, "mla_metadata_info"))
+        steps.append(
+            Call(
+                "aiter.ops.attention:get_mla_metadata_v1",
+                (qo, kvp, last, heads, 1, True, work("work_meta_data"), work("work_info_set"), work("work_indptr"),
+                 work("reduce_indptr"), work("reduce_final_map"), work("reduce_partial_map")),
+                dict(page_size=1, kv_granularity=16, max_seqlen_qo=max_seqlen_q, uni_seqlen_qo=max_seqlen_q,
+                     fast_mode=True, dtype_q=Dtype("bf16"), dtype_kv=Dtype("bf16")),
+            )
+        )
+        for b in buffers:
+            kwargs[b] = work(b)
+    steps.append(
+        Call("aiter.mla:mla_decode_fwd", (q_ref, kv_ref, o_ref, qo, kvp, idx, last, max_seqlen_q), kwargs,
+             result=("mla_logits", "final_lse"))
+    )
+    if N < 16:
+        steps.append(Copy(arg("out"), work("o_pad").slice(1, 0, heads, r)))  # vLLM's o[:, ::r]
+        steps.append(Copy(arg("lse"), work("final_lse").slice(1, 0, heads, r)))
+    else:
+        steps.append(Copy(arg("lse"), work("final_lse")))
+    return steps
+
+
+def plan_mla_decode(t, p, host, arch):
+    """docs/ops/mla_decode.md through aiter.mla.mla_decode_fwd, with vLLM's ROCM_AITER_MLA metadata."""
+    f = _mla_common(t, p)
+    sl, qsl = _need(t, "seq_lens"), _need(t, "query_start_loc")
+    for x in (sl, qsl):
+        ab.expect_dtype(x, "i32")
+        if not _contiguous_1d(x):
+            raise Refuse(f"'{x.name}' must be a contiguous 1-D tensor")
+    B = sl.shape[0]
+    if qsl.shape[0] != B + 1 or t["block_table"].shape[0] != B:
+        raise Refuse(f"seq_lens [{B}], query_start_loc {qsl.shape}, block_table {t['block_table'].shape} disagree")
+    lens, starts, table = host("seq_lens").astype(np.int64), host("query_start_loc").astype(np.int64), host("block_table")
+    qlens = np.diff(starts)
+    if starts[0] != 0 or starts[-1] != f["T"] or np.any(qlens < 0):
+        raise Refuse(f"query_start_loc must run from 0 to T={f['T']} without decreasing")
+    if np.any(lens < qlens):
+        raise Refuse("a request's kv length is shorter than its query tokens")
+    need = -(-lens // f["P"])
+    if np.any(need > table.shape[1]):
+        raise Refuse(f"the block table ({table.shape[1]} columns) is too narrow for a request")
+    used = np.concatenate([table[r, : need[r]] for r in range(B)]) if B else np.zeros(0)
+    if np.any((used < 0) | (used >= f["nb"])):
+        raise Refuse("the block table names a block outside the cache")
+    max_q = int(qlens.max()) if B else 0
+    if B and np.any(qlens != max_q):
+        raise Unsupported(
+            f"ragged query lengths {qlens.tolist()}: the decode kernels address request b's queries at "
+            "b * max_seqlen_q rows (s_Q_Bs in asm_mla.cu; vLLM's builder declares QueryLenSupport.UNIFORM)"
+        )
+    path, heads = _mla_declines(t, f, arch, qlen=max_q, sparse=False)
+    kv_indptr = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    kv_indices = _expand_pages(table, lens, f["P"]).astype(np.int32)
+    steps = _mla_steps(f, path, heads, starts.astype(np.int32), kv_indptr, kv_indices, max_q, B)
+    return Plan(steps, f"mla_decode_fwd, {path}, {heads} heads, qlen {max_q}")
+
+
+def sparse_indices(topk, req, table, P):
+    """triton_convert_req_index_to_global_index, then row-order packing of the valid entries
+    (attncheck's contract: -1 anywhere in a row; vLLM's fetch_id_to_ragged assumes them at the end)."""
+    T, K = topk.shape
+    W = table.shape[1]
+    rows = []
+    for i in range(T):
+        tok = topk[i].astype(np.int64)
+        blk = np.where(tok >= 0, tok // P, -1)
+        ok = (tok >= 0) & (blk >= 0) & (blk < W)
+        g = np.where(ok, table[int(req[i]), np.clip(blk, 0, W - 1)].astype(np.int64) * P + tok % P, -1)
+        rows.append(g[g != -1])
+    lens = np.array([len(r) for r in rows], np.int64)
+    return np.concatenate([[0], np.cumsum(lens)]).astype(np.int32), (np.concatenate(rows) if rows else np.zeros(0)).astype(np.int32)
+
+
+def plan_sparse_mla(t, p, host, arch):
+    """docs/ops/sparse_mla.md as vLLM's ROCM_AITER_MLA_SPARSE runs it: every token its own qlen-1
+    request over its converted top-k slots, split-KV mla_decode_fwd."""
+    f = _mla_common(t, p)
+    req, topk = _need(t, "req_id_per_token"), _need(t, "topk_indices")
+    ab.expect_dtype(req, "i32")
+    ab.expect_dtype(topk, "i32")
+    if not _contiguous_1d(req) or req.shape[0] != f["T"]:
+        raise Refuse(f"req_id_per_token must be a contiguous [T={f['T']}]")
+    ab.expect_ndim(topk, 2)
+    if topk.shape[0] != f["T"]:
+        raise Refuse(f"topk_indices {topk.shape} is not [T={f['T']}, topk]")
+    table = host("block_table")
+    r = host("req_id_per_token").astype(np.int64)
+    if np.any((r < 0) | (r >= table.shape[0])):
+        raise Refuse("req_id_per_token names a request outside the block table")
+    path, heads = _mla_declines(t, f, arch, qlen=1, sparse=True)
+    kv_indptr, kv_indices = sparse_indices(host("topk_indices"), r, table, f["P"])
+    if np.any((kv_indices < 0) | (kv_indices >= f["nb"] * f["P"])):
+        raise ValueError("a converted slot lies outside the cache (a block table entry names a missing block)")
+    T = f["T"]
+    steps = _mla_steps(f, path, heads, np.arange(T + 1, dtype=np.int32), kv_indptr, kv_indices, 1, T)
+    return Plan(steps, f"mla_decode_fwd, sparse, {heads} heads")
+
+
+# --- kv_cache_write --------------------------------------------------------------------------
+
+
+def plan_kv_cache_write(t, p, host, arch):
+    """docs/ops/kv_cache_write.md: NHD through reshape_and_cache_flash, SHUFFLE through
+    reshape_and_cache(asm_layout=True) (K [nb, H, D/x, P, x], V [nb, H, P/x, D, x])."""
+    names = ("key", "value", "key_cache", "value_cache", "slot_mapping", "k_scale", "v_scale")
+    key, value, kc, vc, slots, ks, vs = (_need(t, n) for n in names)
+    layout = p.get("kv_cache_layout")
+    if layout not in ("NHD", "SHUFFLE"):
+        raise Refuse(f"kv_cache_layout must be NHD or SHUFFLE, got {layout!r}")
+    kv_dtype = p.get("kv_cache_dtype")
+    if kv_dtype not in ("auto", "fp8"):
+        raise Refuse(f"kv_cache_dtype must be auto or fp8, got {kv_dtype!r}")
+    ab.expect_dtype(key, "bf16", "f16")
+    if value.dtype_name != key.dtype_name:
+        raise Refuse(f"'key' is {key.dtype_name} but 'value' is {value.dtype_name}")
+    ab.expect_dtype(slots, "i64")
+    ab.expect_ndim(slots, 1)
+    if kc.dtype_name != vc.dtype_name:
+        raise Refuse("key_cache and value_cache dtypes differ")
+    fmt = None
+    if kv_dtype == "fp8":
+        ab.expect_dtype(kc, "u8")
+        ab.expect_dtype(ks, "f32")
+        ab.expect_dtype(vs, "f32")
+        fmt = _fp8_format(p, "an fp8 cache")
+    elif kc.dtype_name != key.dtype_name:
+        raise Refuse(f"kv_cache_dtype auto needs {key.dtype_name} caches, got {kc.dtype_name}")
+    T = slots.shape[0]
+    es = 1 if fmt else 2
+    if layout == "NHD":
+        for c in (kc, vc):
+            ab.expect_ndim(c, 4)
+        if kc.shape != vc.shape:
+            raise Refuse(f"key_cache {kc.shape} and value_cache {vc.shape} differ")
+        nb, P, H, D = kc.shape
+    else:
+        for c in (kc, vc):
+            ab.expect_ndim(c, 5)
+        nb, H, Dx, P, x = kc.shape
+        D = Dx * x
+        if x != 16 // es or vc.shape != (nb, H, P // x, D, x) or P % x:
+            raise Refuse(f"SHUFFLE caches K {kc.shape} / V {vc.shape}: tile width must be {16 // es} and agree")
+    for v in (key, value):
+        if v.ndim != 3 or v.shape != (T, H, D):
+            raise Refuse(f"'{v.name}' {v.shape} is not [T={T}, Hkv={H}, D={D}]")
+    if not _contiguous_1d(slots):
+        raise Refuse("slot_mapping must be contiguous")
+
+    # What AITER's writers address (csrc/kernels/cache_kernels.cu).
+    _arch_supported(arch)
+    if T == 0 or nb == 0:
+        return Plan([], "no tokens")
+    for v in (key, value):
+        if v.strides[2] != 1 or v.strides[1] != D:
+            raise Unsupported(f"'{v.name}' strides {v.strides}: the writers read token t's heads and dims as one run at t * stride(0)")
+    if fmt:
+        _platform_format(fmt, arch, "the writer's fp8 store")
+    kd = "fp8" if fmt else "auto"
+    cache = (lambda name: arg(name).as_dtype(fmt)) if fmt else arg
+    scales = (arg("k_scale"), arg("v_scale"))
+    if layout == "NHD":
+        for c in (kc, vc):
+            if c.strides[1:] != (H * D, D, 1):
+                raise Unsupported(
+                    f"'{c.name}' strides {c.strides}: reshape_and_cache_flash takes only the block stride from the "
+                    f"cache (block * stride(0) + slot * H * D + head * D + d)"
+                )
+        if kc.strides[0] != vc.strides[0]:
+            raise Unsupported(f"block strides {kc.strides[0]} / {vc.strides[0]}: AITER_CHECK(key_cache.stride(0) == value_cache.stride(0))")
+        call = Call("aiter.ops.cache:reshape_and_cache_flash",
+                    (arg("key"), arg("value"), cache("key_cache"), cache("value_cache"), arg("slot_mapping"), kd) + scales)
+        return Plan([call], "reshape_and_cache_flash")
+    for c in (kc, vc):
+        if not c.is_contiguous():
+            raise Unsupported(
+                f"'{c.name}' strides {c.strides}: reshape_and_cache addresses the whole cache from its shape "
+                "(block * H * D * P + ...), so only contiguous SHUFFLE caches are written where their views say"
+            )
+    call = Call("aiter.ops.cache:reshape_and_cache",
+                (arg("key"), arg("value"), cache("key_cache"), cache("value_cache"), arg("slot_mapping"), kd) + scales,
+                dict(asm_layout=True))
+    return Plan([call], "reshape_and_cache(asm_layout=True)")
+
+
+def plan_kv_cache_write_pertoken_quant(t, p, host, arch):
+    """kv_cache_write's per-token-quant variant (entry kv_cache_write_pertoken_quant: one fp8 or
+    int8 scale per (token, head), K [nb, H, D/16, P, 16], V [nb, H, P/16, D, 16] (asm_layout) or
+    [nb, H, D, P], scales [nb, H, P] or [H, nb * P]) through
+    reshape_and_cache_with_pertoken_quant(key, value, key_cache, value_cache, k_dequant_scales,
+    v_dequant_scales, slot_mapping, asm_layout)."""
+    names = ("key", "value", "key_cache", "value_cache", "k_dequant_scales", "v_dequant_scales", "slot_mapping")
+    key, value, kc, vc, kds, vds, slots = (_need(t, n) for n in names)
+    asm = p.get("asm_layout")
+    if asm not in ("true", "false", True, False):
+        raise Refuse(f"asm_layout must be true or false, got {asm!r}")
+    asm = asm in ("true", True)
+    kv_dtype = p.get("kv_cache_dtype")
+    if kv_dtype not in ("fp8", "int8"):
+        raise Refuse(f"kv_cache_dtype must be fp8 or int8, got {kv_dtype!r}")
+    ab.expect_dtype(key, "bf16", "f16")
+    if value.dtype_name != key.dtype_name:
+        raise Refuse(f"'key' is {key.dtype_name} but 'value' is {value.dtype_name}")
+    fmt = _fp8_format(p, "an fp8 cache") if kv_dtype == "fp8" else None
+    for c in (kc, vc):
+        ab.expect_dtype(c, "u8" if fmt else "i8")
+    for s in (kds, vds):
+        ab.expect_dtype(s, "f32")
+    ab.expect_dtype(slots, "i64")
+    if not _contiguous_1d(slots):
+        raise Refuse("slot_mapping must be a contiguous 1-D tensor")
+    ab.expect_ndim(kc, 5)
+    nb, H, Dx, P, x = kc.shape
+    D = Dx * x
+    T = slots.shape[0]
+    want_v = (nb, H, P // x, D, x) if asm else (nb, H, D, P)
+    want_s = (nb, H, P) if asm else (H, nb * P)
+    if x != 16 or vc.shape != want_v or kds.shape != want_s or vds.shape != want_s or (asm and P % x):
+        raise Refuse(f"caches K {kc.shape} / V {vc.shape}, scales {kds.shape} / {vds.shape}: want x = 16, V {want_v}, scales {want_s}")
+    for v in (key, value):
+        if v.ndim != 3 or v.shape != (T, H, D):
+            raise Refuse(f"'{v.name}' {v.shape} is not [T={T}, Hkv={H}, D={D}]")
+    _arch_supported(arch)
+    if fmt:
+        _platform_format(fmt, arch, "reshape_and_cache_with_pertoken_quant's fp8 store")
+    if D > 512:
+        raise Unsupported(f"head size {D}: AITER_CHECK(head_size <= 512)")
+    for v in (key, value):
+        if v.strides[2] != 1 or v.strides[1] != D:
+            raise Unsupported(f"'{v.name}' strides {v.strides}: the kernel reads token t, head h at t * stride(0) + h * head_size")
+    for c in (kc, vc, kds, vds):
+        if not c.is_contiguous():
+            raise Unsupported(f"'{c.name}' strides {c.strides}: reshape_and_cache_with_pertoken_quant addresses caches and scales from their shapes")
+    if T == 0:
+        return Plan([], "no tokens")
+    cache = (lambda name: arg(name).as_dtype(fmt)) if fmt else arg
+    call = Call("aiter.ops.cache:reshape_and_cache_with_pertoken_quant",
+                (arg("key"), arg("value"), cache("key_cache"), cache("value_cache"), arg("k_dequant_scales"),
+                 arg("v_dequant_scales"), arg("slot_mapping"), asm))
+    return Plan([call], "reshape_and_cache_with_pertoken_quant")
+
+
+# --- RoPE ----------------------------------------------------------------------------------------
+
+
+def _rope_common(t, p, arch, q_name, k_name):
+    pos, cache, q, k = (_need(t, n) for n in ("positions", "cos_sin_cache", q_name, k_name))
+    if "is_neox" not in p:
+        raise Refuse("missing parameter is_neox")
+    ab.expect_dtype(q, "bf16", "f16")
+    if k.dtype_name != q.dtype_name:
+        raise Refuse(f"'{q_name}' is {q.dtype_name} but '{k_name}' is {k.dtype_name}")
+    ab.expect_ndim(pos, 1)
+    ab.expect_dtype(pos, "i32", "i64")
+    if not _contiguous_1d(pos):
+        raise Refuse("positions must be contiguous")
+    ab.expect_ndim(cache, 2)
+    ab.expect_dtype(cache, "f32", "bf16", "f16")
+    rot = cache.shape[1]
+    if rot % 2:
+        raise Refuse(f"rot = {rot} is odd")
+    return pos, cache, q, k, rot
+
+
+def _rope_declines(t, arch, views):
+    _arch_supported(arch)
+    if t["positions"].dtype_name != "i64":
+        raise Unsupported("int32 positions: AITER's RoPE kernels are built for int64 positions (ENABLE_ROPE_POSITIONS_INT32 unset)")
+    for x in views:
+        if x.shape[-1] > 1 and x.strides[-1] != 1:
+            raise Unsupported(f"'{x.name}' strides {x.strides}: rope_cached_positions_2c_fwd_impl requires all stride_d to be 1")
+
+
+def _rope_tables(rot):
+    """cos/sin as AITER reads them: [max_pos, 1, 1, rot/2] rows of contiguous values, from the two
+    halves of attncheck's [max_pos, rot] = [cos | sin] cache, in the cache's dtype."""
+    half = rot // 2
+    steps = [Contiguous("cos", arg("cos_sin_cache").slice(1, 0, half)), Contiguous("sin", arg("cos_sin_cache").slice(1, half, rot))]
+    return steps, work("cos").unsqueeze(1).unsqueeze(1), work("sin").unsqueeze(1).unsqueeze(1)
+
+
+def _rope_qk(t, q_name, k_name, rot, front_slice):
+    """vLLM's layout: s = 1, b = tokens: q [T, H, rot] -> [1, T, H, rot], k -> [1, T, 1, rot]
+    (``front_slice``: the first rot dims of wider heads)."""
+    k = t[k_name]
+    x = arg(q_name)
+    y = arg(k_name)
+    if front_slice:
+        x = x.slice(2, 0, rot)
+        y = y.slice(k.ndim - 1, 0, rot)
+    x = x.unsqueeze(0)
+    y = y.unsqueeze(0) if k.ndim == 3 else y.unsqueeze(1).unsqueeze(0)
+    return x, y
+
+
+def _plan_rope(t, p, host, arch, out_of_place):
+    pos, cache, q, k, rot = _rope_common(t, p, arch, "q", "k")
+    ab.expect_ndim(q, 3)
+    T, H, W = q.shape
+    if W != rot or pos.shape[0] != T or not (k.shape == (T, 1, rot) or k.shape == (T, rot)):
+        raise Refuse(f"rope: views must be [T={T}, H, rot={rot}] and agree (q {q.shape}, k {k.shape}, positions {pos.shape})")
+    outs = []
+    if out_of_place:
+        qo, ko = _need(t, "q_out"), _need(t, "k_out")
+        if qo.shape != q.shape or ko.shape != k.shape or qo.dtype_name != q.dtype_name or ko.dtype_name != k.dtype_name:
+            raise Refuse("q_out / k_out must match q / k")
+        if not (qo.is_contiguous() and ko.is_contiguous()):
+            raise Refuse("q_out and k_out must be contiguous")
+        outs = [qo, ko]
+    _rope_declines(t, arch, [q, k] + outs)
+    steps, cos, sin = _rope_tables(rot)
+    x, y = _rope_qk(t, "q", "k", rot, False)
+    pos_ref = arg("positions").view(1, T)
+    style = 0 if p["is_neox"] else 1
+    if out_of_place:
+        xo, yo = _rope_qk(t, "q_out", "k_out", rot, False)
+        steps.append(Call("aiter.ops.rope:rope_cached_positions_2c_fwd_impl", (xo, yo, x, y, cos, sin, pos_ref, style, True, False)))
+        return Plan(steps, "rope_cached_positions_2c_fwd_impl")
+    steps.append(Call("aiter.ops.rope:rope_cached_positions_2c_fwd_inplace", (x, y, cos, sin, pos_ref, style, True, False)))
+    return Plan(steps, "rope_cached_positions_2c_fwd_inplace")
+
+
+def plan_rope_inplace(t, p, host, arch):
+    return _plan_rope(t, p, host, arch, out_of_place=False)
+
+
+def plan_rope_out_of_place(t, p, host, arch):
+    return _plan_rope(t, p, host, arch, out_of_place=True)
+
+
+def plan_indexer_qk_rope(t, p, host, arch):
+    """Both paths are AITER's in-place rotation of q[..., :rot] and k[..., :rot] (vLLM's ROCm fast
+    path); the generic path's split / rotate / concat is vLLM's code around it, not AITER's."""
+    pos, cache, q, k, rot = _rope_common(t, p, arch, "q", "k")
+    if p.get("path") not in ("generic", "fast"):
+        raise Refuse(f"path must be generic or fast, got {p.get('path')!r}")
+    ab.expect_ndim(q, 3)
+    ab.expect_ndim(k, 2)
+    T, H, D = q.shape
+    if k.shape != (T, D) or pos.shape[0] != T:
+        raise Refuse(f"q {q.shape}, k {k.shape}, positions {pos.shape} disagree")
+    if rot > D:
+        raise Refuse(f"rot = {rot} > D = {D}")
+    _rope_declines(t, arch, [q, k])
+    steps, cos, sin = _rope_tables(rot)
+    x, y = _rope_qk(t, "q", "k", rot, True)
+    steps.append(Call("aiter.ops.rope:rope_cached_positions_2c_fwd_inplace",
+                      (x, y, cos, sin, arg("positions").view(1, T), 0 if p["is_neox"] else 1, True, False)))
+    return Plan(steps, "rope_cached_positions_2c_fwd_inplace (front slice)")
+
+
+# --- indexer -------------------------------------------------------------------------------------
+
+HEAD_DIM, TOKEN_BYTES = 128, 132
+
+
+def _indexer_cache(c):
+    ab.expect_dtype(c, "u8")
+    ab.expect_ndim(c, 3)
+    nb, bs, tb = c.shape
+    if tb != TOKEN_BYTES or c.strides[2] != 1 or c.strides[1] != TOKEN_BYTES:
+        raise Refuse(f"'{c.name}' {c.shape} strides {c.strides}: pages of block_size x {TOKEN_BYTES} contiguous bytes")
+    if not (bs == 1 or bs % 16 == 0):
+        raise Refuse(f"block size {bs}: 1 (NORMAL) or a multiple of 16 (SHUFFLE)")
+    if nb > 1 and (c.strides[0] < bs * TOKEN_BYTES or c.strides[0] % 4):
+        raise Refuse(f"page stride {c.strides[0]} is below {bs * TOKEN_BYTES} or not a multiple of 4")
+    return nb, bs
+
+
+def _packed_pages(c, who):
+    nb, bs, _ = c.shape
+    if nb > 1 and c.strides[0] != bs * TOKEN_BYTES:
+        raise Unsupported(f"page stride {c.strides[0]} != {bs * TOKEN_BYTES}: {who} addresses pages as block * block_size * {TOKEN_BYTES}")
+
+
+def plan_indexer_k_cache(t, p, host, arch):
+    k, slots, cache = (_need(t, n) for n in ("k", "slot_mapping", "kv_cache"))
+    fmt = _fp8_format(p, "the indexer cache")
+    ab.expect_dtype(k, "bf16")
+    ab.expect_ndim(k, 2)
+    ab.expect_dtype(slots, "i64")
+    if not _contiguous_1d(slots) or k.shape[1] != HEAD_DIM or k.shape[0] < slots.shape[0] or k.strides[1] != 1:
+        raise Refuse(f"k {k.shape} / slot_mapping {slots.shape}: k [T' >= T, {HEAD_DIM}] with a unit column stride")
+    nb, bs = _indexer_cache(cache)
+    qmax = float(p.get("quant_max", 0))
+    if not 0 < qmax <= FP8_MAX[fmt]:
+        raise Refuse(f"quant_max {qmax} outside (0, {FP8_MAX[fmt]}]")
+    _arch_supported(arch)
+    _platform_format(fmt, arch, "indexer_k_quant_and_cache")
+    if qmax != FP8_MAX[fmt]:
+        raise Unsupported(f"quant_max {qmax}: indexer_k_quant_and_cache divides amax by the fp8 type's max ({FP8_MAX[fmt]} for {fmt})")
+    if k.shape[0] > 1 and k.strides[0] != HEAD_DIM:
+        raise Unsupported(f"k row stride {k.strides[0]}: indexer_k_quant_and_cache reads k as contiguous [num_tokens, {HEAD_DIM}] rows")
+    _packed_pages(cache, "indexer_k_quant_and_cache")
+    call = Call("aiter.ops.cache:indexer_k_quant_and_cache",
+                (arg("k"), arg("kv_cache").as_dtype(fmt), arg("slot_mapping"), HEAD_DIM, "ue8m0"), dict(preshuffle=bs > 1))
+    return Plan([call], "indexer_k_quant_and_cache")
+
+
+def plan_indexer_gather(t, p, host, arch):
+    cache, table, cu, kf, ks = (_need(t, n) for n in ("kv_cache", "block_table", "cu_seq_lens", "k_fp8", "k_scale"))
+    nb, bs = _indexer_cache(cache)
+    ab.expect_dtype(table, "i32")
+    ab.expect_ndim(table, 2)
+    ab.expect_dtype(cu, "i32")
+    ab.expect_dtype(kf, "u8")
+    ab.expect_dtype(ks, "f32")
+    if not _contiguous_1d(cu) or cu.shape[0] != table.shape[0] + 1:
+        raise Refuse(f"cu_seq_lens {cu.shape} must be a contiguous [R + 1] for block_table {table.shape}")
+    N = int(host("cu_seq_lens")[-1]) if cu.shape[0] else 0
+    if kf.ndim != 2 or kf.shape != (N, HEAD_DIM) or ks.shape != (N,):
+        raise Refuse(f"k_fp8 {kf.shape} / k_scale {ks.shape} are not [{N}, {HEAD_DIM}] / [{N}]")
+    if kf.shape[0] > 1 and kf.strides[0] % 4:
+        raise Refuse("k_fp8 rows must be 4-byte aligned")
+    _arch_supported(arch)
+    if not _rows_of(table, table.shape[1]):
+        raise Unsupported(f"block_table strides {table.strides}: cp_gather_indexer_k_quant_cache indexes it as b * size(1) + i")
+    if not _rows_of(kf, HEAD_DIM):
+        raise Unsupported(f"k_fp8 strides {kf.strides}: the kernel addresses a token's scale by k_fp8's row stride (token_stride * 4 / quant_block_size)")
+    if not _contiguous_1d(ks):
+        raise Unsupported("k_scale must be contiguous: it is written as [num_tokens, 1]")
+    if N == 0:
+        return Plan([], "nothing to gather")
+    call = Call("aiter.ops.cache:cp_gather_indexer_k_quant_cache",
+                (arg("kv_cache"), arg("k_fp8"), arg("k_scale").unsqueeze(1), arg("block_table"), arg("cu_seq_lens")),
+                dict(preshuffle=bs > 1))
+    return Plan([call], "cp_gather_indexer_k_quant_cache")
+
+
+def plan_indexer_logits_prefill(t, p, host, arch):
+    q, kf, ks, w, ks_, ke, logits = (_need(t, n) for n in ("q", "k_fp8", "k_scale", "weights", "cu_seqlen_ks", "cu_seqlen_ke", "logits"))
+    fmt = _fp8_format(p, "the indexer logits")
+    for x in (q, kf):
+        ab.expect_dtype(x, "u8")
+    ab.expect_ndim(q, 3)
+    M, H, D = q.shape
+    N = kf.shape[0]
+    if not 1 <= H <= 128:
+        raise Refuse(f"H = {H} outside [1, 128]")
+    if D != HEAD_DIM or kf.shape != (N, D) or ks.shape != (N,) or w.shape != (M, H) or logits.shape != (M, N):
+        raise Refuse(f"q {q.shape}, k_fp8 {kf.shape}, k_scale {ks.shape}, weights {w.shape}, logits {logits.shape} disagree")
+    if N > 1 and kf.strides[0] % 4:
+        raise Refuse("k_fp8 rows must be 4-byte aligned")
+    _arch_supported(arch)
+    _platform_format(fmt, arch, "fp8_mqa_logits (vLLM passes current_platform.fp8_dtype())")
+    if H & (H - 1):
+        raise Unsupported(f"{H} heads: fp8_mqa_logits asserts a power-of-two head count")
+    call = Call("aiter.ops.triton.attention.fp8_mqa_logits:fp8_mqa_logits",
+                (arg("q").as_dtype(fmt), arg("k_fp8").as_dtype(fmt), arg("k_scale"), arg("weights"), arg("cu_seqlen_ks"), arg("cu_seqlen_ke")),
+                result="mqa_logits")
+    return Plan([call, Copy(arg("logits"), work("mqa_logits"))], "fp8_mqa_logits")
+
+
+def plan_indexer_logits_decode(t, p, host, arch):
+    q, cache, w, lens, table, logits = (_need(t, n) for n in ("q", "kv_cache", "weights", "context_lens", "block_table", "logits"))
+    fmt = _fp8_format(p, "the indexer logits")
+    ab.expect_dtype(q, "u8")
+    ab.expect_ndim(q, 4)
+    B, nn, H, D = q.shape
+    if not 1 <= H <= 128:
+        raise Refuse(f"H = {H} outside [1, 128]")
+    cq = int(p.get("chunk_q", 64))
+    if cq < 1:
+        raise Refuse(f"chunk_q = {cq} < 1")
+    chunk = min(cq, H)
+    if H % chunk:
+        raise Refuse(f"H = {H} is not a multiple of ChunkQ = {chunk}")
+    nb, bs = _indexer_cache(cache)
+    if D != HEAD_DIM or w.shape != (B * nn, H) or lens.shape != (B,) or table.shape[0] != B or logits.ndim != 2 or logits.shape[0] != B * nn:
+        raise Refuse(f"q {q.shape}, weights {w.shape}, context_lens {lens.shape}, block_table {table.shape}, logits {logits.shape} disagree")
+    _arch_supported(arch)
+    _platform_format(fmt, arch, "deepgemm_fp8_paged_mqa_logits")
+    if chunk != H:
+        raise Unsupported(
+            f"ChunkQ {chunk} < {H} heads: vLLM's gfx942/gfx950 path calls deepgemm_fp8_paged_mqa_logits, whose ChunkQ is "
+            "the head count; smaller chunks are deepgemm_fp8_paged_mqa_logits_stage1 (no Preshuffle), not mapped"
+        )
+    _packed_pages(cache, "deepgemm_fp8_paged_mqa_logits (kv_cache.view(-1, KVBlockSize * index_dim))")
+    if not _rows_of(table, table.shape[1]):
+        raise Unsupported(f"block_table strides {table.strides}: the kernel reads kv_indices + batch * max_block_len")
+    if logits.shape[1] > 1 and logits.strides[1] != 1:
+        raise Unsupported("logits must have a unit column stride")
+    call = Call("aiter.ops.triton.attention.pa_mqa_logits:deepgemm_fp8_paged_mqa_logits",
+                (arg("q").as_dtype(fmt), arg("kv_cache").unsqueeze(2), arg("weights"), arg("logits"), arg("context_lens"),
+                 arg("block_table"), logits.shape[1]),
+                dict(ChunkK=256, Preshuffle=bs > 1, KVBlockSize=bs, WavePerEU=2))
+    return Plan([call], "deepgemm_fp8_paged_mqa_logits")
+
+
+def _topk_common(t, rows):
+    logits, idx = _need(t, "logits"), _need(t, "topk_indices")
+    ab.expect_dtype(logits, "f32")
+    ab.expect_dtype(idx, "i32")
+    ab.expect_ndim(logits, 2)
+    ab.expect_ndim(idx, 2)
+    k = idx.shape[1]
+    if k < 1:
+        raise Refuse(f"k = {k} < 1")
+    if logits.shape[0] != rows or idx.shape[0] != rows:
+        raise Refuse(f"logits {logits.shape} / topk_indices {idx.shape} are not {rows} rows")
+    return logits, idx, k
+
+
+def _topk_declines(logits, idx, k):
+    if logits.shape[1] > 1 and logits.strides[1] != 1:
+        raise Unsupported("logits must have a unit column stride (the kernel ignores stride1)")
+    if not idx.is_contiguous():
+        raise Unsupported(f"topk_indices strides {idx.strides}: the kernel writes rows of k = {k}")
+
+
+def plan_indexer_topk_prefill(t, p, host, arch):
+    ks, ke = _need(t, "cu_seqlen_ks"), _need(t, "cu_seqlen_ke")
+    M = ks.shape[0]
+    logits, idx, k = _topk_common(t, M)
+    for x in (ks, ke):
+        ab.expect_dtype(x, "i32")
+        if not _contiguous_1d(x) or x.shape[0] != M:
+            raise Refuse(f"'{x.name}' must be a contiguous [{M}]")
+    _arch_supported(arch)
+    _topk_declines(logits, idx, k)
+    call = Call("aiter.ops.topk:top_k_per_row_prefill",
+                (arg("logits"), arg("cu_seqlen_ks"), arg("cu_seqlen_ke"), arg("topk_indices"), None, M, logits.strides[0], 1), dict(k=k))
+    return Plan([call, Localize(arg("topk_indices"), arg("cu_seqlen_ks"))], "top_k_per_row_prefill")
+
+
+def plan_indexer_topk_decode(t, p, host, arch):
+    lens = _need(t, "seq_lens")
+    nn = int(p.get("next_n", 0))
+    if nn < 1:
+        raise Refuse(f"next_n = {nn} < 1")
+    ab.expect_dtype(lens, "i32")
+    if not _contiguous_1d(lens):
+        raise Refuse("seq_lens must be contiguous")
+    rows = lens.shape[0] * nn
+    logits, idx, k = _topk_common(t, rows)
+    _arch_supported(arch)
+    _topk_declines(logits, idx, k)
+    call = Call("aiter.ops.topk:top_k_per_row_decode",
+                (arg("logits"), nn, arg("seq_lens"), arg("topk_indices"), rows, logits.strides[0], 1), dict(k=k))
+    return Plan([call], "top_k_per_row_decode")
+
+
+PLANS = {
+    "mla_decode": plan_mla_decode,
+    "sparse_mla": plan_sparse_mla,
+    "kv_cache_write": plan_kv_cache_write,
+    "kv_cache_write_pertoken_quant": plan_kv_cache_write_pertoken_quant,
+    "rope_inplace": plan_rope_inplace,
+    "rope_out_of_place": plan_rope_out_of_place,
+    "indexer_qk_rope": plan_indexer_qk_rope,
+    "indexer_k_cache": plan_indexer_k_cache,
+    "indexer_gather": plan_indexer_gather,
+    "indexer_logits_prefill": plan_indexer_logits_prefill,
+    "indexer_logits_decode": plan_indexer_logits_decode,
+    "indexer_topk_prefill": plan_indexer_topk_prefill,
+    "indexer_topk_decode": plan_indexer_topk_decode,
+}
+
+# ------------------------------------------------------------------------------------------------
+# Backends and the executor
+
+
+class TorchBackend:
+    """The real aiter on a ROCm torch: zero-copy views of the harness's device buffers."""
+
+    def __init__(self, device=None):
+        import torch
+
+        self.torch = torch
+        self.device = torch.device(device) if device else torch.device("cuda", torch.cuda.current_device())
+        self.dtypes = {
+            "bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32, "i8": torch.int8, "i32": torch.int32,
+            "i64": torch.int64, "u8": torch.uint8, "u64": torch.uint64,
+            "e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz,
+        }
+
+    def module(self, name):
+        return importlib.import_module(name)
+
+    def dtype(self, name):
+        return self.dtypes[name]
+
+    def arg(self, t):
+        return self.torch.from_dlpack(t)
+
+    def host_array(self, t):
+        return self.torch.from_dlpack(t).cpu().numpy()
+
+    def host(self, array, dtype):
+        return self.torch.as_tensor(np.ascontiguousarray(array), dtype=self.dtypes[dtype], device=self.device)
+
+    def alloc(self, shape, dtype, fill):
+        dt = self.dtypes[dtype] if isinstance(dtype, str) else dtype
+        if fill is None:
+            return self.torch.empty(shape, dtype=dt, device=self.device)
+        return self.torch.full(shape, fill, dtype=dt, device=self.device)
+
+    def apply(self, x, op):
+        if op[0] == "unsqueeze":
+            return x.unsqueeze(op[1])
+        if op[0] == "view":
+            return x.view(*op[1])
+        if op[0] == "slice":
+            _, dim, start, stop, step = op
+            idx = [slice(None)] * x.dim()
+            idx[dim] = slice(start, stop, step)
+            return x[tuple(idx)]
+        if op[0] == "dtype":
+            return x.view(self.dtypes[op[1]])
+        raise ValueError(f"unknown view op {op}")
+
+    def repeat_heads(self, x, r):
+        return x.repeat_interleave(r, dim=1)
+
+    def contiguous(self, x):
+        return x.contiguous()
+
+    def copy(self, dst, src):
+        dst.copy_(src)
+
+    def localize(self, idx, starts):
+        torch = self.torch
+        idx.copy_(torch.where(idx < 0, idx, idx - starts.to(idx.dtype).unsqueeze(1)))
+
+
+class NumpyBackend:
+    """The stand-in aiter on host buffers (ATTNCHECK_AITER_BACKEND=numpy; tests only)."""
+
+    def __init__(self):
+        aiter = importlib.import_module("aiter")
+        if not getattr(aiter, "STANDIN", False):
+            raise Unsupported(
+                f"ATTNCHECK_AITER_BACKEND=numpy runs the NumPy stand-in only, but 'aiter' is {getattr(aiter, '__file__', '?')}: "
+                "put bridge/tests/aiter_standin first on PYTHONPATH"
+            )
+        self.S = importlib.import_module("aiter._standin")
+
+    def module(self, name):
+        return importlib.import_module(name)
+
+    def dtype(self, name):
+        return name
+
+    def arg(self, t):
+        return self.S.HostTensor(ab.as_numpy(t), t.dtype_name)
+
+    def host_array(self, t):
+        return np.array(ab.as_numpy(t))
+
+    def host(self, array, dtype):
+        return self.S.HostTensor(np.ascontiguousarray(array).astype(self.S._STORAGE[dtype]), dtype)
+
+    def alloc(self, shape, dtype, fill):
+        return self.S.HostTensor.empty(shape, dtype, fill)
+
+    def apply(self, x, op):
+        if op[0] == "unsqueeze":
+            return x.unsqueeze(op[1])
+        if op[0] == "view":
+            return x.view(*op[1])
+        if op[0] == "slice":
+            _, dim, start, stop, step = op
+            idx = [slice(None)] * x.ndim
+            idx[dim] = slice(start, stop, step)
+            return x[tuple(idx)]
+        if op[0] == "dtype":
+            return x.view_dtype(op[1])
+        raise ValueError(f"unknown view op {op}")
+
+    def repeat_heads(self, x, r):
+        return self.S.HostTensor(np.repeat(x.arr, r, axis=1), x.dtype)
+
+    def contiguous(self, x):
+        return self.S.HostTensor(np.ascontiguousarray(x.arr), x.dtype)
+
+    def copy(self, dst, src):
+        if dst.dtype != src.dtype or dst.shape != src.shape:
+            raise ValueError(f"copy {src} into {dst}: dtype or shape differ")
+        dst.arr[...] = src.arr
+
+    def localize(self, idx, starts):
+        a = idx.arr
+        a[...] = np.where(a < 0, a, a - starts.arr.astype(a.dtype)[:, None])
+
+
+def execute(plan, tensors, backend):
+    """Runs a plan's steps in order on ``backend``."""
+    env = {}
+
+    def resolve(ref):
+        x = backend.arg(tensors[ref.key]) if ref.kind == "arg" else env[ref.key]
+        for op in ref.ops:
+            x = backend.apply(x, op)
+        return x
+
+    def value(v):
+        if isinstance(v, Ref):
+            return resolve(v)
+        if isinstance(v, Host):
+            return backend.host(v.array, v.dtype)
+        if isinstance(v, Dtype):
+            return backend.dtype(v.name)
+        if isinstance(v, tuple):
+            return tuple(value(x) for x in v)
+        return v
+
+    for step in plan.steps:
+        if isinstance(step, Alloc):
+            env[step.key] = backend.alloc(step.shape, step.dtype, step.fill)
+        elif isinstance(step, AllocFromInfo):
+            info = env[step.info]
+            if len(info) != len(step.keys):
+                raise ValueError(f"{step}: {len(info)} buffers described, {len(step.keys)} expected")
+            for key, (shape, dtype) in zip(step.keys, info):
+                env[key] = backend.alloc(tuple(shape) if isinstance(shape, (tuple, list)) else (shape,), dtype, None)
+        elif isinstance(step, RepeatHeads):
+            env[step.key] = backend.repeat_heads(resolve(step.src), step.repeat)
+        elif isinstance(step, Contiguous):
+            env[step.key] = backend.contiguous(resolve(step.src))
+        elif isinstance(step, Call):
+            mod, _, name = step.fn.partition(":")
+            fn = getattr(backend.module(mod), name)
+            out = fn(*[value(a) for a in step.args], **{k: value(v) for k, v in step.kwargs.items()})
+            if isinstance(step.result, tuple):
+                for key, val in zip(step.result, out):
+                    env[key] = val
+            elif step.result is not None:
+                env[step.result] = out
+        elif isinstance(step, Copy):
+            backend.copy(resolve(step.dst), resolve(step.src))
+        elif isinstance(step, Localize):
+            backend.localize(resolve(step.indices), resolve(step.starts))
+        else:
+            raise TypeError(f"unknown plan step {step!r}")
+    return env
+
+
+_backend = None
+
+
+def backend():
+    """The process's backend; Unsupported with the reason when aiter cannot be imported."""
+    global _backend
+    if _backend is None:
+        try:
+            _backend = NumpyBackend() if BACKEND == "numpy" else TorchBackend()
+            if BACKEND == "torch":
+                importlib.import_module("aiter")
+        except Unsupported:
+            raise
+        except Exception as e:  # noqa: BLE001 - any import failure means AITER is not usable here
+            _backend = None
+            raise Unsupported(f"aiter is not importable here ({type(e).__name__}: {e})") from None
+    return _backend
+
+
+def gfx(be):
+    chip = be.module("aiter.jit.utils.chip_info")
+    return (getattr(chip, "get_gfx_runtime", None) or chip.get_gfx)()
+
+
+def _run(op, t, p):
+    be = backend()
+    plan = PLANS[op](t, p, lambda name: be.host_array(t[name]), gfx(be))
+    execute(plan, t, be)
+
+
+def _entry(op):
+    def fn(t, p):
+        _run(op, t, p)
+
+    fn.__name__ = op
+    fn.__doc__ = PLANS[op].__doc__
+    return fn
+
+
+for _op in PLANS:
+    ADAPTER.add(_op, _entry(_op))
