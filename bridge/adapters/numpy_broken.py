@@ -43,7 +43,7 @@ import attncheck_bridge as ab
 import numpy_reference as ref
 from attncheck_bridge import Refuse, Unsupported, as_numpy
 
-ADAPTER = ab.Adapter(name="numpy_broken", device="cpu", contract="f64-evaluate")
+ADAPTER = ab.Adapter(name="numpy_broken", device="cpu")
 
 DEFAULT_BUGS = {
     "page_indices": "wrong_element",

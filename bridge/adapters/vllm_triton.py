@@ -36,7 +36,8 @@ import types
 import attncheck_bridge as ab
 from attncheck_bridge import Refuse, Unsupported
 
-ADAPTER = ab.Adapter(name="vllm_triton", device="cuda", contract="exact (copy; fp32 x / scale, RNE fp8)")
+# kv_cache_write is exact (a copy, or fp32 x / scale rounded to fp8 by RNE): no arithmetic contract applies.
+ADAPTER = ab.Adapter(name="vllm_triton", device="cuda")
 
 _MODULES = (
     "vllm.attention.ops.triton_reshape_and_cache_flash",

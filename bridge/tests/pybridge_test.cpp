@@ -220,7 +220,7 @@ void page_indices_by_hand(const attncheck_plugin_v1& api, int64_t out_len, int K
 TEST(PyBridge, NumpyReferenceDescribesItself) {
   REQUIRE_NUMPY();
   in_child("numpy_reference", [](const attncheck_plugin_v1& api) {
-    EXPECT_STREQ(api.library, "attncheck-pybridge (numpy_reference, contract f64-evaluate)");
+    EXPECT_STREQ(api.library, "attncheck-pybridge (numpy_reference, contract fp32-accumulate)");
     EXPECT_STREQ(api.ops(), "page_indices,kv_gather,rope_inplace,rope_out_of_place");
     char name[256] = {0}, arch[64] = {0}, msg[kMsg] = {0};
     EXPECT_EQ(api.device_info(name, sizeof name, arch, sizeof arch, msg, kMsg), ATTNCHECK_OK)
@@ -337,7 +337,7 @@ TEST(PyBridge, AdapterByPathAndTimingAndRoofline) {
 
 TEST(PyBridge, TensorsCarryNamesDtypesShapesStridesOffsets) {
   in_child("pure_python", [](const attncheck_plugin_v1& api) {
-    EXPECT_STREQ(api.library, "attncheck-pybridge (pure_python, contract test-contract)");
+    EXPECT_STREQ(api.library, "attncheck-pybridge (pure_python, contract p-in-input-type)");
     std::vector<std::byte> bytes(256);
     Buffer b(api, bytes.data(), bytes.size()), c(api, bytes.data(), 64);
     Args args({{"q", &b, kBf16, {2, 3, 4}, {24, 4, 1}, 8},
