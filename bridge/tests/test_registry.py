@@ -40,8 +40,10 @@ def test_load_by_module_and_by_path():
     assert _host.describe(a) == (
         "attncheck-pybridge (numpy_reference, contract fp32-accumulate)",
         "cpu",
-        "page_indices,kv_gather,rope_inplace,rope_out_of_place",
+        "page_indices,kv_gather,rope_inplace,rope_out_of_place,decode_attention",
     )
+    assert _host.entry_contracts(a)[-1] == ("decode_attention", "qk-products-in-input-type")
+    assert dict(_host.entry_contracts(a))["page_indices"] == "fp32-accumulate"
     b = _host.load_adapter(os.path.join(HERE, "adapters", "pure_python.py"))
     assert b.name == "pure_python"
 
