@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -230,6 +231,7 @@ struct State {
   bool cuda = false;
   std::string library = "attncheck-pybridge";
   std::string ops;
+  std::map<std::string, std::string> contracts;  // entry -> declared arithmetic contract
 };
 
 std::mutex g_mutex;
@@ -365,6 +367,22 @@ void load_adapter(bool started) {
   g.library = library;
   g.cuda = std::strcmp(device, "cuda") == 0;
   g.ops = ops;
+  // Each entry's declared contract (validated by attncheck_bridge when the entry registered).
+  Ref contracts(PyObject_CallMethod(host.get(), "entry_contracts", "O", adapter.get()));
+  Ref items(contracts ? PySequence_Fast(contracts.get(), "entry_contracts: not a sequence")
+                      : nullptr);
+  if (!items) {
+    g.error = who() + ": cannot read the entries' contracts: " + take_error();
+    return;
+  }
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(items.get()); ++i) {
+    const char *entry = nullptr, *contract = nullptr;
+    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(items.get(), i), "ss", &entry, &contract)) {
+      g.error = who() + ": cannot read the entries' contracts: " + take_error();
+      return;
+    }
+    g.contracts[entry] = contract;
+  }
   g.host = host.release();
   g.adapter = adapter.release();
 }
@@ -602,9 +620,20 @@ int roofline(double* copy_gbps, double* matrix_tflops, char* msg, size_t msg_len
   return status == ATTNCHECK_HOST_ERROR ? ATTNCHECK_ERROR : status;
 }
 
+// The extension's `contract`: the entry's declared contract, NULL for an entry the adapter lacks.
+const char* contract(const char* op) {
+  if (!op || !ready()) return nullptr;
+  const auto it = g.contracts.find(op);
+  return it == g.contracts.end() ? nullptr : it->second.c_str();
+}
+
 attncheck_plugin_v1 g_table = {
     ATTNCHECK_ABI_VERSION, "attncheck-pybridge", ops, device_info, alloc,   release,
     copy_to_device,        copy_to_host,         run, time,        roofline};
+
+// No fill or background work: the harness uploads poison and runs without concurrent kernels.
+const attncheck_plugin_ext_v1 g_extension = {sizeof(attncheck_plugin_ext_v1), nullptr, nullptr,
+                                             contract};
 
 }  // namespace
 
@@ -613,6 +642,11 @@ AC_EXPORT const attncheck_plugin_v1* attncheck_plugin_v1_get(void) {
   ready();
   g_table.library = g.library.c_str();
   return &g_table;
+}
+
+// The optional extension table (kernels_under_test/attncheck_abi.h): the entries' contracts.
+AC_EXPORT const attncheck_plugin_ext_v1* attncheck_plugin_ext_v1_get(void) {
+  return &g_extension;
 }
 
 // The same library imported as a Python extension module (tests, or an adapter process that wants

@@ -83,7 +83,22 @@ typedef struct attncheck_plugin_ext_v1 {
      uses it to launch the kernel under test beside concurrent work (other block placement and
      timing). NULL: not offered. */
   int (*background)(uint32_t microseconds, char* msg, size_t msg_len);
+  /* The arithmetic contract kernel entry `op` computes under (docs/verification.md "Arithmetic
+     contracts"): "fp32-accumulate" (the default: products exact, fp32 sums),
+     "qk-products-in-input-type", "p-in-input-type", or both joined by '+'. The harness compares
+     with the default budgets first and, when they fail, with the budgets derived from this
+     contract, naming it beside the verdict. NULL (the function or its result), or a library
+     whose `size` ends before this field: the default. An unknown name makes the entry's cases
+     errors. The string must stay valid while the library is loaded. */
+  const char* (*contract)(const char* op);
 } attncheck_plugin_ext_v1;
+
+/* Whether `ext` (may be NULL) holds a non-NULL `field`: a library built against an older, shorter
+   table reports a smaller `size`, and fields past it are absent. */
+#define ATTNCHECK_EXT_HAS(ext, field)                                                \
+  ((ext) != NULL &&                                                                  \
+   (ext)->size >= offsetof(attncheck_plugin_ext_v1, field) + sizeof((ext)->field) && \
+   (ext)->field != NULL)
 
 typedef const attncheck_plugin_ext_v1* (*attncheck_plugin_ext_v1_get_fn)(void);
 

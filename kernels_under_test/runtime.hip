@@ -294,7 +294,9 @@ int background(uint32_t microseconds, char* msg, size_t msg_len) {
   return ATTNCHECK_OK;
 }
 
-const attncheck_plugin_ext_v1 kExtension = {sizeof(attncheck_plugin_ext_v1), fill, background};
+// contract NULL: every entry computes under the default arithmetic contract (fp32-accumulate).
+const attncheck_plugin_ext_v1 kExtension = {sizeof(attncheck_plugin_ext_v1), fill, background,
+                                            nullptr};
 
 const attncheck_plugin_v1 kTable = {
     ATTNCHECK_ABI_VERSION,

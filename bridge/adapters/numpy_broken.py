@@ -31,6 +31,16 @@ Entries not named keep their default bug (DEFAULT_BUGS); BUG "none" runs the cor
     hang             sleeps forever                                  worker timeout
     crash            dereferences NULL (SIGSEGV)                     worker crash isolation
     none             no bug
+    decode_attention only (its arithmetic contract, docs/verification.md "Arithmetic contracts"):
+    undeclared_rounding  numpy_reference's arithmetic (q.k products     the default budgets, with
+                     rounded to the input type) declared as the     the hint "the error would
+                     default contract fp32-accumulate               fit contract
+                                                                    qk-products-in-input-type"
+    wrong_scale      sm_scale applied twice, under the declared     the declared contract's
+                     contract qk-products-in-input-type             budgets too
+
+decode_attention declares fp32-accumulate under undeclared_rounding (its default bug) and
+qk-products-in-input-type otherwise; the choice is read when the module loads.
 """
 
 import ctypes
@@ -43,13 +53,14 @@ import attncheck_bridge as ab
 import numpy_reference as ref
 from attncheck_bridge import Refuse, Unsupported, as_numpy
 
-ADAPTER = ab.Adapter(name="numpy_broken", device="cpu", contract="f64-evaluate")
+ADAPTER = ab.Adapter(name="numpy_broken", device="cpu")
 
 DEFAULT_BUGS = {
     "page_indices": "wrong_element",
     "kv_gather": "ignore_stride",
     "rope_inplace": "mutate_input",
     "rope_out_of_place": "unwritten",
+    "decode_attention": "undeclared_rounding",
 }
 BUGS = (
     "wrong_element",
@@ -65,18 +76,22 @@ BUGS = (
     "hang",
     "crash",
     "none",
+    "undeclared_rounding",
+    "wrong_scale",
 )
 OUTPUTS = {
     "page_indices": ["page_indices"],
     "kv_gather": ["key", "value"],
     "rope_inplace": ["q", "k"],
     "rope_out_of_place": ["q_out", "k_out"],
+    "decode_attention": ["o", "lse"],
 }
 INPUTS = {
     "page_indices": "seq_lens",
     "kv_gather": "block_tables",
     "rope_inplace": "positions",
     "rope_out_of_place": "q",
+    "decode_attention": "q",
 }
 
 _calls = {}
@@ -133,9 +148,14 @@ def _last_index(x):
     return tuple(n - 1 for n in x.shape)
 
 
+DECODE_ONLY = ("undeclared_rounding", "wrong_scale")
+
+
 def _run(entry, correct, t, p):
     bug = bug_for(entry)
     _calls[entry] = _calls.get(entry, 0) + 1
+    if bug in DECODE_ONLY and entry != "decode_attention":
+        raise ValueError(f"numpy_broken: bug {bug} applies to decode_attention only, not {entry}")
     if bug == "raise":
         raise ValueError(f"numpy_broken: deliberate exception in {entry}")
     if bug == "refuse":
@@ -206,3 +226,25 @@ ADAPTER.add("page_indices", lambda t, p: _run("page_indices", ref.page_indices, 
 ADAPTER.add("kv_gather", lambda t, p: _run("kv_gather", ref.kv_gather, t, p))
 ADAPTER.add("rope_inplace", lambda t, p: _run("rope_inplace", ref.rope_inplace, t, p))
 ADAPTER.add("rope_out_of_place", lambda t, p: _run("rope_out_of_place", ref.rope_out_of_place, t, p))
+
+
+def _decode_contract():
+    """decode_attention's declared contract, fixed when the module loads (the harness reads it
+    once): the default under undeclared_rounding (the bug is the missing declaration), else the
+    one numpy_reference declares."""
+    try:
+        bug = bug_for("decode_attention")
+    except ValueError:
+        bug = "none"  # the entry raises the ValueError when called
+    return "fp32-accumulate" if bug == "undeclared_rounding" else ref.ADAPTER.contract_of("decode_attention")
+
+
+def _decode_attention_broken(t, p):
+    bug = bug_for("decode_attention")
+    if bug == "wrong_scale":
+        return ref._decode_attention(t, p, sm_scale_power=2)
+    # undeclared_rounding: numpy_reference's arithmetic, declared as the default contract
+    return ref.decode_attention(t, p)
+
+
+ADAPTER.add("decode_attention", lambda t, p: _run("decode_attention", _decode_attention_broken, t, p), contract=_decode_contract())

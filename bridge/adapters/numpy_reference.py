@@ -1,11 +1,16 @@
 """numpy_reference: a NumPy adapter for attncheck's Python bridge (device "cpu").
 
 Written from the op contracts (docs/abi.md "page_indices: the worked example", docs/ops/kv_gather.md,
-docs/ops/rope.md), not from reference/*.cpp. It refuses (attncheck_bridge.Refuse) exactly the
-configurations those documents call invalid and declines (Unsupported) what they leave undefined.
+docs/ops/rope.md, docs/ops/decode_attention.md), not from reference/*.cpp. It refuses
+(attncheck_bridge.Refuse) exactly the configurations those documents call invalid and declines
+(Unsupported) what they leave undefined.
 Every output is written in place through the harness's strided views.
 
     attncheck run --tier smoke --op page_indices --kernels py:numpy_reference
+
+decode_attention rounds each q.k product to the 16-bit input type and declares that arithmetic
+contract ("qk-products-in-input-type"): attncheck judges it by the budgets derived for it when the
+default ones fail, and says so in the verdict.
 """
 
 import numpy as np
@@ -13,7 +18,9 @@ import numpy as np
 import attncheck_bridge as ab
 from attncheck_bridge import Refuse, Unsupported, as_numpy
 
-ADAPTER = ab.Adapter(name="numpy_reference", device="cpu", contract="f64-evaluate")
+# The exact ops evaluate in float64 and round once (stricter than the default contract); entries
+# with contract-dependent arithmetic declare their own contract.
+ADAPTER = ab.Adapter(name="numpy_reference", device="cpu")
 
 
 def _arg(t, name):
@@ -265,3 +272,133 @@ def rope_out_of_place(t, p):
     neox, rot, cos, sin, (q, k), (q_out, k_out) = _rope_prepare(t, p, ("q_out", "k_out"))
     _rotate(q, q_out, neox, rot, cos, sin)
     _rotate(k, k_out, neox, rot, cos, sin)
+
+
+# ------------------------------------------------------------------------------------------------
+# decode_attention (docs/ops/decode_attention.md, "Semantics" and "Kernel contract"), computed the
+# way a kernel with bf16/f16 products does: each q.k product rounded to the 16-bit input type, the
+# rounded products summed in float32. That is not the default arithmetic contract, so the entry
+# declares it (docs/verification.md "Arithmetic contracts"); the softmax, P.V and the merge run in
+# float64 (no splits: any split count gives the same result), o is rounded once to q's dtype.
+
+_TOKEN_CHUNK = 256  # tokens per product block: [Hq, chunk, Lk] float32 stays small
+
+
+def _decode_values(a, dtype_name, fp8_format):
+    """Values of raw elements as float32 (exact: 16-bit floats and fp8 codes widen exactly)."""
+    if dtype_name == "u8":
+        return ab.fp8_to_f32(a, fp8_format)
+    if dtype_name == "bf16":
+        return ab.bf16_to_f32(a)
+    return ab.f16_to_f32(a)
+
+
+def _round_products(prod_f32, dtype_name):
+    """Each product (exact in float32: 16-bit x 16-bit or x fp8) rounded once to the input type."""
+    if dtype_name == "bf16":
+        return ab.bf16_to_f32(ab.f32_to_bf16_rne(prod_f32))
+    return prod_f32.astype(np.float16).astype(np.float32)
+
+
+def _decode_attention_arguments(t, p):
+    """The validated views and parameters; Refuse for what the op contract calls invalid."""
+    names = ("q", "k_buffer", "v_buffer", "req_to_token", "b_seq_len", "o", "lse")
+    q, k, v, table, lens, o, lse = (_arg(t, n) for n in names)
+    ab.expect_dtype(q, *_MODEL)
+    ab.expect_dtype(o, q.dtype_name)
+    ab.expect_dtype(lse, "f32")
+    ab.expect_dtype(table, "i32")
+    ab.expect_dtype(lens, "i32")
+    fp8 = k.dtype_name == "u8"
+    fmt = p.get("fp8_format")
+    if fp8 and fmt not in ("e4m3fn", "e4m3fnuz"):
+        raise Refuse(f"uint8 caches need fp8_format e4m3fn or e4m3fnuz, got {fmt!r}")
+    if not fp8:
+        ab.expect_dtype(k, q.dtype_name)
+    ab.expect_dtype(v, k.dtype_name)
+    ab.expect_ndim(q, 3)
+    ab.expect_ndim(o, 3)
+    ab.expect_ndim(lse, 2)
+    ab.expect_ndim(k, 3, 4)
+    ab.expect_ndim(v, k.ndim)
+    ab.expect_ndim(table, 2)
+    ab.expect_ndim(lens, 1)
+    for x in (q, k, v, o):
+        if x.strides[-1] != 1:
+            raise Refuse(f"'{x.name}' must have a unit last stride, got strides {x.strides}")
+    B, Hq, Lk = q.shape
+    P = 1 if k.ndim == 3 else k.shape[1]
+    Hkv, Lv = k.shape[-2], v.shape[-1]
+    if int(p.get("page_size", -1)) != P:
+        raise Refuse(f"page_size {p.get('page_size')} differs from the cache's page size {P}")
+    if Hkv < 1 or Hq % Hkv:
+        raise Refuse(f"heads {Hq} is not a multiple of kv_heads {Hkv}")
+    if k.shape[-1] != Lk or v.shape[:-1] != k.shape[:-1]:
+        raise Refuse(f"k_buffer {k.shape} and v_buffer {v.shape} do not fit q {q.shape}")
+    if o.shape != (B, Hq, Lv) or lse.shape != (B, Hq) or table.shape[0] != B or lens.shape != (B,):
+        raise Refuse(f"o {o.shape}, lse {lse.shape}, req_to_token {table.shape}, b_seq_len {lens.shape} disagree with q {q.shape}")
+    S = int(p.get("num_kv_splits", 0))
+    if not 1 <= S <= 65535:
+        raise Refuse(f"num_kv_splits must be in [1, 65535], got {S}")
+    k_scale, v_scale = float(p.get("k_scale", 1.0)), float(p.get("v_scale", 1.0))
+    if not fp8 and (k_scale != 1.0 or v_scale != 1.0):
+        raise Refuse(f"a 16-bit cache takes no scales, got k_scale {k_scale}, v_scale {v_scale}")
+    if bool(p.get("is_mla", False)):
+        if Lv >= Lk:
+            raise Refuse(f"is_mla needs Lv < Lk (V is the latent prefix of K), got {Lk}/{Lv}")
+        if v.ptr != k.ptr or v.strides != k.strides:
+            raise Refuse("is_mla: v_buffer must be k_buffer[..., :Lv] (same pointer and strides)")
+        if v_scale != k_scale:
+            raise Refuse(f"is_mla: v_scale {v_scale} must equal k_scale {k_scale}")
+    if Lv > 1024:
+        raise Refuse(f"Lv {Lv} > 1024")
+    return q, k, v, table, lens, o, lse, P, fmt, k_scale, v_scale
+
+
+def _decode_attention(t, p, sm_scale_power=1):
+    """decode_attention with products rounded to the input type. sm_scale_power 2 is
+    numpy_broken's wrong_scale bug (the scale applied twice)."""
+    q, k, v, table, lens, o, lse, P, fmt, k_scale, v_scale = _decode_attention_arguments(t, p)
+    B, Hq, Lk = q.shape
+    Hkv, G = k.shape[-2], q.shape[1] // k.shape[-2]
+    sm_scale = float(p["sm_scale"]) ** sm_scale_power
+    cap = float(p.get("logit_cap", 0.0))
+    qv = _decode_values(as_numpy(q), q.dtype_name, fmt)  # [B, Hq, Lk]
+    kc, vc = as_numpy(k), as_numpy(v)
+    tab, n = as_numpy(table), as_numpy(lens)
+    o_out, lse_out = as_numpy(o), as_numpy(lse)
+    kv_head = np.arange(Hq) // G
+    for b in range(B):
+        L = int(n[b])
+        if L < 1 or -(-L // P) > tab.shape[1]:
+            raise Unsupported(f"request {b}: length {L} (the op defines 1 .. {tab.shape[1] * P})")
+        tok = np.arange(L)
+        pages = tab[b, tok // P].astype(np.int64)
+        if (pages < 0).any() or (pages >= kc.shape[0]).any():
+            raise Unsupported(f"request {b} reads a page outside the cache")
+        rows_k = kc[pages] if P == 1 else kc[pages, tok % P]  # [L, Hkv, Lk] codes or bits
+        rows_v = vc[pages] if P == 1 else vc[pages, tok % P]  # [L, Hkv, Lv]
+        kf = _decode_values(rows_k, k.dtype_name, fmt)
+        dots = np.empty((Hq, L), dtype=np.float32)
+        for c0 in range(0, L, _TOKEN_CHUNK):
+            kk = kf[c0 : c0 + _TOKEN_CHUNK][:, kv_head, :].transpose(1, 0, 2)  # [Hq, chunk, Lk]
+            prod = qv[b][:, None, :] * kk  # exact in float32
+            dots[:, c0 : c0 + _TOKEN_CHUNK] = _round_products(prod, q.dtype_name).sum(axis=-1, dtype=np.float32)
+        s = dots.astype(np.float64) * sm_scale * k_scale
+        if cap > 0:
+            s = cap * np.tanh(s / cap)
+        m = s.max(axis=1, keepdims=True)
+        w = np.exp(s - m)  # [Hq, L]
+        l = w.sum(axis=1, keepdims=True)
+        vf = _decode_values(rows_v, v.dtype_name, fmt).astype(np.float64)  # [L, Hkv, Lv]
+        out = np.empty((Hq, vf.shape[2]))
+        for g in range(Hkv):
+            heads = slice(g * G, (g + 1) * G)
+            out[heads] = w[heads] @ vf[:, g, :]
+        o_out[b] = _round_f64(v_scale * out / l, o.dtype_name)
+        lse_out[b] = (m + np.log(l))[:, 0].astype(np.float32)
+
+
+@ADAPTER.entry("decode_attention", contract="qk-products-in-input-type")
+def decode_attention(t, p):
+    _decode_attention(t, p)

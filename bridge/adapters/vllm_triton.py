@@ -73,14 +73,6 @@ from attncheck_bridge import Refuse, Unsupported
 ADAPTER = ab.Adapter(name="vllm_triton", device="cuda")
 
 
-def _entry(name, contract=None):
-    """ADAPTER.entry declaring ``contract`` where the bridge takes per-entry contracts
-    (docs/bridge.md); a bridge without them has no place to record one."""
-    if contract is not None and "contract" in inspect.signature(ADAPTER.entry).parameters:
-        return ADAPTER.entry(name, contract=contract)
-    return ADAPTER.entry(name)
-
-
 # ------------------------------------------------------------------------------------------------
 # Where each entry's function lives: (module name, repository path, function), older paths after.
 
@@ -590,7 +582,7 @@ def _rows_contiguous(x):
 # kv_cache_write (docs/ops/kv_cache_write.md)
 
 
-@_entry("kv_cache_write")
+@ADAPTER.entry("kv_cache_write")
 def kv_cache_write(t, p):
     """Declines SHUFFLE caches (``reshape_and_cache_shuffle``'s), caches whose heads are not
     contiguous within a slot (the function asserts ``key_cache.stride(2) == head_size``: padded and
@@ -662,6 +654,17 @@ def kv_cache_write(t, p):
         return
     writer(key_t, value_t, kc_t, vc_t, torch.from_dlpack(slots), kv_dtype,
            torch.from_dlpack(ks), torch.from_dlpack(vs))
+
+
+@ADAPTER.entry("kv_cache_write_pertoken_quant")
+def kv_cache_write_pertoken_quant(t, p):
+    """vLLM has no Triton per-token-quant writer: the variant is AITER's
+    ``reshape_and_cache_with_pertoken_quant`` (py:rocm_aiter). Declared so that a run over the
+    kv_cache_write family reports these cases as not served instead of as a missing entry."""
+    raise Unsupported(
+        "vLLM's Triton writers quantize with one scale per tensor; the per-token-quant writer is "
+        "AITER's reshape_and_cache_with_pertoken_quant (py:rocm_aiter)"
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -742,7 +745,7 @@ def _decode_checks(t, p):
                 sm_scale=sm_scale, cap=cap, k_scale=k_scale, v_scale=v_scale, is_mla=is_mla, fmt=fmt)
 
 
-@_entry("decode_attention", contract=DECODE_CONTRACT)
+@ADAPTER.entry("decode_attention", contract=DECODE_CONTRACT)
 def decode_attention(t, p):
     """decode_attention_fwd(q, k_buffer, v_buffer, o, lse, req_to_token, b_seq_len, attn_logits,
     num_kv_splits, sm_scale, page_size, logit_cap[, k_scale, v_scale], is_mla); attn_logits, the
@@ -847,7 +850,7 @@ def _kv_gather_checks(t, p):
                 Hkv=Hkv, D=D)
 
 
-@_entry("kv_gather")
+@ADAPTER.entry("kv_gather")
 def kv_gather(t, p):
     """cp_mha_gather_cache(key_cache, value_cache, key, value, block_tables, k_scales, v_scales,
     cu_seqlens_kv, token_to_batch, seq_starts, dequant, kv_cache_layout, total_tokens).
@@ -958,7 +961,7 @@ def _indexer_cache_checks(cache):
     return nb, bs
 
 
-@_entry("indexer_k_cache")
+@ADAPTER.entry("indexer_k_cache")
 def indexer_k_cache(t, p):
     """indexer_k_quant_and_cache_triton(k, kv_cache, slot_mapping, quant_block_size=128,
     scale_fmt="ue8m0"): ue8m0 (power-of-two) per-token scales, the layout chosen from the block
@@ -998,7 +1001,7 @@ def indexer_k_cache(t, p):
     fn(torch.from_dlpack(k), torch.from_dlpack(cache), torch.from_dlpack(slots), _HEAD_DIM, "ue8m0")
 
 
-@_entry("indexer_gather")
+@ADAPTER.entry("indexer_gather")
 def indexer_gather(t, p):
     """cp_gather_indexer_k_quant_cache_triton(k_cache, k_fp8, k_fp8_scale, block_table, cu_seqlen,
     token_to_seq): token_to_seq (the request of every gathered row) is derived from cu_seq_lens

@@ -220,8 +220,9 @@ void page_indices_by_hand(const attncheck_plugin_v1& api, int64_t out_len, int K
 TEST(PyBridge, NumpyReferenceDescribesItself) {
   REQUIRE_NUMPY();
   in_child("numpy_reference", [](const attncheck_plugin_v1& api) {
-    EXPECT_STREQ(api.library, "attncheck-pybridge (numpy_reference, contract f64-evaluate)");
-    EXPECT_STREQ(api.ops(), "page_indices,kv_gather,rope_inplace,rope_out_of_place");
+    EXPECT_STREQ(api.library, "attncheck-pybridge (numpy_reference, contract fp32-accumulate)");
+    EXPECT_STREQ(api.ops(),
+                 "page_indices,kv_gather,rope_inplace,rope_out_of_place,decode_attention");
     char name[256] = {0}, arch[64] = {0}, msg[kMsg] = {0};
     EXPECT_EQ(api.device_info(name, sizeof name, arch, sizeof arch, msg, kMsg), ATTNCHECK_OK)
         << msg;
@@ -332,12 +333,44 @@ TEST(PyBridge, AdapterByPathAndTimingAndRoofline) {
            });
 }
 
+// Each entry's declared arithmetic contract through the extension table (docs/abi.md); NULL for an
+// entry the adapter lacks. `expect`: entry -> contract.
+void expect_contracts(const Env& expect) {
+  void* h = ::dlopen(ATTNCHECK_PYBRIDGE_LIB, RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_NE(h, nullptr);
+  auto get_ext =
+      reinterpret_cast<attncheck_plugin_ext_v1_get_fn>(::dlsym(h, "attncheck_plugin_ext_v1_get"));
+  ASSERT_NE(get_ext, nullptr);
+  const attncheck_plugin_ext_v1* ext = get_ext();
+  ASSERT_TRUE(ATTNCHECK_EXT_HAS(ext, contract));
+  EXPECT_FALSE(ATTNCHECK_EXT_HAS(ext, fill));  // the harness uploads poison instead
+  EXPECT_FALSE(ATTNCHECK_EXT_HAS(ext, background));
+  for (const auto& [entry, contract] : expect)
+    EXPECT_STREQ(ext->contract(entry.c_str()), contract.c_str()) << entry;
+  EXPECT_EQ(ext->contract("no_such_entry"), nullptr);
+  EXPECT_EQ(ext->contract(nullptr), nullptr);
+}
+
+TEST(PyBridge, NumpyReferenceDeclaresItsContracts) {
+  REQUIRE_NUMPY();
+  in_child("numpy_reference", [](const attncheck_plugin_v1&) {
+    expect_contracts(
+        {{"decode_attention", "qk-products-in-input-type"}, {"page_indices", "fp32-accumulate"}});
+  });
+}
+
 // ----------------------------------------------------------------------------------------------
 // Without NumPy: metadata, error paths, stdout.
 
+TEST(PyBridge, EntriesInheritTheAdaptersContract) {
+  in_child("pure_python", [](const attncheck_plugin_v1&) {
+    expect_contracts({{"check_meta", "p-in-input-type"}});
+  });
+}
+
 TEST(PyBridge, TensorsCarryNamesDtypesShapesStridesOffsets) {
   in_child("pure_python", [](const attncheck_plugin_v1& api) {
-    EXPECT_STREQ(api.library, "attncheck-pybridge (pure_python, contract test-contract)");
+    EXPECT_STREQ(api.library, "attncheck-pybridge (pure_python, contract p-in-input-type)");
     std::vector<std::byte> bytes(256);
     Buffer b(api, bytes.data(), bytes.size()), c(api, bytes.data(), 64);
     Args args({{"q", &b, kBf16, {2, 3, 4}, {24, 4, 1}, 8},

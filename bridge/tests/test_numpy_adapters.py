@@ -372,7 +372,190 @@ def test_broken_nondeterministic_flips_every_second_call(monkeypatch):
 
 def test_broken_defaults_and_bad_spec(monkeypatch):
     monkeypatch.delenv("ATTNCHECK_BROKEN", raising=False)
-    assert [numpy_broken.bug_for(e) for e in numpy_broken.ADAPTER.ops()] == ["wrong_element", "ignore_stride", "mutate_input", "unwritten"]
+    assert [numpy_broken.bug_for(e) for e in numpy_broken.ADAPTER.ops()] == ["wrong_element", "ignore_stride", "mutate_input", "unwritten", "undeclared_rounding"]
     monkeypatch.setenv("ATTNCHECK_BROKEN", "page_indices=teleport")
     with pytest.raises(ValueError, match="unknown bug"):
         numpy_broken.bug_for("page_indices")
+
+
+# ------------------------------------------------------------------------------------------------
+# decode_attention (docs/ops/decode_attention.md): a plain loop over the documented semantics, with
+# each q.k product rounded to the input type (the contract the entry declares)
+
+
+def round_to(x, dtype):
+    x = np.asarray(x, dtype=np.float32)
+    if dtype == "bf16":
+        return ab.bf16_to_f32(ab.f32_to_bf16_rne(x))
+    return x.astype(np.float16).astype(np.float32)
+
+
+def to_bits(values, dtype):
+    if dtype == "bf16":
+        return ab.f32_to_bf16_rne(np.asarray(values, dtype=np.float32))
+    return np.asarray(values, dtype=np.float16).view(np.uint16)
+
+
+def decode_problem(rng, dtype="bf16", fp8=None, mla=False, P=4, Hq=4, Hkv=2, Lk=16, Lv=8, lens=(1, 5, 9), cap=0.0):
+    """Caches [pages, P, Hkv, D] (3-D when P = 1) with a permuted page table; o and lse views of
+    NaN-filled storages one row wider (the harness's poison)."""
+    B = len(lens)
+    W = max(-(-L // P) for L in lens) + 1
+    pages = B * W + 3
+    table = (rng.permutation(pages)[: B * W].reshape(B, W)).astype(np.int32)
+    shape = (pages, Hkv, Lk) if P == 1 else (pages, P, Hkv, Lk)
+    vshape = shape[:-1] + (Lv,)
+
+    def fp8_codes(shape):
+        c = rng.integers(0, 256, size=shape).astype(np.uint8)
+        c[(c & 0x7F) == 0x7F] = 0x30  # no NaN codes: e4m3fn 0x7F/0xFF ...
+        c[c == 0x80] = 0x31  # ... and e4m3fnuz 0x80
+        return c
+
+    if fp8:
+        kbits, k_scale, v_scale, kdt = fp8_codes(shape), 0.03125 * 1.1, 0.03125 * 0.9, "u8"
+    else:
+        kbits, k_scale, v_scale, kdt = to_bits(rng.normal(size=shape), dtype), 1.0, 1.0, dtype
+    if mla:
+        v_scale, vview = k_scale, kbits[..., :Lv]  # V is K's latent prefix, same storage
+    else:
+        vview = fp8_codes(vshape) if fp8 else to_bits(rng.normal(size=vshape), dtype)
+    qbits = to_bits(rng.normal(size=(B, Hq, Lk)) * 2, dtype)
+    o_store = np.full((B + 1, Hq, Lv), 0x7FC0, dtype=np.uint16)
+    lse_store = np.full((B + 1, Hq), np.nan, dtype=np.float32)
+    t = {
+        "q": T_(qbits, "q", dtype),
+        "k_buffer": T_(kbits, "k_buffer", kdt),
+        "v_buffer": T_(vview, "v_buffer", kdt),
+        "req_to_token": T_(table, "req_to_token"),
+        "b_seq_len": T_(np.array(lens, dtype=np.int32), "b_seq_len"),
+        "o": T_(o_store[:B], "o", dtype),
+        "lse": T_(lse_store[:B], "lse"),
+    }
+    p = {"num_kv_splits": 3, "sm_scale": float(np.float32(1 / np.sqrt(Lk))), "page_size": P, "logit_cap": cap, "k_scale": k_scale, "v_scale": v_scale, "is_mla": mla}
+    if fp8:
+        p["fp8_format"] = fp8
+    return t, p, o_store, lse_store
+
+
+def decode_loop(t, p, dtype, sm_scale_power=1):
+    """Token by token, head by head: the documented semantics with rounded products."""
+    fmt = p.get("fp8_format")
+    val = (lambda a: ab.fp8_to_f32(a, fmt)) if fmt else (lambda a: ab.bf16_to_f32(a) if dtype == "bf16" else ab.f16_to_f32(a))
+    q = ab.bf16_to_f32(ab.as_numpy(t["q"])) if dtype == "bf16" else ab.f16_to_f32(ab.as_numpy(t["q"]))
+    K, V = ab.as_numpy(t["k_buffer"]), ab.as_numpy(t["v_buffer"])
+    table, lens = ab.as_numpy(t["req_to_token"]), ab.as_numpy(t["b_seq_len"])
+    P = p["page_size"]
+    B, Hq, Lk = q.shape
+    Hkv = K.shape[-2]
+    o = np.zeros((B, Hq, V.shape[-1]))
+    lse = np.zeros((B, Hq))
+    for b in range(B):
+        for h in range(Hq):
+            g = h // (Hq // Hkv)
+            s, vs = [], []
+            for n in range(int(lens[b])):
+                page = table[b, n // P]
+                krow = K[page, g] if P == 1 else K[page, n % P, g]
+                vrow = V[page, g] if P == 1 else V[page, n % P, g]
+                acc = np.float32(0)
+                for i in range(Lk):
+                    acc = np.float32(acc + round_to(q[b, h, i] * val(krow[i]), dtype))
+                x = float(acc) * p["sm_scale"] ** sm_scale_power * p["k_scale"]
+                if p["logit_cap"] > 0:
+                    x = p["logit_cap"] * np.tanh(x / p["logit_cap"])
+                s.append(x)
+                vs.append(val(vrow).astype(np.float64) * p["v_scale"])
+            s = np.array(s)
+            w = np.exp(s - s.max())
+            o[b, h] = (w[:, None] * np.array(vs)).sum(axis=0) / w.sum()
+            lse[b, h] = s.max() + np.log(w.sum())
+    return o, lse
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"dtype": "f16", "P": 1, "Hkv": 4},
+        {"mla": True, "Hkv": 1, "Lv": 12},
+        {"fp8": "e4m3fn", "cap": 5.0},
+        {"fp8": "e4m3fnuz", "mla": True, "Hkv": 1},
+    ],
+)
+def test_decode_attention_matches_the_loop_with_rounded_products(kw):
+    dtype = kw.get("dtype", "bf16")
+    t, p, o_store, lse_store = decode_problem(np.random.default_rng(7), **kw)
+    ref.decode_attention(t, p)
+    o_want, lse_want = decode_loop(t, p, dtype)
+    got = ab.bf16_to_f32(o_store[:-1]) if dtype == "bf16" else ab.f16_to_f32(o_store[:-1])
+    u = 2.0**-8 if dtype == "bf16" else 2.0**-11
+    # o rounded once from float64; the loop's float32 sum runs in another order than NumPy's
+    # pairwise sum (a few fp32 ulps of the scores), far below one output ulp.
+    assert np.all(np.abs(got - o_want) <= u * np.abs(o_want) + 1e-4)
+    np.testing.assert_allclose(lse_store[:-1], lse_want, rtol=1e-5, atol=1e-5)
+    assert np.all(o_store[-1] == 0x7FC0) and np.isnan(lse_store[-1]).all()  # nothing past the views
+    assert ref.ADAPTER.contract_of("decode_attention") == "qk-products-in-input-type"
+
+
+def test_decode_attention_rounds_products_where_fp32_products_would_differ():
+    """The rounding is real: exact products give another result (else the contract test would
+    prove nothing)."""
+    t, p, o_store, lse_store = decode_problem(np.random.default_rng(3), Lk=64)
+    ref.decode_attention(t, p)
+    q = ab.bf16_to_f32(ab.as_numpy(t["q"])).astype(np.float64)
+    K = ab.bf16_to_f32(ab.as_numpy(t["k_buffer"])).astype(np.float64)
+    b, n, table = 2, 8, ab.as_numpy(t["req_to_token"])
+    exact = (q[b, 0] * K[table[b, n // 4], n % 4, 0]).sum()
+    rounded = round_to(q[b, 0] * K[table[b, n // 4], n % 4, 0], "bf16").astype(np.float64).sum()
+    assert exact != rounded
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda t, p: t.update(q=T_(np.zeros((3, 4, 16), np.float32), "q")), "'q' must be bf16 or f16"),
+        (lambda t, p: t.update(q=T_(np.zeros((3, 3, 16), np.uint16), "q", "bf16")), "heads 3 is not a multiple of kv_heads 2"),
+        (lambda t, p: p.update(page_size=16), "page_size 16 differs"),
+        (lambda t, p: p.update(num_kv_splits=0), "num_kv_splits must be in"),
+        (lambda t, p: p.update(k_scale=2.0), "a 16-bit cache takes no scales"),
+        (lambda t, p: p.update(is_mla=True), "is_mla: v_buffer must be k_buffer"),
+    ],
+)
+def test_decode_attention_refusals(change, message):
+    t, p, _, _ = decode_problem(np.random.default_rng(1))
+    change(t, p)
+    with pytest.raises(ab.Refuse, match=message):
+        ref.decode_attention(t, p)
+
+
+def test_broken_decode_attention(monkeypatch):
+    t, p, o_store, _ = decode_problem(np.random.default_rng(5))
+    monkeypatch.setenv("ATTNCHECK_BROKEN", "decode_attention=wrong_scale")
+    numpy_broken.ADAPTER.get("decode_attention")(t, p)
+    o_want, _ = decode_loop(t, p, "bf16", sm_scale_power=2)
+    got = ab.bf16_to_f32(o_store[:-1])
+    assert np.all(np.abs(got - o_want) <= 2.0**-8 * np.abs(o_want) + 1e-4)
+    o_right, _ = decode_loop(t, p, "bf16")
+    assert np.abs(got - o_right).max() > 0.05  # the bug shows
+    monkeypatch.setenv("ATTNCHECK_BROKEN", "decode_attention=undeclared_rounding")
+    numpy_broken.ADAPTER.get("decode_attention")(t, p)
+    assert np.all(np.abs(ab.bf16_to_f32(o_store[:-1]) - o_right) <= 2.0**-8 * np.abs(o_right) + 1e-4)
+    monkeypatch.setenv("ATTNCHECK_BROKEN", "page_indices=wrong_scale")
+    with pytest.raises(ValueError, match="applies to decode_attention only"):
+        numpy_broken.ADAPTER.get("page_indices")(*broken_page(monkeypatch, "wrong_scale")[:2])
+
+
+def test_broken_decode_attention_declares_by_its_bug(monkeypatch):
+    import importlib
+
+    # The module as loaded under ctest: no ATTNCHECK_BROKEN, the default bug undeclared_rounding.
+    monkeypatch.delenv("ATTNCHECK_BROKEN", raising=False)
+    fresh = importlib.reload(numpy_broken)
+    assert fresh.ADAPTER.contract_of("decode_attention") == "fp32-accumulate"
+    monkeypatch.setenv("ATTNCHECK_BROKEN", "decode_attention=wrong_scale")
+    assert importlib.reload(numpy_broken).ADAPTER.contract_of("decode_attention") == "qk-products-in-input-type"
+    monkeypatch.setenv("ATTNCHECK_BROKEN", "*=none")
+    assert importlib.reload(numpy_broken).ADAPTER.contract_of("decode_attention") == "qk-products-in-input-type"
+    monkeypatch.delenv("ATTNCHECK_BROKEN")
+    importlib.reload(numpy_broken)

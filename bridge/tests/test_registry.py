@@ -31,17 +31,19 @@ def test_adapter_registry():
         ab.Adapter(name="x", device="tpu")
     with pytest.raises(ValueError):
         ab.Adapter(name="")
-    assert ab.Adapter(name="c", device="cuda", contract="bf16-mma").library() == "attncheck-pybridge (c, contract bf16-mma)"
+    assert ab.Adapter(name="c", device="cuda", contract="p-in-input-type").library() == "attncheck-pybridge (c, contract p-in-input-type)"
 
 
 def test_load_by_module_and_by_path():
     a = _host.load_adapter("numpy_reference")
     assert a.name == "numpy_reference"
     assert _host.describe(a) == (
-        "attncheck-pybridge (numpy_reference, contract f64-evaluate)",
+        "attncheck-pybridge (numpy_reference, contract fp32-accumulate)",
         "cpu",
-        "page_indices,kv_gather,rope_inplace,rope_out_of_place",
+        "page_indices,kv_gather,rope_inplace,rope_out_of_place,decode_attention",
     )
+    assert _host.entry_contracts(a)[-1] == ("decode_attention", "qk-products-in-input-type")
+    assert dict(_host.entry_contracts(a))["page_indices"] == "fp32-accumulate"
     b = _host.load_adapter(os.path.join(HERE, "adapters", "pure_python.py"))
     assert b.name == "pure_python"
 
@@ -127,3 +129,38 @@ def test_time_and_roofline_on_cpu():
 def test_cpu_device_info():
     a = _host.load_adapter("pure_python")
     assert _host.query_device(a, "pure_python") == (_host.OK, "", "host (py adapter pure_python)", "cpu")
+
+
+def test_contracts_per_entry_and_validated():
+    assert ab.CONTRACTS == (
+        "fp32-accumulate",
+        "qk-products-in-input-type",
+        "p-in-input-type",
+        "qk-products-in-input-type+p-in-input-type",
+    )
+    assert ab.DEFAULT_CONTRACT == "fp32-accumulate"
+    # + combinations in any order come back in canonical spelling
+    assert ab.contract_name("p-in-input-type+qk-products-in-input-type") == "qk-products-in-input-type+p-in-input-type"
+    a = ab.Adapter(name="k", contract="p-in-input-type")
+    a.add("inherits", lambda t, p: None)
+
+    @a.entry("own", contract="qk-products-in-input-type")
+    def own(t, p):
+        pass
+
+    assert a.contract_of("inherits") == "p-in-input-type"
+    assert a.contract_of("own") == "qk-products-in-input-type"
+    assert a.contract_of("absent") is None
+    assert a.contracts == {"inherits": "p-in-input-type", "own": "qk-products-in-input-type"}
+    assert ab.Adapter(name="d").contract == "fp32-accumulate"
+    with pytest.raises(ValueError, match=r"adapter 'k', entry 'bad': unknown contract 'fp8-scores'.*known: fp32-accumulate"):
+        a.add("bad", lambda t, p: None, contract="fp8-scores")
+    assert a.contract_of("bad") is None
+    with pytest.raises(ValueError, match="names a part twice"):
+        a.add("bad", lambda t, p: None, contract="p-in-input-type+p-in-input-type")
+    with pytest.raises(ValueError, match="part 'fp32-accumulate'"):
+        a.add("bad", lambda t, p: None, contract="fp32-accumulate+p-in-input-type")
+    with pytest.raises(ValueError, match="Adapter 'x': unknown contract 'f64-evaluate'"):
+        ab.Adapter(name="x", contract="f64-evaluate")
+    with pytest.raises(ValueError, match="non-empty"):
+        ab.Adapter(name="x", contract="")

@@ -756,3 +756,8 @@ def test_a_missing_vllm_file_is_named(fresh, monkeypatch, tmp_path):
     t, p = cache_write_problem()
     with pytest.raises(ab.Unsupported, match="is not a file"):
         vllm_triton.kv_cache_write(t, p)
+
+
+def test_declines_the_per_token_quant_writer_naming_where_it_lives():
+    with pytest.raises(ab.Unsupported, match="reshape_and_cache_with_pertoken_quant"):
+        vllm_triton.kv_cache_write_pertoken_quant({}, {})

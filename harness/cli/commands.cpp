@@ -166,12 +166,15 @@ int cmd_repro(const Paths& p, const ReproArgs& a) {
     const auto& b = ch.budget;
     const auto& m = ch.metrics;
     std::cout << "\ncheck " << ch.name << ": " << (ch.passed ? "PASSED" : "FAILED") << "\n";
+    // The arithmetic contract the budget was derived for (docs/verification.md).
+    const std::string contract = r.contract.empty() ? "" : "  (contract " + r.contract + ")";
     if (b.kind == Budget::Kind::numeric)
       std::cout << "  budget   |a-e| <= " << num(b.atol) << " + " << num(b.rtol) << "*|e|"
                 << (b.max_mismatch_frac > 0
                         ? ", up to " + num(b.max_mismatch_frac) + " of elements beyond"
                         : "")
-                << (b.max_calc_diff >= 0 ? ", calc_diff <= " + num(b.max_calc_diff) : "") << "\n";
+                << (b.max_calc_diff >= 0 ? ", calc_diff <= " + num(b.max_calc_diff) : "")
+                << contract << "\n";
     else
       std::cout << "  budget   " << (b.kind == Budget::Kind::exact ? "bitwise" : "top-k as sets")
                 << "\n";
@@ -201,7 +204,8 @@ int cmd_repro(const Paths& p, const ReproArgs& a) {
       }
     }
   }
-  std::cout << "\nverdict  " << verdict_name(r.verdict) << "\n";
+  std::cout << "\nverdict  " << verdict_name(r.verdict)
+            << (r.contract.empty() ? "" : " (budgets of contract " + r.contract + ")") << "\n";
   std::string msg = r.message;
   size_t pos;
   std::cout << "  - ";

@@ -385,6 +385,19 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
   }
   if (summary.compared == 0)
     std::cout << "\nNOTHING COMPARED: no case compared a kernel output or a golden\n";
+  // Never a silently looser default: passes that needed the kernel's declared contract are
+  // counted per contract (each result names it; docs/verification.md "Arithmetic contracts").
+  std::map<std::string, int64_t> under_contract;
+  for (const auto& j : results)
+    if (j.is_object() && j.value("verdict", "") == "passed" &&
+        j.value("contract", std::string(kDefaultContractName)) != kDefaultContractName)
+      ++under_contract[j.value("contract", "")];
+  if (!under_contract.empty()) {
+    std::cout << "\npassed only under the kernel's declared arithmetic contract (the default "
+              << kDefaultContractName << " budgets fail):\n";
+    for (const auto& [name, n] : under_contract)
+      std::cout << "  " << n << " case(s) under " << name << "\n";
+  }
   print_stress_summary(results, a.stress);
   std::cout << "wall time " << std::fixed << std::setprecision(1) << wall_s << " s\n";
 

@@ -1,7 +1,9 @@
 #include "policy.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <iterator>
 #include <limits>
 #include <stdexcept>
 
@@ -116,6 +118,86 @@ Budget output_rounding_budget(DType out, double scale, std::string why) {
   b.why = "rtol u(" + std::string(dtype_name(out)) + ") " + format_number(u) + ", atol u * scale " +
           format_number(scale) + " = " + format_number(b.atol) + ": " + why;
   return b;
+}
+
+namespace {
+
+// The parts a contract combines, in canonical order (attncheck_bridge.CONTRACT_PARTS).
+struct ContractPart {
+  std::string_view name;
+  bool Contract::*flag;
+};
+constexpr ContractPart kContractParts[] = {
+    {"qk-products-in-input-type", &Contract::qk_products_in_input_type},
+    {"p-in-input-type", &Contract::p_in_input_type},
+};
+
+}  // namespace
+
+std::string Contract::name() const {
+  std::string s;
+  for (const auto& part : kContractParts)
+    if (this->*part.flag) s += (s.empty() ? "" : "+") + std::string(part.name);
+  return s.empty() ? std::string(kDefaultContractName) : s;
+}
+
+std::optional<Contract> parse_contract(std::string_view name) {
+  if (name == kDefaultContractName) return Contract{};
+  if (name.empty()) return std::nullopt;
+  Contract c;
+  size_t start = 0;
+  while (true) {
+    const size_t plus = name.find('+', start);
+    const std::string_view part =
+        name.substr(start, plus == std::string_view::npos ? std::string_view::npos : plus - start);
+    const auto* found = std::find_if(std::begin(kContractParts), std::end(kContractParts),
+                                     [&](const ContractPart& p) { return p.name == part; });
+    if (found == std::end(kContractParts) || c.*found->flag) return std::nullopt;
+    c.*found->flag = true;
+    if (plus == std::string_view::npos) break;
+    start = plus + 1;
+  }
+  return c;
+}
+
+std::vector<Contract> known_contracts() {
+  // Bit i of the mask sets part i: 0 (the default), 1, 2, 3, ... lists single parts before their
+  // combinations, as attncheck_bridge.CONTRACTS does.
+  constexpr size_t n = std::size(kContractParts);
+  std::vector<Contract> out;
+  for (size_t mask = 0; mask < (size_t{1} << n); ++mask) {
+    Contract c;
+    for (size_t i = 0; i < n; ++i)
+      if (mask >> i & 1) c.*kContractParts[i].flag = true;
+    out.push_back(c);
+  }
+  return out;
+}
+
+std::string known_contract_names() {
+  std::string s;
+  for (const auto& c : known_contracts()) s += (s.empty() ? "" : ", ") + c.name();
+  return s;
+}
+
+double qk_product_rounding_error(const Contract& c, DType in, double abs_products_sum) {
+  if (!(abs_products_sum >= 0))
+    throw std::invalid_argument("qk_product_rounding_error: negative or NaN sum of |products|");
+  return c.qk_products_in_input_type ? unit_roundoff(in) * abs_products_sum : 0.0;
+}
+
+double qk_rounded_products_growth(const Contract& c, DType in) {
+  return c.qk_products_in_input_type ? 1.0 + unit_roundoff(in) : 1.0;
+}
+
+double probability_rounding(const Contract& c, DType in) {
+  return c.p_in_input_type ? unit_roundoff(in) : 0.0;
+}
+
+double softmax_weight_remainder(double score_error) {
+  if (!(score_error >= 0))
+    throw std::invalid_argument("softmax_weight_remainder: negative or NaN score error");
+  return std::max(0.0, std::expm1(2 * score_error) - 2 * score_error);
 }
 
 Budget exact_budget(std::string why) {

@@ -9,7 +9,9 @@
 //                  .build();
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "compare.h"
@@ -83,5 +85,51 @@ Budget topk_budget(double tie_tol, std::string why);
 
 // "%.3g" of a number, for why strings.
 std::string format_number(double v);
+
+// Arithmetic contracts (docs/verification.md "Arithmetic contracts"): how a kernel entry declares
+// it rounds where the default model of every budget does not. The default, "fp32-accumulate":
+// products formed exactly and accumulated in fp32, softmax probabilities kept in fp32 unless the
+// op's own model rounds them. Each flag is one extra rounding to the 16-bit input type (bf16 or
+// f16) that an op with that arithmetic derives its budget terms from; names are those of
+// attncheck_bridge.CONTRACTS (bridge/python/attncheck_bridge/__init__.py).
+struct Contract {
+  bool qk_products_in_input_type = false;  // each q.k product rounded to the input type, fp32 sum
+  bool p_in_input_type = false;  // softmax probabilities rounded to the input type before P.V
+
+  bool is_default() const { return !qk_products_in_input_type && !p_in_input_type; }
+  // The canonical name: "fp32-accumulate", or the flags' names joined by '+' in declaration order.
+  std::string name() const;
+  bool operator==(const Contract&) const = default;
+};
+
+inline constexpr std::string_view kDefaultContractName = "fp32-accumulate";
+
+// The contract a name denotes ('+' parts in any order), nullopt for anything else (an unknown or
+// repeated part, "fp32-accumulate" inside a combination, "").
+std::optional<Contract> parse_contract(std::string_view name);
+// Every contract, the default first, then the combinations in the order of
+// attncheck_bridge.CONTRACTS (the smallest deviation first).
+std::vector<Contract> known_contracts();
+// Their names, ", "-joined, for messages.
+std::string known_contract_names();
+
+// Derivation helpers for contract terms (docs/verification.md "Arithmetic contracts").
+//
+// Rounding each of a dot product's products to `in` moves each by at most u(in) times its
+// magnitude: the dot product gains an absolute error of at most u(in) * sum|products|, and the
+// accumulation that follows sums terms up to (1 + u(in)) times larger.
+// The extra error: u(in) * abs_products_sum; 0 unless the contract rounds products.
+double qk_product_rounding_error(const Contract& c, DType in, double abs_products_sum);
+// The factor the accumulation's bound over the rounded products grows by: 1 + u(in) (1 when the
+// contract does not round products).
+double qk_rounded_products_growth(const Contract& c, DType in);
+// The relative error each softmax probability gains before P.V: u(in) under p-in-input-type,
+// else 0.
+double probability_rounding(const Contract& c, DType in);
+// Softmax weights w_n = exp(s_n) / sum exp(s) move by a factor in [exp(-2 d), exp(2 d)] when
+// every score moves by at most d, i.e. by a relative error of at most expm1(2 d). Budgets model it
+// to first order (2 d); this is the rest, expm1(2 d) - 2 d >= 0, which stops being negligible once
+// a contract makes score errors of order u(bf16).
+double softmax_weight_remainder(double score_error);
 
 }  // namespace attncheck

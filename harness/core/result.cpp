@@ -170,6 +170,7 @@ nlohmann::json Result::to_json() const {
                       {"kernel_entry", kernel_entry},
                       {"expected_from", expected_from}};
   if (!bundle.empty()) j["bundle"] = bundle;
+  if (!contract.empty()) j["contract"] = contract;
   if (device_error) j["device_error"] = true;
   if (stress)
     j["stress"] = {
@@ -219,6 +220,7 @@ Result Result::from_json(const nlohmann::json& j) {
     r.kernel_entry = j.value("kernel_entry", "");
     r.expected_from = j.value("expected_from", "");
     r.bundle = j.value("bundle", "");
+    r.contract = j.value("contract", "");
     r.device_error = j.value("device_error", false);
     if (j.contains("stress")) {
       const auto& st = j.at("stress");

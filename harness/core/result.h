@@ -69,6 +69,11 @@ struct Result {
   std::string kernel_entry;   // the library entry the case launches ("rope_inplace")
   std::string expected_from;  // "golden" | "reference" | "" (nothing expected)
   std::string bundle;         // repro bundle written for a failing case
+  // The arithmetic contract whose budgets `checks` hold (docs/verification.md "Arithmetic
+  // contracts"): "fp32-accumulate" (the default), or the kernel's declared contract when the
+  // default budgets failed and the declared ones were applied; "" for ops whose budgets no
+  // contract changes, and when nothing was compared.
+  std::string contract;
   // The launch returned ATTNCHECK_ERROR or device I/O failed: the GPU context may be unusable
   // (sticky faults), so the worker process that ran it retires after reporting it.
   bool device_error = false;

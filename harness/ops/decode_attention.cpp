@@ -274,39 +274,84 @@ class DecodeAttentionOp final : public Op {
   // to the q dtype (grouped kernel only; l sums the unrounded p) moves it by u_p W1', W1' leaving
   // out the top token, whose p = exp(0) = 1 is exact (W1 when a near-tie could swap the top);
   // subnormal p add L h_sub max|v| (l >= 1). fp32 sums over L and S: (2L + 2S + 16) u W1.
+  // Contracts (docs/verification.md "Arithmetic contracts"), u_in = u(q dtype):
+  //   qk-products-in-input-type: each product q_i k_ni rounded to u_in first, so ds gains
+  //     u_in A and the fp32 dot sums products up to (1 + u_in) times larger: gamma_Lk (1 + u_in) A;
+  //     weight errors of that size need the exact factor expm1(2d) instead of 2d: the remainder
+  //     (expm1(ds + e_x + e_b) - (ds + e_x + e_b)) W2 joins the o term;
+  //   p-in-input-type: u_p = u_in in the MHA kernel too (the grouped kernel's model has it).
   std::vector<OutputCheck> checks(const Problem& p, const TensorMap& expected) const override {
     (void)expected;
+    return budgets(p, Contract{});
+  }
+  bool contract_dependent() const override { return true; }
+  std::vector<OutputCheck> contract_checks(const Problem& p, const TensorMap& expected,
+                                           const Contract& contract) const override {
+    (void)expected;
+    return budgets(p, contract);
+  }
+
+ private:
+  static std::vector<OutputCheck> budgets(const Problem& p, const Contract& contract) {
     const auto in = inputs_of(p);
     const auto t = ref::decode_error_terms(in);
     const DType qt = p.arg("q").dtype();
     const int64_t lk = in.q.size(2), hq = in.q.size(1), hkv = in.k_buffer.size(-2);
     const auto S = static_cast<double>(p.kernel_params.at("num_kv_splits").get<int64_t>());
     const double u = unit_roundoff(DType::f32);
-    const double up = hq / hkv > 1 ? unit_roundoff(qt) : 0.0;  // the MHA kernel keeps p in fp32
-    const double gamma_lk = gamma_n(lk, u);                    // T3: worst case for head-dim sums
+    // The MHA kernel keeps p in fp32 unless its contract rounds it.
+    const double up = hq / hkv > 1 ? unit_roundoff(qt) : probability_rounding(contract, qt);
+    const double gamma_lk = gamma_n(lk, u);  // T3: worst case for head-dim sums
+    const double growth = qk_rounded_products_growth(contract, qt);
+    const bool contracted = !contract.is_default();
     double worst_o = 0, worst_lse = 0, worst_a = 0, worst_w1 = 0, worst_w2 = 0;
+    double worst_product_term = 0, worst_remainder_term = 0;
     for (int64_t b = 0; b < in.q.size(0); ++b) {
       const auto L = static_cast<double>(in.seq_lens.at<int32_t>({b}));
       for (int64_t h = 0; h < hq; ++h) {
         const double A = t.score_abs.get({b, h}), W1 = t.weighted_abs_v.get({b, h});
         const double W2 = t.weighted_spread.get({b, h});
-        const double ds = gamma_lk * A + 2 * u * A + 12 * u * in.logit_cap;
+        const double product_term = qk_product_rounding_error(contract, qt, A);
+        const double ds = gamma_lk * growth * A + product_term + 2 * u * A + 12 * u * in.logit_cap;
         const double ex = (2 * A + 4) * u;
         const double eb = ds + ex + (3 * L + 2 * A + 12) * u;
         const double w1_cast =
             t.score_gap.get({b, h}) > 2 * ds ? t.weighted_abs_v_rest.get({b, h}) : W1;
         const double sub = up > 0 ? L * subnormal_half_spacing(qt) * t.v_abs_max.get({b, h}) : 0;
-        const double e = up * w1_cast + (ds + ex + eb) * W2 + (2 * L + 2 * S + 16) * u * W1 + sub;
+        const double remainder =
+            contracted ? softmax_weight_remainder((ds + ex + eb) / 2) * W2 : 0.0;
+        const double e =
+            up * w1_cast + (ds + ex + eb) * W2 + (2 * L + 2 * S + 16) * u * W1 + sub + remainder;
         worst_o = std::max(worst_o, e);
         worst_lse = std::max(worst_lse, ds + ex + eb + (L + 2 * S + 8) * u);
         worst_a = std::max(worst_a, A);
         worst_w1 = std::max(worst_w1, W1);
         worst_w2 = std::max(worst_w2, W2);
+        worst_product_term = std::max(worst_product_term, product_term);
+        worst_remainder_term = std::max(worst_remainder_term, remainder);
       }
     }
     const std::string data = "max A = sum|q k| sm_scale k_scale " + format_number(worst_a) +
                              ", W1 = sum w|v| " + format_number(worst_w1) + ", W2 = sum w|v - o| " +
                              format_number(worst_w2);
+    // The contract's terms, named in both budgets' why (the remainder applies to o only).
+    std::string score_terms, o_terms;
+    if (contracted) {
+      const std::string in_name(dtype_name(qt));
+      const std::string u_in = "u(" + in_name + ") " + format_number(unit_roundoff(qt));
+      score_terms = "; contract " + contract.name() + ":";
+      if (contract.qk_products_in_input_type)
+        score_terms += " each q.k product rounded to " + in_name + ", score error + " + u_in +
+                       " A (max " + format_number(worst_product_term) +
+                       ") and the fp32 dot over products up to (1 + u_in) A;";
+      if (contract.p_in_input_type)
+        score_terms += hq / hkv > 1
+                           ? " p rounded to " + in_name + ": in the grouped kernel's model;"
+                           : " p rounded to " + in_name + ": u_p = " + u_in + ";";
+      o_terms = score_terms + " softmax weights to second order, (expm1(2d) - 2d) W2 (max " +
+                format_number(worst_remainder_term) + ")";
+      score_terms.pop_back();  // the lse budget ends with the score terms: no trailing ';'
+    }
     const Budget o =
         BudgetBuilder("o")
             .output_rounding(qt)
@@ -314,11 +359,11 @@ class DecodeAttentionOp final : public Op {
                       "max over rows of u_p " + format_number(up) +
                           " W1' (p cast) + (score, exp, merge error) W2 + fp32 sums over L, S "
                           "+ subnormal p; " +
-                          data)
+                          data + o_terms)
             .build();
     const Budget l = BudgetBuilder("lse")
                          .relative((S + 2) * u, "fp32 merge steps and store")
-                         .absolute(worst_lse, "score, exp and merge errors; " + data)
+                         .absolute(worst_lse, "score, exp and merge errors; " + data + score_terms)
                          .build();
     return {{"o", o, {}, {}}, {"lse", l, {}, {}}};
   }

@@ -99,13 +99,36 @@ class MlaDecodeOp final : public Op {
   }
 
   std::vector<OutputCheck> checks(const Problem& p, const TensorMap&) const override {
+    return budget_checks(p, Contract{});
+  }
+  bool contract_dependent() const override { return true; }
+  std::vector<OutputCheck> contract_checks(const Problem& p, const TensorMap&,
+                                           const Contract& contract) const override {
+    return budget_checks(p, contract);
+  }
+
+ private:
+  // Every request's slots (page_indices order), each query row reading its request's.
+  static std::vector<OutputCheck> budget_checks(const Problem& p, const Contract& contract) {
     const Tensor& lens = p.arg("seq_lens");
     const Tensor slots = ref::page_indices(p.arg("block_table"), lens,
                                            p.kernel_params.at("kernel_block_size").get<int64_t>());
-    int64_t keys_max = 0;
-    for (int64_t r = 0; r < lens.size(0); ++r)
-      keys_max = std::max<int64_t>(keys_max, lens.at<int32_t>({r}));
-    return mla::problem_checks(p, slots, keys_max);
+    const Tensor& qsl = p.arg("query_start_loc");
+    mla::RowSlots rows;
+    rows.slots.resize(static_cast<size_t>(slots.numel()));
+    for (size_t i = 0; i < rows.slots.size(); ++i)
+      rows.slots[i] = slots.at<int32_t>({static_cast<int64_t>(i)});
+    int64_t keys_max = 0, first = 0;
+    for (int64_t r = 0; r < lens.size(0); ++r) {
+      const int64_t L = lens.at<int32_t>({r});
+      keys_max = std::max<int64_t>(keys_max, L);
+      for (int64_t t = qsl.at<int32_t>({r}); t < qsl.at<int32_t>({r + 1}); ++t) {
+        rows.begin.push_back(first);
+        rows.end.push_back(first + L);
+      }
+      first += L;
+    }
+    return mla::problem_checks(p, rows, keys_max, contract);
   }
 };
 

@@ -7,6 +7,7 @@
 //     offsets, head-major layouts): writes outside the views and stride mistakes show up;
 //   - outputs start as NaN everywhere (poison), so unwritten rows fail.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "core/numeric.h"
+#include "core/policy.h"
 #include "core/rng.h"
 #include "ops/op.h"
 #include "reference/mla_decode.h"
@@ -126,18 +128,42 @@ inline Tensor make_query(const std::string& case_id, const std::string& layout, 
 //        moves sum_t p_t v_t by at most u_in sum_t p_t |v_t| <= u_in max|v|)
 //        calc_diff <= 1e-5 (u_out / 2^-8)^2: aiter's bf16 threshold, scaled for f16 by u^2.
 //   lse: atol = eps_s + eps_sum, rtol = 2 u_acc.
+// Contracts (docs/verification.md "Arithmetic contracts"):
+//   qk-products-in-input-type: each product q_d c_d rounded to u_in before the fp32 sum adds
+//     u_in A to eps_s, A = max over scores of scale * sum_d |q_d kv_scale c_d| (computed, not the
+//     sigma bound), and the fp32 sum runs over products up to (1 + u_in) larger: sigma (1 + u_in);
+//     weight factors exp(+-2 eps_s) are then taken exactly: out adds max|v| (expm1(2 eps_s) -
+//     2 eps_s); calc_diff, which grows with the square of the error, is multiplied by the square
+//     of the contract's atol over the default's;
+//   p-in-input-type: already this model's (P cast to the query dtype); no term changes.
 inline std::vector<OutputCheck> budgets(const ref::MlaInputScales& s, DType q_dtype,
-                                        DType out_dtype, int64_t lk, double scale) {
+                                        DType out_dtype, int64_t lk, double scale,
+                                        const Contract& contract = {}, double abs_score_max = 0) {
   const double u_in = unit_roundoff(q_dtype), u_out = unit_roundoff(out_dtype);
   const double u_acc = std::ldexp(1.0, -23), lambda = 6.0;
   const double sigma = scale * s.q_norm_max * s.kv_norm_max;
-  const double eps_s = (lambda * std::sqrt(static_cast<double>(lk)) + 2.0) * u_acc * sigma;
+  const double product_term = qk_product_rounding_error(contract, q_dtype, abs_score_max);
+  const double eps_s = (lambda * std::sqrt(static_cast<double>(lk)) + 2.0) * u_acc * sigma *
+                           qk_rounded_products_growth(contract, q_dtype) +
+                       product_term;
   const double eps_sum =
       (lambda * std::sqrt(static_cast<double>(std::max<int64_t>(s.keys_max, 1))) + 4.0) * u_acc;
+  const double remainder = contract.is_default() ? 0.0 : softmax_weight_remainder(eps_s);
   Budget out;
   out.rtol = u_out;
-  out.atol = (1.0 + u_out) * s.v_abs_max * (u_in + 2.0 * eps_s + 2.0 * eps_sum);
+  out.atol = (1.0 + u_out) * s.v_abs_max * (u_in + 2.0 * eps_s + 2.0 * eps_sum + remainder);
   out.max_calc_diff = 1e-5 * std::pow(u_out / std::ldexp(1.0, -8), 2.0);
+  // calc_diff grows with the square of the error (the u_out^2 scaling above): under a contract,
+  // by the square of its atol over the default's.
+  double calc_diff_growth = 1.0;
+  if (!contract.is_default()) {
+    const double eps_s_default =
+        (lambda * std::sqrt(static_cast<double>(lk)) + 2.0) * u_acc * sigma;
+    const double atol_default =
+        (1.0 + u_out) * s.v_abs_max * (u_in + 2.0 * eps_s_default + 2.0 * eps_sum);
+    if (atol_default > 0) calc_diff_growth = std::pow(out.atol / atol_default, 2.0);
+    out.max_calc_diff *= calc_diff_growth;
+  }
   char why[640];
   std::snprintf(why, sizeof why,
                 "rtol = u_out (%s output rounding) = %.3g; atol = max|v| %.3g x (u_in %.3g "
@@ -148,6 +174,22 @@ inline std::vector<OutputCheck> budgets(const ref::MlaInputScales& s, DType q_dt
                 std::string(dtype_name(q_dtype)).c_str(), eps_s, static_cast<long long>(lk), sigma,
                 eps_sum, static_cast<long long>(s.keys_max), out.max_calc_diff);
   out.why = why;
+  // The contract's terms, in both budgets' why (the remainder applies to out only).
+  std::string score_terms;
+  if (!contract.is_default()) {
+    const std::string in_name(dtype_name(q_dtype));
+    score_terms = "; contract " + contract.name() + ":";
+    if (contract.qk_products_in_input_type)
+      score_terms += " each q.c product rounded to " + in_name +
+                     ", eps_s includes u_in A = " + format_number(product_term) +
+                     " (A = max scale sum|q kv_scale c| " + format_number(abs_score_max) +
+                     ") and sigma (1 + u_in);";
+    if (contract.p_in_input_type) score_terms += " p rounded to " + in_name + ": in this model;";
+    out.why += score_terms +
+               " softmax weights to second order, max|v| (expm1(2 eps_s) - 2 eps_s) " +
+               format_number(s.v_abs_max * remainder) +
+               "; calc_diff x (atol / default atol)^2 = x" + format_number(calc_diff_growth);
+  }
   Budget lse;
   lse.atol = eps_s + eps_sum;
   lse.rtol = 2.0 * u_acc;
@@ -155,22 +197,60 @@ inline std::vector<OutputCheck> budgets(const ref::MlaInputScales& s, DType q_dt
                 "natural log; atol = eps_s %.3g (fp32 scores, sigma %.3g) + eps_sum %.3g (fp32 row "
                 "sum over %lld keys); rtol = 2 u_fp32; -inf (no key) must match exactly",
                 eps_s, sigma, eps_sum, static_cast<long long>(s.keys_max));
-  lse.why = why;
+  lse.why = why + score_terms;
   return {{"out", out, {}, {}}, {"lse", lse, {}, {}}};
 }
 
-// The checks of an MLA problem (mla_decode or sparse_mla): budgets from the inputs it reads, i.e.
-// the flat cache `slots` (int32 tensor) and the longest key list of any query row.
-inline std::vector<OutputCheck> problem_checks(const Problem& p, const Tensor& slots_i32,
-                                               int64_t keys_max) {
+// The cache slots each query row reads: row t reads slots[begin[t], end[t]).
+struct RowSlots {
+  std::vector<int64_t> slots;
+  std::vector<int64_t> begin, end;
+};
+
+// A = max over query rows t, heads h and the slots row t reads of
+// scale * sum_d |q[t,h,d] kv_scale c[slot,d]|: the largest sum of |products| behind any score.
+inline double max_abs_score_products(const Problem& p, const RowSlots& rows) {
   const auto& kp = p.kernel_params;
-  std::vector<int64_t> slots(static_cast<size_t>(slots_i32.numel()));
-  for (size_t i = 0; i < slots.size(); ++i)
-    slots[i] = slots_i32.at<int32_t>({static_cast<int64_t>(i)});
+  const Tensor& q = p.arg("q");
+  const int64_t T = q.size(0), N = q.size(1), lk = q.size(2);
+  std::vector<int64_t> distinct = rows.slots;
+  std::sort(distinct.begin(), distinct.end());
+  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  const std::vector<double> c =
+      ref::gather_latent_rows({p.arg("kv_cache"), kp.at("kv_scale").get<double>()}, distinct)
+          .to_vector();
+  const std::vector<double> qv = q.to_vector();
+  const double scale = std::fabs(kp.at("scale").get<double>());
+  double best = 0;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = rows.begin[static_cast<size_t>(t)]; i < rows.end[static_cast<size_t>(t)];
+         ++i) {
+      const auto r =
+          std::lower_bound(distinct.begin(), distinct.end(), rows.slots[static_cast<size_t>(i)]) -
+          distinct.begin();
+      const double* crow = c.data() + r * lk;
+      for (int64_t h = 0; h < N; ++h) {
+        const double* qrow = qv.data() + (t * N + h) * lk;
+        double sum = 0;
+        for (int64_t d = 0; d < lk; ++d) sum += std::fabs(qrow[d] * crow[d]);
+        best = std::max(best, sum);
+      }
+    }
+  return scale * best;
+}
+
+// The checks of an MLA problem (mla_decode or sparse_mla) under `contract`: budgets from the
+// inputs it reads, i.e. the cache slots of every query row and the longest key list of any row.
+inline std::vector<OutputCheck> problem_checks(const Problem& p, const RowSlots& rows,
+                                               int64_t keys_max, const Contract& contract = {}) {
+  const auto& kp = p.kernel_params;
   const Tensor& q = p.arg("q");
   const auto s = ref::mla_input_scales(q, {p.arg("kv_cache"), kp.at("kv_scale").get<double>()},
-                                       slots, kp.at("lv").get<int64_t>(), keys_max);
-  return budgets(s, q.dtype(), p.arg("out").dtype(), q.size(2), kp.at("scale").get<double>());
+                                       rows.slots, kp.at("lv").get<int64_t>(), keys_max);
+  const double abs_score_max =
+      contract.qk_products_in_input_type ? max_abs_score_products(p, rows) : 0.0;
+  return budgets(s, q.dtype(), p.arg("out").dtype(), q.size(2), kp.at("scale").get<double>(),
+                 contract, abs_score_max);
 }
 
 }  // namespace attncheck::mla

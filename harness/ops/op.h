@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/case.h"
+#include "core/policy.h"
 
 namespace attncheck {
 
@@ -50,6 +51,16 @@ class Op {
   virtual TensorMap reference(const Problem& p) const = 0;
   // How each output is judged against `expected` (the reference's outputs, or the golden's).
   virtual std::vector<OutputCheck> checks(const Problem& p, const TensorMap& expected) const = 0;
+  // Whether a kernel's arithmetic contract (core/policy.h, docs/verification.md "Arithmetic
+  // contracts") changes this op's budgets. Exact ops (copies, index maps) ignore contracts.
+  virtual bool contract_dependent() const { return false; }
+  // The checks for a kernel that computes under `contract`: each budget derived from the op's
+  // error model with the contract's extra roundings. The default contract's are checks().
+  virtual std::vector<OutputCheck> contract_checks(const Problem& p, const TensorMap& expected,
+                                                   const Contract& contract) const {
+    (void)contract;
+    return checks(p, expected);
+  }
   // Declared deterministic kernels must repeat bitwise (--repeat).
   virtual bool deterministic() const { return true; }
 

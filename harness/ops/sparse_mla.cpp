@@ -145,12 +145,29 @@ class SparseMlaOp final : public Op {
   }
 
   std::vector<OutputCheck> checks(const Problem& p, const TensorMap&) const override {
+    return budget_checks(p, Contract{});
+  }
+  bool contract_dependent() const override { return true; }
+  std::vector<OutputCheck> contract_checks(const Problem& p, const TensorMap&,
+                                           const Contract& contract) const override {
+    return budget_checks(p, contract);
+  }
+
+ private:
+  // Each query row reads its packed slots.
+  static std::vector<OutputCheck> budget_checks(const Problem& p, const Contract& contract) {
     const auto idx = packed(p);
+    mla::RowSlots rows;
+    rows.slots.resize(static_cast<size_t>(idx.indices.numel()));
+    for (size_t i = 0; i < rows.slots.size(); ++i)
+      rows.slots[i] = idx.indices.at<int32_t>({static_cast<int64_t>(i)});
     int64_t keys_max = 0;
-    for (int64_t t = 0; t + 1 < idx.indptr.numel(); ++t)
-      keys_max = std::max<int64_t>(keys_max,
-                                   idx.indptr.at<int32_t>({t + 1}) - idx.indptr.at<int32_t>({t}));
-    return mla::problem_checks(p, idx.indices, keys_max);
+    for (int64_t t = 0; t + 1 < idx.indptr.numel(); ++t) {
+      rows.begin.push_back(idx.indptr.at<int32_t>({t}));
+      rows.end.push_back(idx.indptr.at<int32_t>({t + 1}));
+      keys_max = std::max<int64_t>(keys_max, rows.end.back() - rows.begin.back());
+    }
+    return mla::problem_checks(p, rows, keys_max, contract);
   }
 };
 

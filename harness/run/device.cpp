@@ -163,7 +163,7 @@ class DeviceBuffers {
     const uint32_t pattern = sparse_poison_pattern(dtype);
     auto poison = [&](std::byte* dst, size_t n) {
       if (n == 0) return;
-      if (ext_ && ext_->size >= sizeof(attncheck_plugin_ext_v1) && ext_->fill) {
+      if (ATTNCHECK_EXT_HAS(ext_, fill)) {
         if (ext_->fill(dst, n, pattern, msg, kMsg) != ATTNCHECK_OK)
           throw std::runtime_error("device fill for '" + arg + "' failed: " + msg);
         return;
@@ -270,6 +270,12 @@ KernelLibrary::~KernelLibrary() {
   // Never dlclose: GPU runtimes register atexit handlers inside the library.
 }
 
+std::string KernelLibrary::declared_contract(const std::string& entry) const {
+  if (!ATTNCHECK_EXT_HAS(ext_, contract)) return "";
+  const char* name = ext_->contract(entry.c_str());
+  return name ? name : "";
+}
+
 bool KernelLibrary::has_entry(const std::string& entry) const {
   return std::find(entries_.begin(), entries_.end(), entry) != entries_.end();
 }
@@ -295,14 +301,12 @@ constexpr size_t kL2ScratchBytes = size_t{512} << 20;  // > every L2 / Infinity 
 }  // namespace
 
 bool DeviceRunner::can_flush_l2() const {
-  const auto* ext = lib_.extension();
-  return ext && ext->size >= offsetof(attncheck_plugin_ext_v1, fill) + sizeof ext->fill &&
-         ext->fill;
+  return ATTNCHECK_EXT_HAS(lib_.extension(), fill);
 }
 
 bool DeviceRunner::can_run_background() const {
-  const auto* ext = lib_.extension();
-  return ext && ext->size >= sizeof(attncheck_plugin_ext_v1) && ext->background;
+  // Field by field: the table grew (contract) after background was added.
+  return ATTNCHECK_EXT_HAS(lib_.extension(), background);
 }
 
 // Between the uploads and the launch: evict L2, start concurrent work. Throws on device errors.

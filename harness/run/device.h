@@ -35,6 +35,9 @@ class KernelLibrary {
   // The kernel entries the library lists (no GPU needed).
   const std::vector<std::string>& entries() const { return entries_; }
   bool has_entry(const std::string& entry) const;
+  // The arithmetic contract the library declares for `entry` (extension table, `contract`), as
+  // written; "" when it declares none (no extension, an older table, NULL): the default contract.
+  std::string declared_contract(const std::string& entry) const;
   // nullopt when there is no usable device; `why` gets the library's message.
   std::optional<DeviceInfo> device(std::string* why = nullptr) const;
 

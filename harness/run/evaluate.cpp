@@ -1,7 +1,9 @@
 #include "run/evaluate.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <deque>
 #include <map>
 #include <optional>
 #include <regex>
@@ -121,13 +123,76 @@ class EnvRestore {
   std::optional<std::string> old_;
 };
 
+bool all_passed(const std::vector<CheckResult>& checks) {
+  return std::all_of(checks.begin(), checks.end(), [](const CheckResult& c) { return c.passed; });
+}
+
+std::string failures_of(const std::vector<CheckResult>& checks) {
+  std::vector<std::string> parts;
+  for (const auto& ch : checks)
+    if (!ch.passed) parts.push_back(ch.name + ": " + ch.message);
+  return join(parts);
+}
+
+// The budgets of one problem under arithmetic contracts (docs/verification.md "Arithmetic
+// contracts"): outputs are judged by the default contract's budgets and, only when those fail and
+// the kernel declares another contract, by the declared contract's. Each contract's checks are
+// derived once, when first needed.
+class ContractJudge {
+ public:
+  // `declared`: the entry's contract; nullopt for ops whose budgets no contract changes.
+  ContractJudge(const Op& op, const Problem& p, const TensorMap& expected,
+                std::optional<Contract> declared)
+      : op_(op), p_(p), expected_(expected), declared_(declared) {}
+
+  bool applies() const { return declared_.has_value(); }
+  const Contract& declared() const { return *declared_; }
+
+  const std::vector<OutputCheck>& checks_for(const Contract& c) {
+    for (const auto& [contract, checks] : derived_)
+      if (contract == c) return checks;
+    derived_.emplace_back(
+        c, c.is_default() ? op_.checks(p_, expected_) : op_.contract_checks(p_, expected_, c));
+    return derived_.back().second;
+  }
+
+  // The checks of one launch's outputs. *declared_used: whether they are the declared contract's
+  // (the default's failed); *default_failures: the default's failures then, in words.
+  std::vector<CheckResult> check(const TensorMap& outputs, bool* declared_used = nullptr,
+                                 std::string* default_failures = nullptr) {
+    auto results = check_outputs(checks_for(Contract{}), expected_, outputs);
+    if (declared_used) *declared_used = false;
+    if (all_passed(results) || !applies() || declared_->is_default()) return results;
+    if (default_failures) *default_failures = failures_of(results);
+    if (declared_used) *declared_used = true;
+    return check_outputs(checks_for(*declared_), expected_, outputs);
+  }
+
+  // The first known contract, other than the default and the declared one, whose budgets every
+  // output meets: what the error would fit.
+  std::optional<Contract> explaining(const TensorMap& outputs) {
+    for (const Contract& c : known_contracts()) {
+      if (c.is_default() || c == *declared_) continue;
+      if (all_passed(check_outputs(checks_for(c), expected_, outputs))) return c;
+    }
+    return std::nullopt;
+  }
+
+ private:
+  const Op& op_;
+  const Problem& p_;
+  const TensorMap& expected_;
+  std::optional<Contract> declared_;
+  std::deque<std::pair<Contract, std::vector<OutputCheck>>> derived_;  // stable references
+};
+
 // V12b: `launches` more launches of `p`, launch i with poison pattern i % 4, an L2 flush on odd i
 // and concurrent work on every third (where the library offers them); every output is compared
 // bitwise with the first launch's. A declared-deterministic kernel fails on any difference; every
 // kernel fails when a stress launch fails the checks.
 void stress_launches(Result& r, const Op& op, const Problem& p, const TensorMap& first,
-                     const TensorMap& expected, const std::vector<OutputCheck>& checks,
-                     const DeviceRunner& device, int launches, std::vector<std::string>& problems) {
+                     ContractJudge& judge, bool& declared_used, const DeviceRunner& device,
+                     int launches, std::vector<std::string>& problems) {
   StressStats st;
   const bool flush = device.can_flush_l2(), background = device.can_run_background();
   st.conditions = std::string("shared-memory poison 0x7FFF7FFF / 0xFFFFFFFF / 0x7FC07FC0 / off") +
@@ -165,13 +230,14 @@ void stress_launches(Result& r, const Op& op, const Problem& p, const TensorMap&
       }
       st.differing += differs;
       if (!differs && op.deterministic()) continue;  // same bits as the checked first launch
-      bool failed = false;
-      for (const auto& ch : check_outputs(checks, expected, again.outputs)) {
+      bool failed = false, declared = false;
+      for (const auto& ch : judge.check(again.outputs, &declared)) {
         if (ch.passed) continue;
         if (first_failure.empty()) first_failure = which + ": " + ch.name + ": " + ch.message;
         failed = true;
       }
       st.failed += failed;
+      declared_used = declared_used || declared;
     }
   }
   if (st.failed)
@@ -187,9 +253,8 @@ void stress_launches(Result& r, const Op& op, const Problem& p, const TensorMap&
 
 // Kernel launches and checks for a valid problem: the first launch against the expected outputs,
 // the second from flipped poison (never-written elements, determinism), further repeats bitwise.
-void judge_kernel(Result& r, const Op& op, const Problem& p, const TensorMap& expected,
-                  const std::vector<OutputCheck>& checks, const DeviceRunner& device,
-                  const RunOptions& opt, CaseArtifacts* artifacts) {
+void judge_kernel(Result& r, const Op& op, const Problem& p, ContractJudge& judge,
+                  const DeviceRunner& device, const RunOptions& opt, CaseArtifacts* artifacts) {
   const auto o = device.run(p);
   r.timings.kernel_ms = o.wall_ms;
   if (is_unsupported(o)) {
@@ -200,7 +265,10 @@ void judge_kernel(Result& r, const Op& op, const Problem& p, const TensorMap& ex
   }
   if (o.status != ATTNCHECK_OK) return launch_failed(r, o, "");
   if (artifacts) artifacts->actual = o.outputs;
-  r.checks = check_outputs(checks, expected, o.outputs);
+  bool declared_used = false;  // some launch needed the declared contract's budgets
+  std::string default_failures;
+  r.checks = judge.check(o.outputs, &declared_used, &default_failures);
+  const bool first_checks_failed = !all_passed(r.checks);
   std::vector<std::string> problems = o.violations;
   for (const auto& ch : r.checks)
     if (!ch.passed) problems.push_back(ch.name + ": " + ch.message);
@@ -232,8 +300,10 @@ void judge_kernel(Result& r, const Op& op, const Problem& p, const TensorMap& ex
             problems.push_back("not deterministic: launch 2 of '" + name + "': " + cmp.message);
         }
       } else if (!unwritten) {
-        for (const auto& ch : check_outputs(checks, expected, o2.outputs))
+        bool declared = false;
+        for (const auto& ch : judge.check(o2.outputs, &declared))
           if (!ch.passed) problems.push_back("launch 2: " + ch.name + ": " + ch.message);
+        declared_used = declared_used || declared;
       }
     }
   }
@@ -257,9 +327,31 @@ void judge_kernel(Result& r, const Op& op, const Problem& p, const TensorMap& ex
     }
   }
   if (opt.stress > 0)
-    stress_launches(r, op, p, o.outputs, expected, checks, device, opt.stress, problems);
+    stress_launches(r, op, p, o.outputs, judge, declared_used, device, opt.stress, problems);
   r.verdict = problems.empty() ? Verdict::passed : Verdict::failed;
   r.message = problems.empty() ? "all checks within budget" : join(problems);
+  if (!judge.applies()) return;
+  // The contract whose budgets the checks hold, and what it means for the verdict.
+  const Contract& declared = judge.declared();
+  const std::string default_name(kDefaultContractName);
+  r.contract = declared_used ? declared.name() : default_name;
+  if (problems.empty() && declared_used) {
+    r.message =
+        "passed under declared contract " + declared.name() + ": all checks within its budgets" +
+        (default_failures.empty()
+             ? ""
+             : " (the default " + default_name + " budgets fail: " + default_failures + ")");
+  } else if (first_checks_failed) {
+    // Which known contract, had the kernel declared it, would the first launch's error fit?
+    const auto fits = judge.explaining(o.outputs);
+    const std::string hint = fits ? "the error would fit contract " + fits->name()
+                                  : std::string("no known contract explains it");
+    r.message = (declared.is_default()
+                     ? "fails its declared contract " + default_name + " (the default); " + hint
+                     : "fails its declared contract " + declared.name() + " and the default " +
+                           default_name + "; " + hint) +
+                ": " + r.message;
+  }
 }
 
 // An invalid configuration: the reference must refuse it, and so must the kernel.
@@ -295,6 +387,16 @@ void evaluate_kernel(Result& r, const Op& op, const Case& c, const Problem& p,
                 "' (op " + c.op + ")";
     return;
   }
+  // The entry's arithmetic contract; an unknown name is the library's error, whatever the op.
+  const std::string declared_name = lib.declared_contract(p.kernel);
+  const auto declared = declared_name.empty() ? Contract{} : parse_contract(declared_name);
+  if (!declared) {
+    r.verdict = Verdict::error;
+    r.message = "kernel library " + lib.library() + ": entry '" + p.kernel +
+                "' declares unknown arithmetic contract '" + declared_name +
+                "' (known: " + known_contract_names() + ")";
+    return;
+  }
   r.mode = Mode::kernel;
   if (!p.expect_refusal.empty()) return judge_refusal(r, op, p, *ctx.device);
 
@@ -310,7 +412,9 @@ void evaluate_kernel(Result& r, const Op& op, const Case& c, const Problem& p,
   }
   r.timings.reference_ms = ms_since(t0);
   if (artifacts) artifacts->expected = expected;
-  judge_kernel(r, op, p, expected, op.checks(p, expected), *ctx.device, ctx.options, artifacts);
+  ContractJudge judge(op, p, expected,
+                      op.contract_dependent() ? declared : std::optional<Contract>());
+  judge_kernel(r, op, p, judge, *ctx.device, ctx.options, artifacts);
 }
 
 void evaluate_reference(Result& r, const Op& op, const Case& c, const Problem& p,

@@ -201,6 +201,7 @@ std::string junit_xml(const std::vector<nlohmann::json>& results, const std::str
       prop("verdict", v);
       prop("mode", r->value("mode", ""));
       prop("arch", r->value("arch", ""));
+      if (r->contains("contract")) prop("contract", r->value("contract", ""));
       if (r->contains("params")) prop("params", (*r)["params"].dump());
       if (r->contains("checks"))
         for (const auto& c : (*r)["checks"]) {

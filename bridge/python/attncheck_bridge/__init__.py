@@ -6,13 +6,22 @@ ABI (kernels_under_test/attncheck_abi.h) by calling into the adapter::
 
     import attncheck_bridge as ab
 
-    ADAPTER = ab.Adapter(name="my_kernels", device="cuda", contract="fp32-accumulate")
+    ADAPTER = ab.Adapter(name="my_kernels", device="cuda")  # contract="fp32-accumulate"
 
     @ADAPTER.entry("page_indices")
     def page_indices(t, p):
         # t: dict name -> Tensor (DLPack-exportable views of the harness's buffers)
         # p: dict of the kernel parameters (params_json, parsed)
         ...
+
+    @ADAPTER.entry("decode_attention", contract="qk-products-in-input-type")
+    def decode_attention(t, p):
+        ...
+
+An entry's *arithmetic contract* (``CONTRACTS``; docs/verification.md "Arithmetic contracts")
+says how the kernel rounds; attncheck compares under the default ``fp32-accumulate`` budgets
+first and, when they fail, under the budgets derived from the declared contract, naming it
+beside the verdict.
 
 An entry writes its outputs *in place* through the views it is handed, returns nothing, and
 signals what it cannot do with exceptions:
@@ -50,9 +59,57 @@ __all__ = [
     "expect_dtype",
     "expect_ndim",
     "DEVICES",
+    "CONTRACTS",
+    "CONTRACT_PARTS",
+    "DEFAULT_CONTRACT",
+    "contract_name",
 ]
 
 DEVICES = ("cpu", "cuda")
+
+# --------------------------------------------------------------------------------------------
+# Arithmetic contracts (docs/verification.md "Arithmetic contracts"; the C++ side parses the same
+# names in harness/core/policy.cpp and refuses names it does not know).
+
+DEFAULT_CONTRACT = "fp32-accumulate"
+"""Products formed exactly and accumulated in fp32; softmax probabilities kept in fp32."""
+
+CONTRACT_PARTS = (
+    # each q·k product rounded to the 16-bit input type (bf16/f16), then summed in fp32
+    "qk-products-in-input-type",
+    # softmax probabilities rounded to the 16-bit input type before the P·V products
+    "p-in-input-type",
+)
+"""The deviations from the default a contract may combine with ``+``, in canonical order."""
+
+
+def _canonical_combinations():
+    out = [DEFAULT_CONTRACT]
+    n = len(CONTRACT_PARTS)
+    for mask in range(1, 1 << n):
+        out.append("+".join(CONTRACT_PARTS[i] for i in range(n) if mask >> i & 1))
+    return tuple(out)
+
+
+CONTRACTS = _canonical_combinations()
+"""Every known contract name in canonical spelling: the default, then each ``+`` combination of
+``CONTRACT_PARTS`` (parts in ``CONTRACT_PARTS`` order)."""
+
+
+def contract_name(name) -> str:
+    """The canonical spelling of contract ``name`` (parts of a ``+`` combination put in
+    ``CONTRACT_PARTS`` order); ValueError naming the known contracts if it is not one."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"contract must be a non-empty string, got {name!r}; known: {', '.join(CONTRACTS)}")
+    if name == DEFAULT_CONTRACT:
+        return name
+    parts = name.split("+")
+    unknown = [q for q in parts if q not in CONTRACT_PARTS]
+    if unknown:
+        raise ValueError(f"unknown contract {name!r} (part {unknown[0]!r}); known: {', '.join(CONTRACTS)}")
+    if len(set(parts)) != len(parts):
+        raise ValueError(f"contract {name!r} names a part twice")
+    return "+".join(q for q in CONTRACT_PARTS if q in parts)
 
 
 # --------------------------------------------------------------------------------------------
@@ -92,26 +149,39 @@ class Adapter:
     device    "cpu": the harness's buffers are host memory (aligned malloc), tensors export
               kDLCPU; "cuda": the buffers are torch CUDA allocations, tensors export kDLCUDA
               (kDLROCM under a ROCm build of torch)
-    contract  the declared arithmetic contract (free-form for now, e.g. "fp32-accumulate")
+    contract  the arithmetic contract its entries declare unless an entry names its own: one of
+              ``CONTRACTS`` (default "fp32-accumulate"); ops without contract-dependent
+              arithmetic (copies, index maps) ignore it
     """
 
-    def __init__(self, name: str, device: str = "cpu", contract: str = "fp32-accumulate"):
+    def __init__(self, name: str, device: str = "cpu", contract: str = DEFAULT_CONTRACT):
         if not isinstance(name, str) or not name:
             raise ValueError("Adapter(name=...) must be a non-empty string")
         if device not in DEVICES:
             raise ValueError(f"Adapter {name!r}: device must be one of {DEVICES}, got {device!r}")
-        if not isinstance(contract, str) or not contract:
-            raise ValueError(f"Adapter {name!r}: contract must be a non-empty string")
+        try:
+            contract = contract_name(contract)
+        except ValueError as e:
+            raise ValueError(f"Adapter {name!r}: {e}") from None
         self.name = name
         self.device = device
         self.contract = contract
         self._entries: dict[str, object] = {}
+        self._contracts: dict[str, str] = {}
 
-    def entry(self, name: str):
+    def entry(self, name: str, contract: str | None = None):
         """Decorator registering ``fn(tensors, params)`` as kernel entry ``name`` (the name the
-        harness passes as ``op``: "page_indices", "rope_inplace", "rope_out_of_place", ...)."""
+        harness passes as ``op``: "page_indices", "rope_inplace", "rope_out_of_place", ...),
+        declaring arithmetic contract ``contract`` (one of ``CONTRACTS``; None: the adapter's)."""
         if not isinstance(name, str) or not name or "," in name or any(c.isspace() for c in name):
             raise ValueError(f"entry name must be a non-empty word without commas, got {name!r}")
+        if contract is None:
+            contract = self.contract
+        else:
+            try:
+                contract = contract_name(contract)
+            except ValueError as e:
+                raise ValueError(f"adapter {self.name!r}, entry {name!r}: {e}") from None
 
         def register(fn):
             if not callable(fn):
@@ -119,13 +189,23 @@ class Adapter:
             if name in self._entries:
                 raise ValueError(f"adapter {self.name!r}: entry {name!r} registered twice")
             self._entries[name] = fn
+            self._contracts[name] = contract
             return fn
 
         return register
 
-    def add(self, name: str, fn):
+    def add(self, name: str, fn, contract: str | None = None):
         """Non-decorator form of entry()."""
-        return self.entry(name)(fn)
+        return self.entry(name, contract)(fn)
+
+    def contract_of(self, name: str) -> str | None:
+        """The contract entry ``name`` declares (canonical spelling), None if no such entry."""
+        return self._contracts.get(name)
+
+    @property
+    def contracts(self) -> dict:
+        """entry name -> declared contract, in registration order."""
+        return dict(self._contracts)
 
     @property
     def entries(self) -> dict:

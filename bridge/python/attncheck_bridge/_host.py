@@ -100,6 +100,11 @@ def describe(adapter: Adapter):
     return adapter.library(), adapter.device, ",".join(adapter.ops())
 
 
+def entry_contracts(adapter: Adapter):
+    """[(entry, declared contract)] for the C++ side (the extension table's ``contract``)."""
+    return list(adapter.contracts.items())
+
+
 # --------------------------------------------------------------------------------------------
 # Device
 

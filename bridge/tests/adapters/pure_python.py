@@ -5,7 +5,7 @@ import sys
 
 import attncheck_bridge as ab
 
-ADAPTER = ab.Adapter(name="pure_python", device="cpu", contract="test-contract")
+ADAPTER = ab.Adapter(name="pure_python", device="cpu", contract="p-in-input-type")
 
 
 @ADAPTER.entry("check_meta")

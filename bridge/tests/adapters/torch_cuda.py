@@ -6,7 +6,7 @@ import torch
 
 import attncheck_bridge as ab
 
-ADAPTER = ab.Adapter(name="torch_cuda", device="cuda", contract="int32-exact")
+ADAPTER = ab.Adapter(name="torch_cuda", device="cuda")
 
 
 @ADAPTER.entry("page_indices")

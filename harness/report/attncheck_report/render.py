@@ -97,9 +97,10 @@ def _case_row(report: Report, c) -> dict:
         "ratio_bad": c.ratio is not None and c.ratio > 1,
         "check": w.name if w else "",
         "measured": w.measured_text() if w else "",
-        "budget": w.budget_text() if w else "",
+        "budget": c.budget_text(),
         "worst": w.worst_text() if w else "",
         "why": (w.budget.get("why", "") if w else ""),
+        "contract": c.contract,
         "message": one_line(c.message, 400),
         "full_message": c.message,
         "repro": c.repro,
@@ -178,6 +179,7 @@ def html_context(report: Report) -> dict:
         "failures": failure_rows[:1000],
         "failures_cut": max(0, len(failure_rows) - 1000),
         "known_bugs": [_case_row(report, c) for c in report.cases if c.verdict == "known_bug"],
+        "contracted": [_case_row(report, c) for c in report.cases if c.under_declared_contract],
         "unexpected": [_case_row(report, c) for c in report.cases
                        if c.verdict == "unexpected_pass"],
         "regression": _regression_context(report),
@@ -346,6 +348,14 @@ def write_markdown(report: Report, path: Path, top: int = 10) -> None:
                 lines.append(f"\n… {len(changes) - top} more in report.html")
             lines.append("")
 
+    contracted = [c for c in report.cases if c.under_declared_contract]
+    if contracted:
+        lines.append(f"**{len(contracted)} passed only under the kernel's declared arithmetic"
+                     " contract** (the default budgets fail): "
+                     + ", ".join(f"`{c.id}` ({c.contract})" for c in contracted[:top])
+                     + (" …" if len(contracted) > top else ""))
+        lines.append("")
+
     unexpected = [c for c in report.cases if c.verdict == "unexpected_pass"]
     if unexpected:
         lines.append(f"**{len(unexpected)} unexpected passes** (known-bug marks to remove): "
@@ -363,7 +373,7 @@ def write_markdown(report: Report, path: Path, top: int = 10) -> None:
             w = c.worst_check
             metric = f"{w.name}: {w.measured_text()}" if w else one_line(c.message, 80)
             rows.append([f"`{c.id}`", c.arch, VERDICT_LABELS[c.verdict], one_line(metric, 90),
-                         w.budget_text() if w else "", ratio_text(c.ratio),
+                         c.budget_text(), ratio_text(c.ratio),
                          f"`{c.repro}`" if c.repro else ""])
         lines += md_table(["case", "arch", "verdict", "metric", "budget", "ratio", "repro"], rows)
         lines.append("")

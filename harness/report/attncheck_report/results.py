@@ -16,6 +16,8 @@ from typing import Any, Optional
 from . import MODES, VERDICTS
 
 INF = math.inf
+# attncheck's default arithmetic contract (harness/core/policy.h, kDefaultContractName).
+DEFAULT_CONTRACT = "fp32-accumulate"
 
 
 class ResultsError(Exception):
@@ -104,6 +106,22 @@ class CaseResult:
     source: str  # "DIR/results.jsonl:12"
     run: "Run"
     bundle: Optional[Path] = None
+    # The arithmetic contract whose budgets the checks hold ("fp32-accumulate", the default, or
+    # the kernel's declared one when the default budgets failed; "" for ops no contract changes).
+    contract: str = ""
+
+    @property
+    def under_declared_contract(self) -> bool:
+        """Passed only because the kernel's declared contract was applied (docs/verification.md
+        "Arithmetic contracts"): never to be read as a pass under the default budgets."""
+        return self.verdict == "passed" and self.contract not in ("", DEFAULT_CONTRACT)
+
+    def budget_text(self) -> str:
+        """The worst check's budget with the contract it was derived for."""
+        w = self.worst_check
+        if not w:
+            return ""
+        return w.budget_text() + (f" · contract {self.contract}" if self.contract else "")
 
     @property
     def key(self) -> tuple:
@@ -248,6 +266,9 @@ def _parse_case(raw: Any, run: Run, where: str) -> CaseResult:
     if not isinstance(checks_raw, list):
         raise ResultsError(f"{where}: 'checks' must be a JSON array")
     checks = [_parse_check(c, f"{where}: checks[{i}]") for i, c in enumerate(checks_raw)]
+    contract = raw.get("contract", "")
+    if not isinstance(contract, str):
+        raise ResultsError(f"{where}: 'contract' must be a string, got {contract!r}")
     timings = raw.get("timings_ms") or {}
     if not isinstance(timings, dict):
         raise ResultsError(f"{where}: 'timings_ms' must be a JSON object")
@@ -268,6 +289,7 @@ def _parse_case(raw: Any, run: Run, where: str) -> CaseResult:
         repro=str(raw.get("repro", "")),
         source=where,
         run=run,
+        contract=contract,
     )
     bundle = run.path / "repro" / (case.id.replace("/", "__") + ".h5")
     if bundle.is_file():

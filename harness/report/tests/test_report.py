@@ -291,3 +291,31 @@ def test_without_out_the_report_goes_next_to_the_results(tmp_path):
     lines = proc.stdout.splitlines()
     assert f"report: {html}" in lines and f"summary: {summary}" in lines
     assert html.is_absolute()
+
+
+def test_contract_is_shown_beside_the_budget_and_contract_passes_are_named(tmp_path):
+    """A pass that needed the kernel's declared arithmetic contract is never shown as a plain
+    pass: the summary and the HTML name it with its contract, and every budget of a case with a
+    contract carries the contract's name (docs/verification.md "Arithmetic contracts")."""
+    records = passing_records()
+    qk = "qk-products-in-input-type"
+    records[0]["contract"] = qk
+    records[1]["contract"] = "fp32-accumulate"  # default budgets held: an ordinary pass
+    d = synthetic.write_results(tmp_path / "r", records)
+    proc = run_report(d, "--out", tmp_path / "o", "--exit-code")
+    assert proc.returncode == 0, proc.stderr
+    text, badge, md = report_text(tmp_path / "o")
+    assert badge.groups() == ("PASSED", "PASSED")
+    line = next(x for x in md.splitlines() if "passed only under the kernel's declared" in x)
+    assert line.startswith("**1 passed only under")
+    assert f"`{records[0]['id']}` ({qk})" in line and records[1]["id"] not in line
+    assert f"1 passed only under the kernel's declared arithmetic contract" in text
+    html = (tmp_path / "o" / "report.html").read_text()
+    assert f"· contract {qk}</td>" in html
+    assert "· contract fp32-accumulate</td>" in html
+    # Without a contract field nothing is added.
+    plain = synthetic.write_results(tmp_path / "p", passing_records())
+    assert run_report(plain, "--out", tmp_path / "po").returncode == 0
+    _, _, md_plain = report_text(tmp_path / "po")
+    assert "declared arithmetic contract" not in md_plain
+    assert "· contract" not in (tmp_path / "po" / "report.html").read_text()

@@ -240,3 +240,16 @@ def test_synthetic_records_round_trip_as_json():
     # The fixture generator itself must write what the runner writes: strict JSON per line.
     for r in synthetic.mla_cases("gfx942") + synthetic.other_cases("gfx950"):
         json.loads(json.dumps(r, allow_nan=False))
+
+
+def test_contract_is_read_and_must_be_a_string(tmp_path):
+    rec = good_record(contract="qk-products-in-input-type")
+    run = load_run(synthetic.write_results(tmp_path / "ok", [rec]))
+    case = run.cases[0]
+    assert case.contract == "qk-products-in-input-type" and case.under_declared_contract
+    rec["contract"] = 3
+    with pytest.raises(ResultsError, match=r"results.jsonl:1: 'contract' must be a string"):
+        load_run(synthetic.write_results(tmp_path / "bad", [rec]))
+    del rec["contract"]
+    plain = load_run(synthetic.write_results(tmp_path / "plain", [rec])).cases[0]
+    assert plain.contract == "" and not plain.under_declared_contract

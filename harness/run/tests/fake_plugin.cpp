@@ -15,6 +15,14 @@
 //   error           report a device error (ATTNCHECK_ERROR: the worker retires)
 //   host_error      report an exception in the entry's host code (ATTNCHECK_HOST_ERROR)
 //   abort, segfault, hang   crash or never return (for the worker-isolation tests)
+//   beyond_default   (ops whose budgets depend on the arithmetic contract) move element 0 of the
+//                    first output halfway between the default budget's limit and the limit of
+//                    the contract $ATTNCHECK_FAKE_FAULT_CONTRACT (default: the declared one)
+//   beyond_contract  move it to twice that contract's limit (outside both)
+//
+// $ATTNCHECK_FAKE_CONTRACT, when set, is the arithmetic contract every entry declares through the
+// extension table's `contract` (passed through unchecked, so a test can declare a bad name);
+// unset, the library declares none (the default).
 //
 // A fault is selected by the kernel parameter "fault" or by $ATTNCHECK_FAKE_FAULT, optionally
 // only for launches whose kernel parameters contain every key/value of the JSON object in
@@ -284,6 +292,33 @@ int run_impl(const char* op_name, const char* params_json, const attncheck_arg* 
       m.host->bytes[G - 1] ^= std::byte{0x5A};
     }
   }
+  if (fault == "beyond_default" || fault == "beyond_contract") {
+    std::string name = env("ATTNCHECK_FAKE_FAULT_CONTRACT");
+    if (name.empty()) name = env("ATTNCHECK_FAKE_CONTRACT");
+    const auto contract = parse_contract(name);
+    if (!op->contract_dependent() || !contract || contract->is_default()) {
+      put(msg, msg_len,
+          "fake library: " + fault +
+              " needs an op with contract-dependent budgets "
+              "and a non-default contract, got '" +
+              name + "'");
+      return ATTNCHECK_HOST_ERROR;
+    }
+    const auto base = op->checks(p, expected);
+    const auto wide = op->contract_checks(p, expected, *contract);
+    for (size_t i = 0; i < base.size() && i < wide.size(); ++i) {
+      const Budget &bd = base[i].budget, &bc = wide[i].budget;
+      if (bd.kind != Budget::Kind::numeric || !p.has_arg(base[i].name)) continue;
+      const Tensor& out = p.arg(base[i].name);
+      const Index zero(out.shape().size(), 0);
+      const double e = expected.at(base[i].name).get(zero);
+      const double lim_default = bd.atol + bd.rtol * std::fabs(e);
+      const double lim_contract = bc.atol + bc.rtol * std::fabs(e);
+      out.set(zero, e + (fault == "beyond_default" ? (lim_default + lim_contract) / 2
+                                                   : 2 * lim_contract));
+      break;
+    }
+  }
   if (fault == "modify_input") {
     for (const auto& a : p.args) {
       if (a.role != Role::input || expected.count(a.name) || a.tensor.numel() == 0) continue;
@@ -408,7 +443,25 @@ const attncheck_plugin_v1 kTable = {
     roofline,
 };
 
+// The declared contract: $ATTNCHECK_FAKE_CONTRACT for every entry, read at each call.
+const char* contract(const char* op) {
+  (void)op;
+  static std::string name;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  name = env("ATTNCHECK_FAKE_CONTRACT");
+  return name.empty() ? nullptr : name.c_str();
+}
+
+// Neither fill nor background work: only the contract.
+const attncheck_plugin_ext_v1 kExtension = {sizeof(attncheck_plugin_ext_v1), nullptr, nullptr,
+                                            contract};
+
 }  // namespace
+
+extern "C" __attribute__((visibility("default"))) const attncheck_plugin_ext_v1*
+attncheck_plugin_ext_v1_get(void) {
+  return &kExtension;
+}
 
 extern "C" __attribute__((visibility("default"))) const attncheck_plugin_v1*
 attncheck_plugin_v1_get(void) {

@@ -23,6 +23,8 @@ class FakeKernels : public ::testing::Test {
   void TearDown() override {
     ::unsetenv("ATTNCHECK_FAKE_FAULT");
     ::unsetenv("ATTNCHECK_FAKE_FAULT_WHEN");
+    ::unsetenv("ATTNCHECK_FAKE_CONTRACT");
+    ::unsetenv("ATTNCHECK_FAKE_FAULT_CONTRACT");
   }
   Result run(const std::string& op_name, const Params& given, const char* fault = nullptr,
              int repeat = 2, const std::string& arch = "fake-cpu",
@@ -78,7 +80,7 @@ TEST_F(FakeKernels, StressCountsLaunchesThatDifferFromTheFirst) {
   ASSERT_TRUE(clean.stress);
   EXPECT_EQ(clean.stress->launches, 10);
   EXPECT_EQ(clean.stress->differing, 0);
-  EXPECT_TRUE(contains(clean.stress->conditions, "no L2 flush"));  // the fake has no extension
+  EXPECT_TRUE(contains(clean.stress->conditions, "no L2 flush"));  // the fake has no fill
 
   ::setenv("ATTNCHECK_FAKE_FAULT", "nondeterministic", 1);
   const Result flaky = evaluate(c, ctx);
@@ -98,6 +100,82 @@ TEST_F(FakeKernels, StressCountsLaunchesThatDifferFromTheFirst) {
   const Result plain = evaluate(c, ctx);
   EXPECT_FALSE(plain.stress);
   EXPECT_FALSE(plain.to_json().contains("stress"));
+}
+
+// Arithmetic contracts (docs/verification.md): the default budgets first; the declared contract's
+// only when they fail, named in the verdict and the result; on a failure, the known contract the
+// error would fit. The fake library declares $ATTNCHECK_FAKE_CONTRACT and moves element 0 of the
+// first output between (beyond_default) or past (beyond_contract) the two budgets.
+TEST_F(FakeKernels, DeclaredContractIsAppliedOnlyWhenTheDefaultFails) {
+  const std::string qk = "qk-products-in-input-type";
+  for (const char* op : {"decode_attention", "mla_decode", "sparse_mla"}) {
+    SCOPED_TRACE(op);
+    ::setenv("ATTNCHECK_FAKE_CONTRACT", qk.c_str(), 1);
+    const Result clean = run(op, Params::object());
+    EXPECT_EQ(clean.verdict, Verdict::passed) << clean.message;
+    EXPECT_EQ(clean.contract, "fp32-accumulate");  // the default budgets held
+    EXPECT_EQ(clean.message, "all checks within budget");
+
+    const Result needed = run(op, Params::object(), "beyond_default");
+    EXPECT_EQ(needed.verdict, Verdict::passed) << needed.message;
+    EXPECT_EQ(needed.contract, qk);
+    EXPECT_TRUE(contains(needed.message, "passed under declared contract " + qk)) << needed.message;
+    EXPECT_TRUE(contains(needed.message, "the default fp32-accumulate budgets fail"))
+        << needed.message;
+    ASSERT_FALSE(needed.checks.empty());
+    EXPECT_TRUE(contains(needed.checks[0].budget.why, "contract " + qk))
+        << needed.checks[0].budget.why;
+    const Result back = Result::from_json(needed.to_json());
+    EXPECT_EQ(back.contract, qk);
+    EXPECT_EQ(needed.to_json()["contract"], qk);
+
+    const Result broken = run(op, Params::object(), "beyond_contract");
+    EXPECT_EQ(broken.verdict, Verdict::failed) << broken.message;
+    EXPECT_EQ(broken.contract, qk);
+    EXPECT_TRUE(contains(broken.message, "fails its declared contract " + qk)) << broken.message;
+    EXPECT_TRUE(contains(broken.message, "no known contract explains it")) << broken.message;
+
+    // Declaring nothing (the default): the same error fails, with the contract it would fit.
+    ::unsetenv("ATTNCHECK_FAKE_CONTRACT");
+    ::setenv("ATTNCHECK_FAKE_FAULT_CONTRACT", qk.c_str(), 1);
+    const Result undeclared = run(op, Params::object(), "beyond_default");
+    EXPECT_EQ(undeclared.verdict, Verdict::failed) << undeclared.message;
+    EXPECT_EQ(undeclared.contract, "fp32-accumulate");
+    EXPECT_TRUE(
+        contains(undeclared.message, "fails its declared contract fp32-accumulate (the default)"))
+        << undeclared.message;
+    EXPECT_TRUE(contains(undeclared.message, "the error would fit contract " + qk))
+        << undeclared.message;
+    const Result beyond = run(op, Params::object(), "beyond_contract");
+    EXPECT_EQ(beyond.verdict, Verdict::failed) << beyond.message;
+    EXPECT_TRUE(contains(beyond.message, "no known contract explains it")) << beyond.message;
+    ::unsetenv("ATTNCHECK_FAKE_FAULT_CONTRACT");
+  }
+}
+
+TEST_F(FakeKernels, ContractsAreIgnoredByExactOpsAndUnknownNamesAreErrors) {
+  ::setenv("ATTNCHECK_FAKE_CONTRACT", "qk-products-in-input-type", 1);
+  const Result exact = run("page_indices", Params::object());
+  EXPECT_EQ(exact.verdict, Verdict::passed) << exact.message;
+  EXPECT_EQ(exact.contract, "");
+  EXPECT_FALSE(exact.to_json().contains("contract"));
+
+  ::setenv("ATTNCHECK_FAKE_CONTRACT", "fp8-scores", 1);
+  for (const char* op : {"decode_attention", "page_indices"}) {
+    const Result bad = run(op, Params::object());
+    EXPECT_EQ(bad.verdict, Verdict::error) << op;
+    EXPECT_TRUE(contains(bad.message, "attncheck fake CPU kernels")) << bad.message;
+    EXPECT_TRUE(contains(bad.message, "entry '" + std::string(op) + "'")) << bad.message;
+    EXPECT_TRUE(contains(bad.message, "unknown arithmetic contract 'fp8-scores'")) << bad.message;
+    EXPECT_TRUE(contains(bad.message, "known: fp32-accumulate")) << bad.message;
+  }
+  // A library without the extension's contract (the fake without $ATTNCHECK_FAKE_CONTRACT
+  // returns NULL) is judged by the default.
+  ::unsetenv("ATTNCHECK_FAKE_CONTRACT");
+  EXPECT_EQ(lib_->declared_contract("decode_attention"), "");
+  const Result plain = run("decode_attention", Params::object());
+  EXPECT_EQ(plain.verdict, Verdict::passed) << plain.message;
+  EXPECT_EQ(plain.contract, "fp32-accumulate");
 }
 
 TEST(Sanitizer, FindingsAreTheReportLinesNotTheBanners) {
@@ -353,6 +431,7 @@ TEST(ResultJson, RoundTripsThroughJson) {
   r.kernel_entry = "page_indices";
   r.expected_from = "golden";
   r.bundle = "/tmp/b.h5";
+  r.contract = "qk-products-in-input-type";
   r.device_error = true;
   r.timings = {1.5, 2.5, 3.5};
   CheckResult c;
@@ -365,6 +444,7 @@ TEST(ResultJson, RoundTripsThroughJson) {
   r.checks.push_back(c);
   const auto j = r.to_json();
   EXPECT_EQ(j["failing"], false);  // known bugs do not fail the gate
+  EXPECT_EQ(j["contract"], "qk-products-in-input-type");
   EXPECT_EQ(Result::from_json(j).to_json(), j);
   EXPECT_THROW(Result::from_json({{"id", "x"}}), std::invalid_argument);
 }
