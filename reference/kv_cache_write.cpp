@@ -19,31 +19,6 @@ std::string str(int64_t v) {
   return std::to_string(v);
 }
 
-struct Geometry {
-  int64_t nb, P, Hkv, D, x;
-};
-
-// Block count, block size, heads, head size and tile width of a pair of layout-shaped caches.
-Geometry cache_geometry(const Tensor& K, const Tensor& V, KvLayout layout) {
-  if (K.dtype() != V.dtype())
-    throw std::invalid_argument("kv_cache_write: key_cache and value_cache dtypes differ");
-  if (layout == KvLayout::nhd) {
-    if (K.ndim() != 4 || K.shape() != V.shape())
-      throw std::invalid_argument("kv_cache_write: NHD caches must both be [nb, P, Hkv, D], got " +
-                                  K.describe() + " and " + V.describe());
-    return {K.size(0), K.size(1), K.size(2), K.size(3), 1};
-  }
-  const int64_t x = shuffle_x(K.dtype());
-  if (K.ndim() != 5 || V.ndim() != 5 || K.size(4) != x || V.size(4) != x)
-    throw std::invalid_argument("kv_cache_write: SHUFFLE caches must be 5-d with x = " + str(x) +
-                                ", got " + K.describe() + " and " + V.describe());
-  const Geometry g{K.size(0), K.size(3), K.size(1), K.size(2) * x, x};
-  if (V.shape() != Shape{g.nb, g.Hkv, g.P / x, g.D, x})
-    throw std::invalid_argument("kv_cache_write: SHUFFLE value_cache " + V.describe() +
-                                " does not match key_cache " + K.describe());
-  return g;
-}
-
 // Copies of the storages, one per distinct storage, so aliased views stay aliased.
 class StorageCopies {
  public:
@@ -110,7 +85,8 @@ uint8_t kv_quantize(double x, float scale, DType fp8) {
 }
 
 KvCaches kv_cache_write(const KvCacheWriteArgs& a) {
-  const Geometry g = cache_geometry(a.key_cache, a.value_cache, a.layout);
+  const KvCacheGeometry g =
+      kv_cache_geometry(a.key_cache, a.value_cache, a.layout, "kv_cache_write");
   const DType cache_dtype = a.key_cache.dtype();
   if (is_fp8(cache_dtype) != a.quant.has_value())
     throw std::invalid_argument(is_fp8(cache_dtype)

@@ -32,33 +32,28 @@ Shape padded_strides(const Shape& shape, int64_t pad) {
   return s;
 }
 
-struct Geometry {
-  int64_t nb, P, Hkv, D, x;
-};
+}  // namespace
 
-Geometry cache_geometry(const KvGatherArgs& a) {
-  const Tensor& K = a.key_cache;
-  const Tensor& V = a.value_cache;
+KvCacheGeometry kv_cache_geometry(const Tensor& K, const Tensor& V, KvLayout layout,
+                                  const std::string& op) {
   if (K.dtype() != V.dtype())
-    throw std::invalid_argument("kv_gather: key_cache and value_cache dtypes differ");
-  if (a.layout == KvLayout::nhd) {
+    throw std::invalid_argument(op + ": key_cache and value_cache dtypes differ");
+  if (layout == KvLayout::nhd) {
     if (K.ndim() != 4 || K.shape() != V.shape())
-      throw std::invalid_argument("kv_gather: NHD caches must both be [nb, P, Hkv, D], got " +
+      throw std::invalid_argument(op + ": NHD caches must both be [nb, P, Hkv, D], got " +
                                   K.describe() + " and " + V.describe());
     return {K.size(0), K.size(1), K.size(2), K.size(3), 1};
   }
   const int64_t x = shuffle_x(K.dtype());
   if (K.ndim() != 5 || V.ndim() != 5 || K.size(4) != x || V.size(4) != x)
-    throw std::invalid_argument("kv_gather: SHUFFLE caches must be 5-d with x = " + str(x) +
-                                ", got " + K.describe() + " and " + V.describe());
-  const Geometry g{K.size(0), K.size(3), K.size(1), K.size(2) * x, x};
+    throw std::invalid_argument(op + ": SHUFFLE caches must be 5-d with x = " + str(x) + ", got " +
+                                K.describe() + " and " + V.describe());
+  const KvCacheGeometry g{K.size(0), K.size(3), K.size(1), K.size(2) * x, x};
   if (V.shape() != cache_shape(KvLayout::shuffle, true, g.nb, g.P, g.Hkv, g.D, x))
-    throw std::invalid_argument("kv_gather: SHUFFLE value_cache " + V.describe() +
+    throw std::invalid_argument(op + ": SHUFFLE value_cache " + V.describe() +
                                 " does not match key_cache " + K.describe());
   return g;
 }
-
-}  // namespace
 
 int64_t shuffle_x(DType cache_dtype) {
   return 16 / static_cast<int64_t>(dtype_size(cache_dtype));
@@ -174,7 +169,7 @@ KvGatherMeta window_meta(const Tensor& context_lens, int64_t window, int64_t pad
 }
 
 KvGathered kv_gather(const KvGatherArgs& a) {
-  const Geometry g = cache_geometry(a);
+  const KvCacheGeometry g = kv_cache_geometry(a.key_cache, a.value_cache, a.layout, "kv_gather");
   const DType cache_dtype = a.key_cache.dtype();
   if (is_fp8(cache_dtype) != a.dequant.has_value())
     throw std::invalid_argument(is_fp8(cache_dtype)

@@ -4,6 +4,7 @@
 // [K0][V0][K1][V1]... caches, padded caches and SHUFFLE tiles all read the right bytes.
 #pragma once
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
@@ -27,6 +28,14 @@ enum class KvStrides {
 
 // SHUFFLE tile width: elements per 16 bytes of the cache dtype.
 int64_t shuffle_x(DType cache_dtype);
+
+// Block count, block size, KV heads, head size and tile width (1 for NHD) of a K/V cache pair
+// shaped for `layout`; throws std::invalid_argument prefixed with `op` when the two disagree.
+struct KvCacheGeometry {
+  int64_t nb, P, Hkv, D, x;
+};
+KvCacheGeometry kv_cache_geometry(const Tensor& key_cache, const Tensor& value_cache,
+                                  KvLayout layout, const std::string& op);
 
 struct KvCacheViews {
   Tensor key_cache;

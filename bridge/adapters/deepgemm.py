@@ -30,9 +30,7 @@ plain Python/NumPy and runs without torch; only ``_execute_*`` import torch and 
 ``sys.path``) or an installed package.
 """
 
-import importlib
 import os
-import sys
 
 import attncheck_bridge as ab
 from attncheck_bridge import Refuse, Unsupported
@@ -52,10 +50,7 @@ TMA_ALIGN = 16  # bytes: cuTensorMapEncodeTiled needs 16-byte aligned addresses 
 _deep_gemm = None
 
 
-def _arg(t, name):
-    if name not in t:
-        raise Refuse(f"missing argument '{name}'")
-    return t[name]
+_arg = ab.arg
 
 
 def _fp8_format(p):
@@ -338,14 +333,5 @@ def _load():
     if major != 9:
         raise Unsupported(f"device sm_{major}{minor}: this adapter maps DeepGEMM's SM90 kernels (their head/block rules)")
     if _deep_gemm is None:
-        src = os.environ.get("ATTNCHECK_DEEPGEMM_SRC")
-        if src and src not in sys.path:
-            sys.path.insert(0, src)
-        try:
-            _deep_gemm = importlib.import_module("deep_gemm")
-        except Exception as e:  # noqa: BLE001 - any import failure is the reason to decline
-            raise Unsupported(
-                f"deep_gemm not importable ({type(e).__name__}: {e}); build it (docs/adapters/deepgemm_flashmla.md) "
-                "and set ATTNCHECK_DEEPGEMM_SRC"
-            ) from e
+        _deep_gemm = ab.import_upstream("deep_gemm", "ATTNCHECK_DEEPGEMM_SRC", "build it (docs/adapters/deepgemm_flashmla.md)")
     return torch, _deep_gemm

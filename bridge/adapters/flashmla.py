@@ -32,9 +32,6 @@ comes from ``ATTNCHECK_FLASHMLA_SRC`` (an in-place build, put first on ``sys.pat
 installed package.
 """
 
-import importlib
-import os
-import sys
 
 import attncheck_bridge as ab
 from attncheck_bridge import Refuse, Unsupported
@@ -52,10 +49,7 @@ _ITEM = {"bf16": 2, "f16": 2}
 _flash_mla = None
 
 
-def _arg(t, name):
-    if name not in t:
-        raise Refuse(f"missing argument '{name}'")
-    return t[name]
+_arg = ab.arg
 
 
 def heads_valid(n):
@@ -340,14 +334,5 @@ def _load():
     if (major, minor) != (9, 0):
         raise Unsupported(f"device sm_{major}{minor}: this adapter maps FlashMLA's sm_90a kernels (dense decode is SM90-only)")
     if _flash_mla is None:
-        src = os.environ.get("ATTNCHECK_FLASHMLA_SRC")
-        if src and src not in sys.path:
-            sys.path.insert(0, src)
-        try:
-            _flash_mla = importlib.import_module("flash_mla")
-        except Exception as e:  # noqa: BLE001 - any import failure is the reason to decline
-            raise Unsupported(
-                f"flash_mla not importable ({type(e).__name__}: {e}); build it (docs/adapters/deepgemm_flashmla.md) "
-                "and set ATTNCHECK_FLASHMLA_SRC"
-            ) from e
+        _flash_mla = ab.import_upstream("flash_mla", "ATTNCHECK_FLASHMLA_SRC", "build it (docs/adapters/deepgemm_flashmla.md)")
     return torch, _flash_mla

@@ -23,10 +23,7 @@ from attncheck_bridge import Refuse, Unsupported, as_numpy
 ADAPTER = ab.Adapter(name="numpy_reference", device="cpu")
 
 
-def _arg(t, name):
-    if name not in t:
-        raise Refuse(f"missing argument '{name}'")
-    return t[name]
+_arg = ab.arg
 
 
 def _contiguous_1d(x):

@@ -230,10 +230,7 @@ class Plan:
 # Checks shared by the plans
 
 
-def _need(t, name):
-    if name not in t:
-        raise Refuse(f"missing argument '{name}'")
-    return t[name]
+_need = ab.arg
 
 
 def _contiguous_1d(x):
@@ -523,29 +520,10 @@ def plan_sparse_mla(t, p, host, arch):
 def plan_kv_cache_write(t, p, host, arch):
     """docs/ops/kv_cache_write.md: NHD through reshape_and_cache_flash, SHUFFLE through
     reshape_and_cache(asm_layout=True) (K [nb, H, D/x, P, x], V [nb, H, P/x, D, x])."""
-    names = ("key", "value", "key_cache", "value_cache", "slot_mapping", "k_scale", "v_scale")
-    key, value, kc, vc, slots, ks, vs = (_need(t, n) for n in names)
-    layout = p.get("kv_cache_layout")
-    if layout not in ("NHD", "SHUFFLE"):
-        raise Refuse(f"kv_cache_layout must be NHD or SHUFFLE, got {layout!r}")
-    kv_dtype = p.get("kv_cache_dtype")
-    if kv_dtype not in ("auto", "fp8"):
-        raise Refuse(f"kv_cache_dtype must be auto or fp8, got {kv_dtype!r}")
-    ab.expect_dtype(key, "bf16", "f16")
-    if value.dtype_name != key.dtype_name:
-        raise Refuse(f"'key' is {key.dtype_name} but 'value' is {value.dtype_name}")
-    ab.expect_dtype(slots, "i64")
-    ab.expect_ndim(slots, 1)
-    if kc.dtype_name != vc.dtype_name:
-        raise Refuse("key_cache and value_cache dtypes differ")
-    fmt = None
-    if kv_dtype == "fp8":
-        ab.expect_dtype(kc, "u8")
-        ab.expect_dtype(ks, "f32")
-        ab.expect_dtype(vs, "f32")
-        fmt = _fp8_format(p, "an fp8 cache")
-    elif kc.dtype_name != key.dtype_name:
-        raise Refuse(f"kv_cache_dtype auto needs {key.dtype_name} caches, got {kc.dtype_name}")
+    a = ab.kv_cache_write_args(t, p)
+    key, value, kc, vc, slots = a.key, a.value, a.key_cache, a.value_cache, a.slot_mapping
+    layout = a.layout
+    fmt = _fp8_format(p, "an fp8 cache") if a.kv_dtype == "fp8" else None
     T = slots.shape[0]
     es = 1 if fmt else 2
     if layout == "NHD":

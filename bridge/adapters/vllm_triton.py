@@ -534,10 +534,7 @@ class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 # Shared argument checks.
 
 
-def _arg(t, name):
-    if name not in t:
-        raise Refuse(f"missing argument '{name}'")
-    return t[name]
+_arg = ab.arg
 
 
 def _param(p, name):
@@ -589,31 +586,12 @@ def kv_cache_write(t, p):
     packed caches), a value cache with other block/page strides than the key cache's (it addresses
     both with the key cache's), key/value rows whose heads and dims are not one run, and an fp8
     format other than the platform's."""
-    names = ("key", "value", "key_cache", "value_cache", "slot_mapping", "k_scale", "v_scale")
-    key, value, kc, vc, slots, ks, vs = (_arg(t, n) for n in names)
-    layout = p.get("kv_cache_layout")
-    if layout == "SHUFFLE":
+    a = ab.kv_cache_write_args(t, p)
+    key, value, kc, vc, slots = a.key, a.value, a.key_cache, a.value_cache, a.slot_mapping
+    ks, vs, kv_dtype = a.k_scale, a.v_scale, a.kv_dtype
+    if a.layout == "SHUFFLE":
         raise Unsupported("SHUFFLE caches: triton_reshape_and_cache_flash writes NHD caches only")
-    if layout != "NHD":
-        raise Refuse(f"kv_cache_layout must be NHD or SHUFFLE, got {layout!r}")
-    kv_dtype = p.get("kv_cache_dtype")
-    if kv_dtype not in ("auto", "fp8"):
-        raise Refuse(f"kv_cache_dtype must be auto or fp8, got {kv_dtype!r}")
-    ab.expect_dtype(key, "bf16", "f16")
-    if value.dtype_name != key.dtype_name:
-        raise Refuse(f"'key' is {key.dtype_name} but 'value' is {value.dtype_name}")
-    ab.expect_dtype(slots, "i64")
-    ab.expect_ndim(slots, 1)
-    if kc.dtype_name != vc.dtype_name:
-        raise Refuse("key_cache and value_cache dtypes differ")
-    fmt = None
-    if kv_dtype == "fp8":
-        ab.expect_dtype(kc, "u8")
-        ab.expect_dtype(ks, "f32")
-        ab.expect_dtype(vs, "f32")
-        fmt = _fp8_format(p, required=True)
-    elif kc.dtype_name != key.dtype_name:
-        raise Refuse(f"kv_cache_dtype auto needs {key.dtype_name} caches, got {kc.dtype_name}")
+    fmt = _fp8_format(p, required=True) if kv_dtype == "fp8" else None
     for c in (kc, vc):
         ab.expect_ndim(c, 4)
     if kc.shape != vc.shape:

@@ -4,7 +4,6 @@ of its executor (device, missing flash_mla) through a stand-in torch. NumPy-back
 kernels themselves are judged on a GPU (docs/adapters/deepgemm_flashmla.md)."""
 
 import sys
-import types
 
 import numpy as np
 import pytest
@@ -12,16 +11,9 @@ import pytest
 import attncheck_bridge as ab
 import flashmla
 
+from sm90_test_support import aligned, fake_torch  # noqa: E402
+
 T_ = ab.Tensor.from_numpy
-
-
-def aligned(shape, dtype, offset_bytes=0):
-    """A zeroed C-contiguous array whose first element is 16-byte aligned (plus offset_bytes)."""
-    dt = np.dtype(dtype)
-    n = int(np.prod(shape)) * dt.itemsize
-    raw = np.zeros(n + 64 + offset_bytes, np.uint8)
-    start = (-raw.ctypes.data) % 16 + offset_bytes
-    return raw[start : start + n].view(dt).reshape(shape)
 
 
 def token_head_view(layout, T, N, L):
@@ -207,13 +199,6 @@ def test_entries_and_contracts():
     assert flashmla.ADAPTER.ops() == ["mla_decode", "sparse_mla"]
     for name in flashmla.ADAPTER.ops():
         assert flashmla.ADAPTER.contract_of(name) == "p-in-input-type"
-
-
-def fake_torch(capability):
-    torch = types.ModuleType("torch")
-    torch.version = types.SimpleNamespace(hip=None, cuda="13.0")
-    torch.cuda = types.SimpleNamespace(get_device_capability=lambda: capability)
-    return torch
 
 
 def test_executor_declines_other_devices(monkeypatch):

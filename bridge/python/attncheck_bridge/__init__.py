@@ -58,6 +58,9 @@ __all__ = [
     "require",
     "expect_dtype",
     "expect_ndim",
+    "arg",
+    "import_upstream",
+    "kv_cache_write_args",
     "DEVICES",
     "CONTRACTS",
     "CONTRACT_PARTS",
@@ -545,6 +548,61 @@ def expect_dtype(t: Tensor, *names: str) -> None:
 def expect_ndim(t: Tensor, *ndims: int) -> None:
     if t.ndim not in ndims:
         raise Refuse(f"'{t.name}' must have {' or '.join(map(str, ndims))} dims, got {t.ndim}")
+
+
+def arg(t: dict, name: str) -> Tensor:
+    """The argument `name` of an entry's tensors; Refuse naming it when the harness did not pass it."""
+    if name not in t:
+        raise Refuse(f"missing argument '{name}'")
+    return t[name]
+
+
+def import_upstream(module: str, src_env: str, how: str):
+    """Imports an upstream package, first putting the source tree named by $`src_env` (if set)
+    on sys.path; any import failure becomes Unsupported naming the module and `how` to get it."""
+    import importlib
+    import os
+    import sys
+
+    src = os.environ.get(src_env)
+    if src and src not in sys.path:
+        sys.path.insert(0, src)
+    try:
+        return importlib.import_module(module)
+    except Exception as e:  # noqa: BLE001 - any import failure is the reason to decline
+        raise Unsupported(f"{module} not importable ({type(e).__name__}: {e}); {how} and set {src_env}") from e
+
+
+def kv_cache_write_args(t: dict, p: dict):
+    """What docs/ops/kv_cache_write.md calls valid, checked once for every writer adapter: the
+    layout and cache dtype params, the 16-bit key/value pair, int64 slot_mapping [T], caches of one
+    dtype (u8 with f32 scales for fp8, else the key's). Refuse otherwise. Returns a namespace of
+    the tensors (key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale) and `layout`,
+    `kv_dtype`; shapes and the fp8 format are the adapter's to check (its layouts differ)."""
+    from types import SimpleNamespace
+
+    names = ("key", "value", "key_cache", "value_cache", "slot_mapping", "k_scale", "v_scale")
+    a = SimpleNamespace(**{n: arg(t, n) for n in names})
+    a.layout = p.get("kv_cache_layout")
+    if a.layout not in ("NHD", "SHUFFLE"):
+        raise Refuse(f"kv_cache_layout must be NHD or SHUFFLE, got {a.layout!r}")
+    a.kv_dtype = p.get("kv_cache_dtype")
+    if a.kv_dtype not in ("auto", "fp8"):
+        raise Refuse(f"kv_cache_dtype must be auto or fp8, got {a.kv_dtype!r}")
+    expect_dtype(a.key, "bf16", "f16")
+    if a.value.dtype_name != a.key.dtype_name:
+        raise Refuse(f"'key' is {a.key.dtype_name} but 'value' is {a.value.dtype_name}")
+    expect_dtype(a.slot_mapping, "i64")
+    expect_ndim(a.slot_mapping, 1)
+    if a.key_cache.dtype_name != a.value_cache.dtype_name:
+        raise Refuse("key_cache and value_cache dtypes differ")
+    if a.kv_dtype == "fp8":
+        expect_dtype(a.key_cache, "u8")
+        expect_dtype(a.k_scale, "f32")
+        expect_dtype(a.v_scale, "f32")
+    elif a.key_cache.dtype_name != a.key.dtype_name:
+        raise Refuse(f"kv_cache_dtype auto needs {a.key.dtype_name} caches, got {a.key_cache.dtype_name}")
+    return a
 
 
 # --------------------------------------------------------------------------------------------
