@@ -6,7 +6,9 @@
 // Mutants (indexer.mutants) re-create the seed bugs:
 //   AC_MUTANT_INDEXER_SHUFFLE_AT_BS1: writer and gather hard-coded SHUFFLE (gfx950, #43781);
 //   AC_MUTANT_INDEXER_PRESHUFFLE_ONLY_BS64: decode Preshuffle only when BS == 64;
-//   AC_MUTANT_INDEXER_CHUNKQ_UNCLAMPED: ChunkQ = 64 whatever the head count (aiter #2891).
+//   AC_MUTANT_INDEXER_CHUNKQ_UNCLAMPED: ChunkQ = 64 whatever the head count (aiter #2891);
+//   AC_MUTANT_INDEXER_FP8_ORDINARY_ONLY: decode's fp8 table wrong at the top of the format;
+//   AC_MUTANT_INDEXER_PAGE_OFFSET_INT32: page byte offsets in int32 (issue 14).
 #include <string>
 #include <vector>
 
@@ -22,6 +24,34 @@ bool page_is_shuffled(int block_size) {
   return true;
 #else
   return block_size > 1;
+#endif
+}
+
+// The first byte of page `block`: 64-bit, since a cache may pass 2^31 bytes (issue 14).
+AC_DEVICE const uint8_t* page_at(const uint8_t* cache, int64_t block, int64_t block_stride) {
+#if defined(AC_MUTANT_INDEXER_PAGE_OFFSET_INT32)
+  // Seed bug: block * block_stride in int32, which wraps once the cache passes 2^31 bytes.
+  return cache +
+         static_cast<int32_t>(static_cast<uint32_t>(block) * static_cast<uint32_t>(block_stride));
+#else
+  return cache + block * block_stride;
+#endif
+}
+
+// The decode kernel's fp8 -> bf16 table (idx::load_lut), or, in the mutant, a table exact on
+// every ordinary code but one short of the top: the saturation codes (448 e4m3fn, 240 e4m3fnuz)
+// read as the next smaller value, fnuz's NaN 0x80 as -0.
+AC_DEVICE void load_decode_lut(idx::ScoreSmem& sm, AcFp8 fmt) {
+#if defined(AC_MUTANT_INDEXER_FP8_ORDINARY_ONLY)
+  const uint8_t top = fmt == AcFp8::e4m3fn ? 0x7E : 0x7F;
+  for (int c = threadIdx.x; c < 256; c += blockDim.x) {
+    uint8_t b = static_cast<uint8_t>(c);
+    if ((b & 0x7F) >= top) b = static_cast<uint8_t>((b & 0x80) | (top - 1));
+    const float v = fmt == AcFp8::e4m3fnuz && c == 0x80 ? -0.0f : ac_fp8_to_float(b, fmt);
+    sm.lut[c] = ac_float_to_bf16(v);
+  }
+#else
+  idx::load_lut(sm, fmt);
 #endif
 }
 
@@ -45,7 +75,7 @@ __global__ void indexer_k_quant_and_cache(const uint16_t* k, int64_t k_row_strid
     amax = fmaxf(amax, fabsf(ac_bf16_to_float(row[d])));
   amax = ac_warp_max(amax);
   const float scale = idx::ue8m0_scale(amax, 1e-4f, quant_max);
-  uint8_t* page = cache + (slot / block_size) * block_stride;
+  uint8_t* page = const_cast<uint8_t*>(page_at(cache, slot / block_size, block_stride));
   const int64_t t = slot % block_size;
   for (int d = lane; d < kHeadDim; d += ac_warp_size())
     page[idx::value_offset(shuffle, t, d)] = ac_float_to_fp8(ac_bf16_to_float(row[d]) / scale, fmt);
@@ -103,7 +133,7 @@ __global__ void indexer_gather_k(const uint8_t* cache, int64_t block_stride, int
     if (lane == 0) scales[i * scale_stride] = 0.0f;
     return;
   }
-  const uint8_t* page = cache + block * block_stride;
+  const uint8_t* page = page_at(cache, block, block_stride);
   const int64_t t = pos % block_size;
   const int d0 = 4 * lane;
   *reinterpret_cast<uint32_t*>(out + i * out_rs + d0) =
@@ -188,7 +218,7 @@ __global__ void indexer_paged_logits(DecodeArgs a) {
   const int h0 = static_cast<int>(blockIdx.z) * a.chunk_q;
   const int64_t row_end = decode_row_end(a.context_lens[b * a.ctx_stride], a.next_n, n, a.width);
   const int64_t hi = row_end < c1 ? row_end : c1;
-  idx::load_lut(sm, a.fmt);
+  load_decode_lut(sm, a.fmt);
   for (int i = threadIdx.x; i < idx::kSplit; i += blockDim.x) sm.acc[i] = 0.0f;
   for (int hs = 0; hs < a.chunk_q && c0 < hi; hs += idx::kTileHeads) {
     const int nh = a.chunk_q - hs < idx::kTileHeads ? a.chunk_q - hs : idx::kTileHeads;
@@ -206,7 +236,7 @@ __global__ void indexer_paged_logits(DecodeArgs a) {
             p < hi && col < a.table_w ? a.table[b * a.table_rs + col * a.table_cs] : -1;
         if (block >= 0 &&
             block < a.num_blocks) {  // a bad table entry reads as zero, never out of bounds
-          const uint8_t* page = a.cache + block * a.block_stride;
+          const uint8_t* page = page_at(a.cache, block, a.block_stride);
           const int64_t t = p % a.block_size;
           bits = *reinterpret_cast<const uint32_t*>(page + idx::value_offset(a.preshuffle, t, d0));
           ks = *reinterpret_cast<const float*>(page + idx::scale_offset(a.block_size, t));

@@ -34,11 +34,32 @@ AC_DEVICE int64_t cache_offset(const GatherCache& c, int64_t blk, int64_t s, int
   return blk * H + h * (c.D * c.P) + (s / c.x) * (c.D * c.x) + d * c.x + s % c.x;
 #else
   const int64_t* st = c.stride;
-  if (c.layout == kNhd) return blk * st[0] + s * st[1] + h * st[2] + d * st[3];
-  if (c.layout == kShuffleK)
-    return blk * st[0] + h * st[1] + (d / c.x) * st[2] + s * st[3] + (d % c.x) * st[4];
-  return blk * st[0] + h * st[1] + (s / c.x) * st[2] + d * st[3] + (s % c.x) * st[4];
+  int64_t off;
+  if (c.layout == kNhd)
+    off = blk * st[0] + s * st[1] + h * st[2] + d * st[3];
+  else if (c.layout == kShuffleK)
+    off = blk * st[0] + h * st[1] + (d / c.x) * st[2] + s * st[3] + (d % c.x) * st[4];
+  else
+    off = blk * st[0] + h * st[1] + (s / c.x) * st[2] + d * st[3] + (s % c.x) * st[4];
+#if defined(AC_MUTANT_KV_GATHER_OFFSET_INT32)
+  // Seed bug (issue 14): the element offset kept in int32, which wraps once a cache passes 2^31
+  // elements (2^31 bytes of fp8, 2^32 of bf16).
+  off = static_cast<int32_t>(static_cast<uint32_t>(off));
 #endif
+  return off;
+#endif
+}
+
+// An fp8 cache code as a float, by the format's definition, special codes included.
+AC_DEVICE float dequant_code(uint8_t b, AcFp8 fmt) {
+#if defined(AC_MUTANT_KV_GATHER_FP8_ORDINARY_ONLY)
+  // Seed bug (issue 14): a dequant exact on every ordinary code but wrong at the top of the
+  // format: the saturation codes read as the next smaller value, fnuz's NaN 0x80 as -0.
+  const uint8_t top = fmt == AcFp8::e4m3fn ? 0x7E : 0x7F;
+  if ((b & 0x7F) >= top) b = static_cast<uint8_t>((b & 0x80) | (top - 1));
+  if (fmt == AcFp8::e4m3fnuz && b == 0x80) return -0.0f;
+#endif
+  return ac_fp8_to_float(b, fmt);
 }
 
 // Native vector types, so aligned copies become single wide loads and stores.
@@ -102,7 +123,7 @@ __global__ void gather_kv(GatherCache cache, uint8_t* out, int64_t out_token_str
       uint16_t* halves = reinterpret_cast<uint16_t*>(&result);
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
-        const float v = ac_fp8_to_float(codes[i], static_cast<AcFp8>(fp8_format)) * sc;
+        const float v = dequant_code(codes[i], static_cast<AcFp8>(fp8_format)) * sc;
         halves[i] = out_is_bf16 ? ac_float_to_bf16(v) : ac_float_to_f16(v);
       }
       *reinterpret_cast<VOut*>(dst) = result;

@@ -96,6 +96,28 @@ AC_DEVICE uint16_t to_bits(float x, AcMmaIn t) {
   return t == AcMmaIn::bf16 ? ac_float_to_bf16(x) : ac_float_to_f16(x);
 }
 
+// Element offset of a cache row: 64-bit, since a cache may pass 2^31 elements (issue 14).
+AC_DEVICE int64_t row_offset(int64_t slot, int lk) {
+#if defined(AC_MUTANT_MLA_SLOT_OFFSET_INT32)
+  // Seed bug: slot * Lk in int32, which wraps once the row offset passes 2^31 elements.
+  return static_cast<int32_t>(static_cast<uint32_t>(slot) * static_cast<uint32_t>(lk));
+#else
+  return slot * lk;
+#endif
+}
+
+// An fp8 cache code as a float, by the format's definition, special codes included.
+AC_DEVICE float decode_fp8(uint8_t b, AcFp8 fmt) {
+#if defined(AC_MUTANT_MLA_FP8_ORDINARY_ONLY)
+  // Seed bug: a dequant exact on every ordinary code but wrong at the top of the format: the
+  // saturation codes (and e4m3fn's NaN) read as the next smaller value, fnuz's NaN 0x80 as -0.
+  const uint8_t top = fmt == AcFp8::e4m3fn ? 0x7E : 0x7F;
+  if ((b & 0x7F) >= top) b = static_cast<uint8_t>((b & 0x80) | (top - 1));
+  if (fmt == AcFp8::e4m3fnuz && b == 0x80) return -0.0f;
+#endif
+  return ac_fp8_to_float(b, fmt);
+}
+
 // Repeat-interleave (16-head rule): padded head j of token t is real head j / r, [T, 16, lk].
 __global__ void pad_heads(uint16_t* dst, const uint16_t* q, int64_t ts, int64_t hs, int lk, int r) {
   const int t = static_cast<int>(blockIdx.x), j = static_cast<int>(blockIdx.y);
@@ -175,18 +197,19 @@ __global__ void __launch_bounds__(kWarps * 64)
       const int64_t slot = slot_s[r];
       uint4 bits = make_uint4(0, 0, 0, 0);  // keys past the chunk's end are zero, never NaN
       if (slot >= 0) {
+        const int64_t row = row_offset(slot, lk);
         if (!a.kv_fp8) {
-          bits = *reinterpret_cast<const uint4*>(kv16 + slot * lk + v * 8);
+          bits = *reinterpret_cast<const uint4*>(kv16 + row + v * 8);
         } else {
-          const uint2 codes = *reinterpret_cast<const uint2*>(kv8 + slot * lk + v * 8);
+          const uint2 codes = *reinterpret_cast<const uint2*>(kv8 + row + v * 8);
           uint32_t w[4];
           for (int k = 0; k < 4; ++k) {
             const uint32_t word = k < 2 ? codes.x : codes.y;
             const int sh = (k % 2) * 16;
             const uint16_t lo =
-                to_bits(ac_fp8_to_float(static_cast<uint8_t>(word >> sh), a.fp8_format), a.type);
-            const uint16_t hi = to_bits(
-                ac_fp8_to_float(static_cast<uint8_t>(word >> (sh + 8)), a.fp8_format), a.type);
+                to_bits(decode_fp8(static_cast<uint8_t>(word >> sh), a.fp8_format), a.type);
+            const uint16_t hi =
+                to_bits(decode_fp8(static_cast<uint8_t>(word >> (sh + 8)), a.fp8_format), a.type);
             w[k] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
           }
           bits = make_uint4(w[0], w[1], w[2], w[3]);

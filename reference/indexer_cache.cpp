@@ -35,6 +35,13 @@ int64_t scale_offset(int64_t block_size, int64_t t) {
 }
 
 namespace {
+// The first byte of page `block`; the whole page must be on the host (a sparse cache of a
+// large-offset case holds only the pages requests use: any other page throws).
+uint8_t* page_bytes(const Tensor& cache, int64_t block) {
+  (void)cache.element_ptr(Index{block, cache.size(1) - 1, kTokenBytes - 1});
+  return reinterpret_cast<uint8_t*>(cache.element_ptr(Index{block, 0, 0}));
+}
+
 // Checks the cache tensor and returns its block stride in bytes.
 int64_t check_cache(const Tensor& cache, int64_t block_size) {
   detail::expect_dtype(cache, DType::u8, "kv_cache");
@@ -54,14 +61,13 @@ Tensor write_k_cache(const Tensor& cache, const Tensor& k, const Tensor& slot_ma
   // A SHUFFLE page holds whole 16-token tiles; NORMAL fits any block size.
   expect(layout == CacheLayout::normal || (BS > 0 && BS % kTile == 0),
          "a SHUFFLE page needs a block size that is a multiple of 16, got " + std::to_string(BS));
-  const int64_t stride = check_cache(cache, BS);
+  (void)check_cache(cache, BS);
   detail::expect_dtype(slot_mapping, DType::i64, "slot_mapping");
   expect(slot_mapping.ndim() == 1 && k.ndim() == 2 && k.size(0) >= slot_mapping.size(0),
          "k must have at least as many rows as slot_mapping");
   // The same storage bytes, so padding between pages and everything around the view is kept.
   auto storage = std::make_shared<Storage>(*cache.storage());
   Tensor out = cache.rebased(storage);
-  auto* base = reinterpret_cast<uint8_t*>(out.data());
   const int64_t T = slot_mapping.size(0);
   const QuantizedK q = quantize_k(k.slice(0, 0, T), fp8, qmax);
   const auto* qbytes = detail::raw<uint8_t>(q.values);
@@ -70,7 +76,7 @@ Tensor write_k_cache(const Tensor& cache, const Tensor& k, const Tensor& slot_ma
     const int64_t slot = slot_mapping.at<int64_t>({i});
     if (slot < 0) continue;  // padding token: nothing is written
     if (slot >= capacity) detail::fail("slot " + std::to_string(slot) + " past the cache");
-    uint8_t* page = base + (slot / BS) * stride;
+    uint8_t* page = page_bytes(out, slot / BS);
     const int64_t t = slot % BS;
     for (int64_t d = 0; d < kHeadDim; ++d)
       page[value_offset(layout, BS, t, d)] = qbytes[i * kHeadDim + d];
@@ -81,13 +87,12 @@ Tensor write_k_cache(const Tensor& cache, const Tensor& k, const Tensor& slot_ma
 }
 
 void read_token(const CacheView& c, int64_t block, int64_t t, uint8_t* values, float* scale) {
-  const int64_t stride = c.cache.stride(0);
   if (c.layout == CacheLayout::shuffle && c.block_size % kTile != 0)
     detail::fail("a SHUFFLE page needs a block size that is a multiple of 16");
   if (!(block >= 0 && block < c.cache.size(0) && t >= 0 && t < c.block_size))
     detail::fail("token (" + std::to_string(block) + ", " + std::to_string(t) +
                  ") outside the cache");
-  const auto* page = reinterpret_cast<const uint8_t*>(c.cache.data()) + block * stride;
+  const uint8_t* page = page_bytes(c.cache, block);
   // 16 consecutive dims of a token are 16 contiguous bytes in both layouts.
   for (int64_t d = 0; d < kHeadDim; d += kTile)
     std::memcpy(values + d, page + value_offset(c.layout, c.block_size, t, d), kTile);

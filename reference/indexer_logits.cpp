@@ -133,11 +133,16 @@ Tensor paged_mqa_logits(const Tensor& q, const CacheView& c, const Tensor& weigh
     Eigen::VectorXd scale(len);
     const Tensor table_row = detail::dense(block_table.select(0, b));
     const auto* table = detail::raw<int32_t>(table_row);
-    // Validated here: nothing may throw inside the parallel loop.
-    for (int64_t j = 0; j < (len + BS - 1) / BS; ++j)
+    // Validated here: nothing may throw inside the parallel loop (read_token throws for a page
+    // a sparse cache does not hold on the host).
+    for (int64_t j = 0; j < (len + BS - 1) / BS; ++j) {
       if (table[j] < 0 || table[j] >= c.cache.size(0))
         detail::fail("request " + std::to_string(b) + " maps to block " + std::to_string(table[j]) +
                      " outside the cache");
+      uint8_t bytes[kHeadDim];
+      float s = 0;
+      read_token(c, table[j], 0, bytes, &s);
+    }
 #pragma omp parallel for
     for (int64_t p = 0; p < len; ++p) {
       uint8_t bytes[kHeadDim];

@@ -66,9 +66,9 @@ Index kv_cache_index(KvLayout layout, bool is_value, int64_t x, int64_t blk, int
   return {blk, h, d / x, s, d % x};
 }
 
-KvCacheViews make_kv_cache(DType dtype, KvLayout layout, KvStrides strides, int64_t nb, int64_t P,
-                           int64_t Hkv, int64_t D) {
-  if (nb < 1 || P < 1 || Hkv < 1 || D < 1)
+KvCacheViews make_kv_cache(DType dtype, KvLayout layout, KvStrides strides, int64_t nb_held,
+                           int64_t P, int64_t Hkv, int64_t D, int64_t first) {
+  if (nb_held < 1 || P < 1 || Hkv < 1 || D < 1 || first < 0)
     throw std::invalid_argument("make_kv_cache: every dimension must be >= 1");
   const int64_t x = layout == KvLayout::shuffle ? shuffle_x(dtype) : 1;
   if (layout == KvLayout::shuffle && (P % x != 0 || D % x != 0))
@@ -76,19 +76,25 @@ KvCacheViews make_kv_cache(DType dtype, KvLayout layout, KvStrides strides, int6
                                 ", got P = " + str(P) + ", D = " + str(D));
   if (layout == KvLayout::shuffle && strides == KvStrides::packed)
     throw std::invalid_argument("the packed (nb, Hkv, P, 2D) cache is an NHD layout, not SHUFFLE");
+  if (first > 0 && (strides == KvStrides::contiguous || strides == KvStrides::padded))
+    throw std::invalid_argument(
+        "large offsets need hybrid, separate or packed strides (blocks in one window)");
+  const int64_t nb = first + nb_held;
   const Shape k_shape = cache_shape(layout, false, nb, P, Hkv, D, x);
   const Shape v_shape = cache_shape(layout, true, nb, P, Hkv, D, x);
   const int64_t H = P * Hkv * D;  // elements of one block of one cache
-  if (strides == KvStrides::separate) {
-    Tensor k = Tensor::empty(dtype, k_shape), v = Tensor::empty(dtype, v_shape);
-    poison(k);
-    poison(v);
-    return {k, v};
-  }
+  // A storage of `blocks_per_id` x H elements per block id, holding ids [first, nb) on the host.
+  auto storage_of = [&](Shape shape, int64_t blocks_per_id) {
+    const int64_t per_id = blocks_per_id * H;
+    Tensor t = first > 0 ? Tensor::sparse(dtype, std::move(shape), first * per_id, nb_held * per_id)
+                         : Tensor::empty(dtype, std::move(shape));
+    poison(t);
+    return t;
+  };
+  if (strides == KvStrides::separate) return {storage_of(k_shape, 1), storage_of(v_shape, 1)};
   if (strides == KvStrides::packed) {
     // (nb, Hkv, P, 2D) contiguous, seen as [nb, P, Hkv, 2D] and split along the last dim.
-    Tensor storage = Tensor::empty(dtype, {nb, Hkv, P, 2 * D});
-    poison(storage);
+    Tensor storage = storage_of({nb, Hkv, P, 2 * D}, 2);
     const Shape s = {Hkv * P * 2 * D, 2 * D, P * 2 * D, 1};
     return {storage.as_strided(k_shape, s, 0), storage.as_strided(v_shape, s, D)};
   }
@@ -107,8 +113,7 @@ KvCacheViews make_kv_cache(DType dtype, KvLayout layout, KvStrides strides, int6
     v_offset = pad + region;
     total = 2 * region + 2 * pad;
   }
-  Tensor storage = Tensor::empty(dtype, {total});
-  poison(storage);
+  Tensor storage = storage_of({total}, 2);  // hybrid [K_b][V_b]: 2H per id (others: first = 0)
   return {storage.as_strided(k_shape, k_strides, k_offset),
           storage.as_strided(v_shape, v_strides, v_offset)};
 }

@@ -45,8 +45,13 @@ struct KvCacheViews {
 // Both caches as views of one storage (two with `separate`), every storage element NaN before the
 // caller fills the views (so a read of padding shows up). Throws std::invalid_argument for SHUFFLE
 // shapes that do not tile (P or D not a multiple of x) and for a packed SHUFFLE cache.
+// first_block > 0 (large offsets): the views have first_block + num_blocks blocks on sparse
+// storages whose host windows hold blocks [first_block, first_block + num_blocks) only (the
+// device poisons the rest, docs/abi.md); only hybrid, separate and packed caches keep those blocks
+// in one window per storage (contiguous and padded ones put all K blocks before all V blocks).
 KvCacheViews make_kv_cache(DType dtype, KvLayout layout, KvStrides strides, int64_t num_blocks,
-                           int64_t block_size, int64_t kv_heads, int64_t head_dim);
+                           int64_t block_size, int64_t kv_heads, int64_t head_dim,
+                           int64_t first_block = 0);
 
 // (blk, token-in-block s, head h, dim d) as an index of a cache view of the given layout.
 Index kv_cache_index(KvLayout layout, bool is_value, int64_t x, int64_t blk, int64_t s, int64_t h,

@@ -117,14 +117,22 @@ DecodeFn decoder(DType t) {
 
 }  // namespace
 
+void check_rows_held(const Tensor& cache, const std::vector<int64_t>& slots) {
+  const int64_t P = cache.size(1), Lk = cache.size(2);
+  if (!cache.storage()->sparse() || Lk == 0) return;
+  for (const int64_t s : slots) {
+    (void)cache.element_ptr(Index{s / P, s % P, 0});
+    (void)cache.element_ptr(Index{s / P, s % P, Lk - 1});
+  }
+}
+
 Tensor gather_latent_rows(const LatentCache& kv, const std::vector<int64_t>& slots) {
   const Tensor& c = kv.cache;
   if (c.ndim() != 3)
     throw std::invalid_argument("latent cache must be [num_blocks, P, Lk], got " + c.describe());
   const int64_t P = c.size(1), Lk = c.size(2), num_slots = c.size(0) * P;
   const DecodeFn dec = decoder(c.dtype());
-  const auto es = static_cast<int64_t>(c.element_size());
-  const std::byte* base = c.storage()->bytes.data();
+  const auto step = static_cast<int64_t>(c.element_size()) * c.stride(2);
   Tensor rows = Tensor::empty(DType::f64, {static_cast<int64_t>(slots.size()), Lk});
   double* out = reinterpret_cast<double*>(rows.data());
   for (size_t i = 0; i < slots.size(); ++i) {
@@ -132,10 +140,12 @@ Tensor gather_latent_rows(const LatentCache& kv, const std::vector<int64_t>& slo
     if (s < 0 || s >= num_slots)
       throw std::invalid_argument("cache slot " + std::to_string(s) + " outside [0, " +
                                   std::to_string(num_slots) + ")");
-    const int64_t first = c.offset() + (s / P) * c.stride(0) + (s % P) * c.stride(1);
+    // Both ends of the row are checked: a sparse cache (large offsets) holds only the blocks the
+    // requests read, and reading any other row throws instead of reading garbage.
+    const std::byte* row = c.element_ptr(Index{s / P, s % P, 0});
+    (void)c.element_ptr(Index{s / P, s % P, Lk - 1});
     for (int64_t d = 0; d < Lk; ++d)
-      out[static_cast<int64_t>(i) * Lk + d] =
-          kv.kv_scale * dec(base + (first + d * c.stride(2)) * es);
+      out[static_cast<int64_t>(i) * Lk + d] = kv.kv_scale * dec(row + d * step);
   }
   return rows;
 }
@@ -143,13 +153,13 @@ Tensor gather_latent_rows(const LatentCache& kv, const std::vector<int64_t>& slo
 Tensor query_rows(const Tensor& q, int64_t token) {
   const int64_t N = q.size(1), Lk = q.size(2);
   const DecodeFn dec = decoder(q.dtype());
-  const auto es = static_cast<int64_t>(q.element_size());
-  const std::byte* base = q.storage()->bytes.data();
+  const auto step = static_cast<int64_t>(q.element_size()) * q.stride(2);
   Tensor rows = Tensor::empty(DType::f64, {N, Lk});
   double* out = reinterpret_cast<double*>(rows.data());
   for (int64_t h = 0; h < N; ++h) {
-    const int64_t first = q.offset() + token * q.stride(0) + h * q.stride(1);
-    for (int64_t d = 0; d < Lk; ++d) out[h * Lk + d] = dec(base + (first + d * q.stride(2)) * es);
+    const std::byte* row = q.element_ptr(Index{token, h, 0});
+    (void)q.element_ptr(Index{token, h, Lk - 1});
+    for (int64_t d = 0; d < Lk; ++d) out[h * Lk + d] = dec(row + d * step);
   }
   return rows;
 }
@@ -217,6 +227,7 @@ MlaResult mla_decode(const Tensor& q, const LatentCache& kv, const Tensor& block
       throw std::invalid_argument("block table points outside the cache (flat slot " +
                                   std::to_string(slots[i]) + ")");
   }
+  check_rows_held(c, slots);
   Tensor out_p = Tensor::zeros(DType::f64, {T, Np, lv});
   Tensor lse_p = Tensor::zeros(DType::f64, {T, Np});
   // Step 3, one request at a time: rows (i, h) of its qlen x Np query block.

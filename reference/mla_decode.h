@@ -53,6 +53,9 @@ MlaResult mla_decode(const Tensor& q, const LatentCache& kv, const Tensor& block
 // Row r of `rows` as doubles: cache row `slot` of the flattened [num_blocks * P, Lk] view.
 // Contiguous f64 [slots.size(), Lk].
 Tensor gather_latent_rows(const LatentCache& kv, const std::vector<int64_t>& slots);
+// Throws std::out_of_range when a row of `slots` lies outside a sparse cache's host window (call
+// before parallel loops: an exception may not leave one).
+void check_rows_held(const Tensor& cache, const std::vector<int64_t>& slots);
 // Query rows of token t: f64 [N, Lk].
 Tensor query_rows(const Tensor& q, int64_t token);
 // Softmax attention of query rows q [R, Lk] over keys k [L, Lk] (f64, contiguous), row r seeing

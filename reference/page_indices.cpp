@@ -1,7 +1,10 @@
 #include "page_indices.h"
 
+#include <climits>
 #include <stdexcept>
 #include <string>
+
+#include "core/case.h"
 
 namespace attncheck::ref {
 
@@ -15,6 +18,11 @@ Tensor cumulative_lengths(const Tensor& seq_lens) {
     cu.at<int32_t>({r + 1}) = static_cast<int32_t>(acc);
   }
   return cu;
+}
+
+std::string page_indices_overflow_message(int64_t request, int64_t block, int64_t K) {
+  return "request " + std::to_string(request) + ": block id " + std::to_string(block) + " * " +
+         std::to_string(K) + " is past the int32 slot range";
 }
 
 Tensor page_indices(const Tensor& block_table, const Tensor& seq_lens, int64_t K) {
@@ -34,7 +42,9 @@ Tensor page_indices(const Tensor& block_table, const Tensor& seq_lens, int64_t K
                                   " needs more blocks than the table has");
     for (int64_t t = 0; t < len; ++t) {
       const int64_t blk = block_table.at<int32_t>({r, t / K});
-      out.at<int32_t>({cu.at<int32_t>({r}) + t}) = static_cast<int32_t>(blk * K + t % K);
+      const int64_t slot = blk * K + t % K;
+      if (slot > INT32_MAX) throw InvalidConfig(page_indices_overflow_message(r, blk, K));
+      out.at<int32_t>({cu.at<int32_t>({r}) + t}) = static_cast<int32_t>(slot);
     }
   }
   return out;

@@ -68,6 +68,10 @@ MlaResult sparse_mla(const Tensor& q, const LatentCache& kv, const RaggedIndices
       throw std::invalid_argument("packed index " + std::to_string(i) + " = " + std::to_string(s) +
                                   " is not a cache slot");
   }
+  std::vector<int64_t> all(static_cast<size_t>(idx.indices.size(0)));
+  for (size_t i = 0; i < all.size(); ++i)
+    all[i] = idx.indices.at<int32_t>({static_cast<int64_t>(i)});
+  check_rows_held(kv.cache, all);  // before the parallel loop, which may not throw
   const Tensor qp = mla_pad_q(q);
   const int64_t Np = qp.size(1);
   Tensor out_p = Tensor::zeros(DType::f64, {T, Np, lv});

@@ -65,8 +65,13 @@ def page_indices(t, p):
             raise Unsupported(f"request {r} needs {blocks} blocks, the table has {tab.shape[1]} columns")
         tok = np.arange(L, dtype=np.int64)
         row = tab[r, :blocks].astype(np.int64)  # never past the request's last block
+        slots = row[tok // K] * K + tok % K
+        if slots.max() > np.iinfo(np.int32).max:
+            # the slot is an int32; a wrapped one would address another sequence's page
+            blk = int(row[int(np.argmax(slots)) // K])
+            raise Refuse(f"request {r}: block id {blk} * {K} is past the int32 slot range")
         base = int(c[r])
-        o[base : base + L] = (row[tok // K] * K + tok % K).astype(np.int32)
+        o[base : base + L] = slots.astype(np.int32)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -70,6 +70,19 @@ def test_page_indices_refusals_are_exactly_the_documented_ones():
         ref.page_indices(t3, p3)
 
 
+def test_page_indices_refuses_a_slot_past_int32_before_writing_that_request():
+    # K = 4: block 2^29 - 1 puts the last slot at 2^31 - 1 exactly; 2^29 is one block past it.
+    t, p, store, padded = page_problem()
+    store[10] = 2**29 - 1  # request 2's first block; its tokens 0..3 end at slot 2^31 - 1
+    ref.page_indices(t, p)
+    assert padded[6:10].tolist() == [2**31 - 4, 2**31 - 3, 2**31 - 2, 2**31 - 1]
+    t, p, store, padded = page_problem()
+    store[10] = 2**29
+    with pytest.raises(ab.Refuse, match="request 2: block id 536870912 \\* 4 is past the int32"):
+        ref.page_indices(t, p)
+    assert padded[6:15].tolist() == [-1] * 9
+
+
 # ------------------------------------------------------------------------------------------------
 # kv_gather: loops over the documented semantics
 

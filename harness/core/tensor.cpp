@@ -332,6 +332,19 @@ Tensor Tensor::rebased(std::shared_ptr<Storage> storage) const {
   return t;
 }
 
+Tensor Tensor::held_rows() const {
+  if (!storage_->sparse() || ndim() == 0 || numel() == 0) return *this;
+  if (strides_[0] <= 0) throw std::invalid_argument("held_rows: dim 0 needs a positive stride");
+  const auto es = static_cast<int64_t>(element_size());
+  const auto win_lo = static_cast<int64_t>(storage_->window_begin) / es;
+  const auto win_hi = win_lo + static_cast<int64_t>(storage_->bytes.size()) / es;
+  const auto [lo, hi] = select(0, 0).extent();  // row i covers [lo, hi) + i * stride(0)
+  const int64_t s0 = strides_[0];
+  const int64_t first = win_lo <= lo ? 0 : (win_lo - lo + s0 - 1) / s0;
+  const int64_t last = win_hi < hi ? 0 : (win_hi - hi) / s0 + 1;  // one past the last held row
+  return slice(0, first, std::max(first, std::min(last, shape_[0])));
+}
+
 void Tensor::for_each_index(const std::function<void(const Index&, int64_t)>& fn) const {
   const int64_t n = numel();
   if (n == 0) return;

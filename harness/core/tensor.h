@@ -74,6 +74,9 @@ class Tensor {
   Tensor view_as(DType dtype) const;
   // The same view over another storage of the same size (e.g. bytes read back from a device).
   Tensor rebased(std::shared_ptr<Storage> storage) const;
+  // On a sparse storage: the rows of dim 0 whose every element lies inside the host window (what
+  // host code can read, compare and store); on a dense storage: the view itself.
+  Tensor held_rows() const;
 
   // Copies.
   Tensor contiguous() const;  // same dtype, new contiguous storage

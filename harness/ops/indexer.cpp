@@ -87,11 +87,15 @@ void fill_quant_rows(const Tensor& rows, const std::string& case_id, const std::
 }
 
 Tensor paged_cache(const std::string& case_id, const PagedLayout& layout, int64_t bs, int64_t pad,
-                   DType fp8, int64_t seed, RowMix mix) {
+                   DType fp8, int64_t seed, RowMix mix, int64_t first, CacheCodes codes) {
   const int64_t stride = bs * ix::kTokenBytes + pad, blocks = layout.num_blocks;
-  Tensor storage = Tensor::empty(DType::u8, {blocks * stride});
-  fill_uniform_int(storage, Rng(case_id, "kv_cache/stale", static_cast<uint64_t>(seed)), 0, 255);
-  Tensor cache = storage.as_strided({blocks, bs, ix::kTokenBytes}, {stride, ix::kTokenBytes, 1}, 0);
+  const int64_t total = first + blocks;
+  Tensor storage =
+      first > 0 ? Tensor::sparse(DType::u8, {total * stride}, first * stride, blocks * stride)
+                : Tensor::empty(DType::u8, {total * stride});
+  fill_uniform_int(storage.slice(0, first * stride, total * stride),
+                   Rng(case_id, "kv_cache/stale", static_cast<uint64_t>(seed)), 0, 255);
+  Tensor cache = storage.as_strided({total, bs, ix::kTokenBytes}, {stride, ix::kTokenBytes, 1}, 0);
   if (!block_size_problem(bs).empty()) return cache;
   std::vector<int64_t> slots;
   for (int64_t r = 0; r < layout.seq_lens.size(0); ++r)
@@ -103,7 +107,37 @@ Tensor paged_cache(const std::string& case_id, const PagedLayout& layout, int64_
   Tensor k = Tensor::empty(DType::bf16, {T, ix::kHeadDim});
   const float qmax = ix::quant_max(fp8, ix::QuantMaxVariant::vllm);
   fill_quant_rows(k, case_id, "k", seed, qmax, mix);
-  return ix::write_k_cache(cache, k, slot, ix::layout_for_block_size(bs), fp8, qmax);
+  const ix::CacheLayout cl = ix::layout_for_block_size(bs);
+  Tensor written = ix::write_k_cache(cache, k, slot, cl, fp8, qmax);
+  if (codes == CacheCodes::ordinary) return written;
+  // Position of the token in each slot of the held pages, -1 where nobody writes.
+  std::vector<int64_t> position(static_cast<size_t>(blocks * bs), -1);
+  size_t i = 0;
+  for (int64_t r = 0; r < layout.seq_lens.size(0); ++r)
+    for (int64_t p = 0; p < layout.seq_lens.at<int32_t>({r}); ++p)
+      position[static_cast<size_t>(slots[i++] - first * bs)] = p;
+  for (int64_t s = 0; s < blocks * bs; ++s) {
+    auto* page = reinterpret_cast<uint8_t*>(written.element_ptr(Index{first + s / bs, 0, 0}));
+    const int64_t t = s % bs, p = position[static_cast<size_t>(s)];
+    for (int64_t d = 0; d < ix::kHeadDim; ++d) {
+      uint8_t& byte = page[ix::value_offset(cl, bs, t, d)];
+      if (p < 0) {
+        if (codes == CacheCodes::decoded) byte = fp8_nan_code(t + d, fp8);
+      } else if (const auto code = fp8_special_code(p + d, fp8)) {
+        byte = *code;
+      } else if (codes == CacheCodes::copied && (p + d) % 11 == 3) {
+        byte = fp8_nan_code(p + d, fp8);
+      }
+    }
+  }
+  return written;
+}
+
+void plant_fp8_specials(const Tensor& t) {
+  if (!t.is_contiguous()) throw std::invalid_argument("plant_fp8_specials: not contiguous");
+  auto* bytes = reinterpret_cast<uint8_t*>(t.data());
+  for (int64_t i = 0; i < t.numel(); ++i)
+    if (const auto code = fp8_special_code(i, t.dtype())) bytes[i] = *code;
 }
 
 PrefillWindows prefill_windows(const std::string& case_id, int64_t batch, int64_t max_ctx,
@@ -198,7 +232,10 @@ class IndexerKCacheOp final : public Op {
          128,
          {},
          "row stride of k in elements (192: k inside the fused wk|weights output)"},
-        {"seed", "s", 0, {}, "input seed"}};
+        {"seed", "s", 0, {}, "input seed"},
+        offset_log2_axis("31 / 32: every page the writer fills starts past byte 2^31 / 2^32 of the "
+                         "cache (slots past 2^31 / token bytes); the host holds and compares "
+                         "only those pages, the device poisons the rest with 0xFF")};
   }
 
   Problem make(const Case& c) const override {
@@ -213,7 +250,10 @@ class IndexerKCacheOp final : public Op {
       p.expect_refusal = "page stride " + std::to_string(bs * ix::kTokenBytes + pad) +
                          " is not a multiple of 4 (fp32 scales would be misaligned)";
     // Half the pages are mapped, in a random order; the others must keep their 0xFF sentinels.
+    // Large offsets: page ids start at `first`, past byte 2^offset_log2.
     const int64_t pages = (T + bs - 1) / bs, blocks = 2 * pages + 2;
+    const int64_t stride = bs * ix::kTokenBytes + pad;
+    const int64_t first = first_block_past(param_int(c.params, "offset_log2"), stride);
     Rng rng(c.id, "slots", static_cast<uint64_t>(seed));
     const auto page_ids = permutation(blocks, rng);
     auto order = permutation(T, rng);
@@ -221,15 +261,20 @@ class IndexerKCacheOp final : public Op {
     for (int64_t i = 0; i < T; ++i) {
       const int64_t j = order[static_cast<size_t>(i)];  // tokens arrive in a shuffled slot order
       const bool skipped = rng.uniform() < 0.15;        // padding tokens: slot -1
-      slot.at<int64_t>({i}) = skipped ? -1 : page_ids[static_cast<size_t>(j / bs)] * bs + j % bs;
+      slot.at<int64_t>({i}) =
+          skipped ? -1 : (first + page_ids[static_cast<size_t>(j / bs)]) * bs + j % bs;
     }
     Tensor k_storage = Tensor::empty(DType::bf16, {T + 3, k_stride});
     fill_normal(k_storage, Rng(c.id, "k_storage", static_cast<uint64_t>(seed)));
     Tensor k = k_storage.slice(1, 0, ix::kHeadDim);
     fill_quant_rows(k, c.id, "k", seed, quant_max_of(c.params), RowMix::edges);
-    const int64_t stride = bs * ix::kTokenBytes + pad;
-    Tensor cache = Tensor::filled_bytes(DType::u8, {blocks * stride}, std::byte{0xFF})
-                       .as_strided({blocks, bs, ix::kTokenBytes}, {stride, ix::kTokenBytes, 1}, 0);
+    const int64_t total = first + blocks;
+    Tensor storage =
+        first > 0 ? Tensor::sparse(DType::u8, {total * stride}, first * stride, blocks * stride)
+                  : Tensor::empty(DType::u8, {total * stride});
+    std::fill(storage.storage()->bytes.begin(), storage.storage()->bytes.end(), std::byte{0xFF});
+    Tensor cache =
+        storage.as_strided({total, bs, ix::kTokenBytes}, {stride, ix::kTokenBytes, 1}, 0);
     p.args = {{"k", k, Role::input},
               {"slot_mapping", slot, Role::input},
               {"kv_cache", cache, Role::inout}};
@@ -244,8 +289,11 @@ class IndexerKCacheOp final : public Op {
     const Tensor& cache = p.arg("kv_cache");
     const DType fp8 = *parse_dtype(p.kernel_params.at("fp8_format").get<std::string>());
     const auto qmax = static_cast<float>(p.kernel_params.at("quant_max").get<double>());
+    // A large-offset cache is compared over the pages the host holds (the rows a device
+    // read-back returns, run/device.cpp).
     return {{"kv_cache", ix::write_k_cache(cache, p.arg("k"), p.arg("slot_mapping"),
-                                           ix::layout_for_block_size(cache.size(1)), fp8, qmax)}};
+                                           ix::layout_for_block_size(cache.size(1)), fp8, qmax)
+                             .held_rows()}};
   }
 
   std::vector<OutputCheck> checks(const Problem&, const TensorMap&) const override {
@@ -270,7 +318,11 @@ class IndexerGatherOp final : public Op {
             fp8_axis(),
             {"pad", "pad", 0, {}, "bytes of padding after each page"},
             {"table", "", "contiguous", {"contiguous", "strided"}, "strided: table row stride > W"},
-            {"seed", "s", 0, {}, "input seed"}};
+            {"seed", "s", 0, {}, "input seed"},
+            fp8_codes_axis("special: the tokens gathered hold the saturation codes, -0 "
+                           "(e4m3fn) and NaN codes, which the byte copy must keep"),
+            offset_log2_axis("31 / 32: every page a request reads starts past byte 2^31 / 2^32 "
+                             "of the cache; the host holds only those pages")};
   }
 
   Problem make(const Case& c) const override {
@@ -280,6 +332,11 @@ class IndexerGatherOp final : public Op {
     const auto layout =
         paged_layout(c.id, param_int(c.params, "batch"), param_int(c.params, "max_ctx"), bs,
                      param_str(c.params, "table") == "strided", seed);
+    const int64_t first =
+        first_block_past(param_int(c.params, "offset_log2"), bs * ix::kTokenBytes + pad);
+    shift_block_ids(layout, first);
+    const CacheCodes codes =
+        param_str(c.params, "fp8_codes") == "special" ? CacheCodes::copied : CacheCodes::ordinary;
     Problem p;
     p.expect_refusal = block_size_problem(bs);
     if (pad % 4) p.expect_refusal = "page stride is not a multiple of 4";
@@ -291,7 +348,8 @@ class IndexerGatherOp final : public Op {
     poison(values);
     poison(scales);
     p.args = {
-        {"kv_cache", paged_cache(c.id, layout, bs, pad, fp8_of(c.params), seed, RowMix::edges),
+        {"kv_cache",
+         paged_cache(c.id, layout, bs, pad, fp8_of(c.params), seed, RowMix::edges, first, codes),
          Role::input},
         {"block_table", layout.block_table, Role::input},
         {"cu_seq_lens", cu, Role::input},

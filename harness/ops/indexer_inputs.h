@@ -29,11 +29,27 @@ enum class RowMix { edges, model };
 void fill_quant_rows(const Tensor& rows, const std::string& case_id, const std::string& name,
                      int64_t seed, float quant_max, RowMix mix);
 
-// A paged indexer cache u8 [num_blocks, BS, 132] with page stride BS*132 + pad: random bytes
-// everywhere (stale memory), then every position < seq_lens[r] of every request written by the
-// reference writer in the layout the block size selects. Invalid block sizes get random bytes only.
+// fp8 special codes in the value bytes of a paged cache (docs/formats.md):
+//   ordinary: what the writer wrote;
+//   decoded (logits): the tokens written carry the saturation codes and, in e4m3fn, -0
+//     (fp8_special_code, element k = position + dim); every other value byte of the held pages
+//     holds a NaN code, which a kernel must never read;
+//   copied (gather): the tokens written carry those and NaN codes too (k % 11 == 3): a byte copy
+//     keeps every code, a copy through float does not.
+enum class CacheCodes { ordinary, decoded, copied };
+
+// A paged indexer cache u8 [first_block + num_blocks, BS, 132] with page stride BS*132 + pad:
+// random bytes everywhere (stale memory), then every position < seq_lens[r] of every request
+// written by the reference writer in the layout the block size selects (the table's ids already
+// shifted by first_block). Invalid block sizes get random bytes only. first_block > 0 (large
+// offsets): a sparse storage whose host window holds pages [first_block, first_block + num_blocks).
 Tensor paged_cache(const std::string& case_id, const PagedLayout& layout, int64_t block_size,
-                   int64_t pad, DType fp8, int64_t seed, RowMix mix);
+                   int64_t pad, DType fp8, int64_t seed, RowMix mix, int64_t first_block = 0,
+                   CacheCodes codes = CacheCodes::ordinary);
+
+// fp8_codes = special for a contiguous fp8 tensor whose every element is read (q, prefill k):
+// element i holds fp8_special_code(i) where it has one.
+void plant_fp8_specials(const Tensor& fp8_values);
 
 // Prefill requests (vLLM BuildPrefillChunkMetadata): request r has L_r keys and q_r = min(qlen,
 // L_r) queries; query i of r sees keys [cu[r], cu[r] + L_r - q_r + 1 + i) ("causal"), or a random

@@ -50,7 +50,9 @@ class IndexerLogitsPrefillOp final : public Op {
              {"causal", "random"},
              "causal: vLLM prefill windows; random: any ks <= ke"},
             fp8_axis(),
-            {"seed", "s", 0, {}, "input seed"}};
+            {"seed", "s", 0, {}, "input seed"},
+            fp8_codes_axis("special: q and k hold the saturation codes (+-448 e4m3fn, +-240 "
+                           "e4m3fnuz) every 11th element and, in e4m3fn, -0")};
   }
 
   Problem make(const Case& c) const override {
@@ -67,6 +69,10 @@ class IndexerLogitsPrefillOp final : public Op {
     fill_quant_rows(kb, c.id, "k", seed, ix::quant_max(fp8, ix::QuantMaxVariant::vllm),
                     RowMix::model);
     const auto k = ix::quantize_k(kb, fp8, ix::quant_max(fp8, ix::QuantMaxVariant::vllm));
+    if (param_str(c.params, "fp8_codes") == "special") {
+      plant_fp8_specials(q.q_fp8);
+      plant_fp8_specials(k.values);
+    }
     p.args = {{"q", q.q_fp8, Role::input},
               {"k_fp8", k.values, Role::input},
               {"k_scale", k.scales, Role::input},
@@ -126,7 +132,11 @@ class IndexerLogitsDecodeOp final : public Op {
         fp8_axis(),
         {"pad", "pad", 0, {}, "bytes of padding after each page"},
         {"table", "", "contiguous", {"contiguous", "strided"}, "strided: table row stride > W"},
-        {"seed", "s", 0, {}, "input seed"}};
+        {"seed", "s", 0, {}, "input seed"},
+        fp8_codes_axis("special: q and the tokens read hold the saturation codes and, in e4m3fn, "
+                       "-0; every other value byte of the pages NaN codes"),
+        offset_log2_axis("31 / 32: every page a request reads starts past byte 2^31 / 2^32 of "
+                         "the cache; the host holds only those pages")};
   }
 
   Problem make(const Case& c) const override {
@@ -148,21 +158,28 @@ class IndexerLogitsDecodeOp final : public Op {
       p.expect_refusal = "page stride is not a multiple of 4";
     const auto layout = paged_layout(c.id, param_int(c.params, "batch"), max_ctx, bs,
                                      param_str(c.params, "table") == "strided", seed);
+    const int64_t first =
+        first_block_past(param_int(c.params, "offset_log2"), bs * ix::kTokenBytes + pad);
+    shift_block_ids(layout, first);
+    const bool specials = param_str(c.params, "fp8_codes") == "special";
     const int64_t B = layout.seq_lens.size(0), rows = B * NN;
     const int64_t max_model_len = max_ctx + 37;  // columns past every context must read -inf
     const DType fp8 = fp8_of(c.params);
     if (H < 0) throw std::invalid_argument(c.id + ": heads must be >= 0");
     const auto q = make_q(c.id, rows, H, fp8, seed);
-    p.args = {
-        {"q",
-         H > 0 ? q.q_fp8.reshape({B, NN, H, ix::kHeadDim})
-               : Tensor::empty(fp8, {B, NN, 0, ix::kHeadDim}),
-         Role::input},
-        {"kv_cache", paged_cache(c.id, layout, bs, pad, fp8, seed, RowMix::model), Role::input},
-        {"weights", q.weights, Role::input},
-        {"context_lens", layout.seq_lens, Role::input},
-        {"block_table", layout.block_table, Role::input},
-        {"logits", poisoned_logits(rows, max_model_len), Role::output}};
+    if (specials) plant_fp8_specials(q.q_fp8);
+    p.args = {{"q",
+               H > 0 ? q.q_fp8.reshape({B, NN, H, ix::kHeadDim})
+                     : Tensor::empty(fp8, {B, NN, 0, ix::kHeadDim}),
+               Role::input},
+              {"kv_cache",
+               paged_cache(c.id, layout, bs, pad, fp8, seed, RowMix::model, first,
+                           specials ? CacheCodes::decoded : CacheCodes::ordinary),
+               Role::input},
+              {"weights", q.weights, Role::input},
+              {"context_lens", layout.seq_lens, Role::input},
+              {"block_table", layout.block_table, Role::input},
+              {"logits", poisoned_logits(rows, max_model_len), Role::output}};
     p.kernel_params = {{"fp8_format", param_str(c.params, "fp8")}, {"chunk_q", cq}};
     double pairs = 0;
     for (int64_t b = 0; b < B; ++b)

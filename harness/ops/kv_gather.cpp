@@ -4,7 +4,8 @@
 // SHUFFLE offsets, chunk or window starts ignored, block tables read past the request's blocks or
 // through the wrong row stride, fp8 dequantization re-quantized to the cache dtype, writes past
 // the gathered tokens into the rest of the workspace, and caches assumed contiguous within a block
-// (the packed (nb, Hkv, P, 2D) layout of vLLM #44455, whose K and V views interleave per slot).
+// (the packed (nb, Hkv, P, 2D) layout of vLLM #44455, whose K and V views interleave per slot),
+// fp8 dequant exact only on ordinary codes, and offsets past 2^31 / 2^32 (issue 14).
 #include <stdexcept>
 
 #include "core/numeric.h"
@@ -26,6 +27,41 @@ ref::KvStrides parse_strides(const std::string& s) {
   if (s == "separate") return ref::KvStrides::separate;
   if (s == "packed") return ref::KvStrides::packed;
   return ref::KvStrides::contiguous;
+}
+
+// fp8_codes = special (docs/formats.md): in every slot the gather reads (each request's
+// [seq_start, seq_start + count)), element (h, d) of the token at position pos holds
+// fp8_special_code(pos + h + d), in K and V; every other slot of the held blocks holds NaN codes,
+// which must never reach the output.
+void plant_fp8_specials(const ref::KvCacheViews& cache, ref::KvLayout layout,
+                        const PagedLayout& paged, const ref::KvGatherMeta& meta, int64_t first,
+                        int64_t P, int64_t Hkv, int64_t D) {
+  const DType dt = cache.key_cache.dtype();
+  const int64_t x = layout == ref::KvLayout::shuffle ? ref::shuffle_x(dt) : 1;
+  std::vector<int64_t> read_at(static_cast<size_t>(paged.num_blocks * P), -1);  // pos or -1
+  for (int64_t b = 0; b < meta.seq_starts.size(0); ++b) {
+    const int64_t start = meta.seq_starts.at<int32_t>({b});
+    const int64_t count =
+        meta.cu_seqlens_kv.at<int32_t>({b + 1}) - meta.cu_seqlens_kv.at<int32_t>({b});
+    for (int64_t pos = start; pos < start + count; ++pos) {
+      const int64_t blk = paged.block_table.at<int32_t>({b, pos / P});
+      read_at[static_cast<size_t>((blk - first) * P + pos % P)] = pos;
+    }
+  }
+  for (int64_t i = 0; i < paged.num_blocks * P; ++i) {
+    const int64_t pos = read_at[static_cast<size_t>(i)], blk = first + i / P, s = i % P;
+    for (int v = 0; v < 2; ++v) {
+      const Tensor& t = v ? cache.value_cache : cache.key_cache;
+      for (int64_t h = 0; h < Hkv; ++h)
+        for (int64_t d = 0; d < D; ++d) {
+          const Index at = ref::kv_cache_index(layout, v == 1, x, blk, s, h, d);
+          if (pos < 0)
+            t.set_bits(at, fp8_nan_code(s + h + d, dt));
+          else if (const auto code = fp8_special_code(pos + h + d, dt))
+            t.set_bits(at, *code);
+        }
+    }
+  }
 }
 
 class KvGatherOp final : public Op {
@@ -56,6 +92,12 @@ class KvGatherOp final : public Op {
         {"max_ctx", "ctx", 50, {}, "longest context"},
         {"table", "", "contiguous", {"contiguous", "strided"}, "block table row stride"},
         {"seed", "s", 0, {}, "input seed"},
+        fp8_codes_axis("special: the tokens gathered hold the saturation codes (+-448 e4m3fn, "
+                       "+-240 e4m3fnuz) and, in e4m3fn, -0 (dequantized to -0); every slot not "
+                       "gathered holds the format's NaN codes (fp8 kv only)"),
+        offset_log2_axis("31 / 32: every block a request reads starts past byte 2^31 / 2^32 of "
+                         "its cache storage (hybrid, separate or packed strides); the host holds "
+                         "only those blocks"),
     };
   }
 
@@ -74,6 +116,14 @@ class KvGatherOp final : public Op {
     if (context != "full" && (span < 1 || (context == "chunk" && span >= max_ctx)))
       throw std::invalid_argument(c.id + ": span must be in [1, max_ctx) for chunked contexts");
 
+    const std::string strides = param_str(p, "strides");
+    const bool specials = param_str(p, "fp8_codes") == "special";
+    const int64_t offset_log2 = param_int(p, "offset_log2");
+    if (specials && !is_fp8(cache_dtype))
+      throw std::invalid_argument(c.id + ": fp8_codes = special needs an fp8 kv");
+    if (offset_log2 != 0 && strides != "hybrid" && strides != "separate" && strides != "packed")
+      throw std::invalid_argument(c.id + ": offset_log2 needs hybrid, separate or packed strides");
+
     const auto paged = paged_layout(c.id, param_int(p, "batch"), max_ctx, P,
                                     param_str(p, "table") == "strided", seed);
     constexpr int64_t kPad = 5;  // token_to_batch entries past total_tokens (hold B)
@@ -82,8 +132,16 @@ class KvGatherOp final : public Op {
         : context == "window" ? ref::window_meta(paged.seq_lens, span, kPad)
                               : ref::chunk_meta(paged.seq_lens, max_ctx, 0, kPad);
 
-    auto cache = ref::make_kv_cache(cache_dtype, layout, parse_strides(param_str(p, "strides")),
-                                    paged.num_blocks, P, Hkv, D);
+    // Large offsets: block ids start past 2^offset_log2 / (bytes per block id of a storage:
+    // K and V of a block for hybrid and packed caches, K or V alone for separate ones).
+    const int64_t block_bytes = (strides == "separate" ? 1 : 2) * P * Hkv * D *
+                                static_cast<int64_t>(dtype_size(cache_dtype));
+    const int64_t first = first_block_past(offset_log2, block_bytes);
+    shift_block_ids(paged, first);
+    auto cache = ref::make_kv_cache(cache_dtype, layout, parse_strides(strides), paged.num_blocks,
+                                    P, Hkv, D, first);
+    const Tensor k_held = cache.key_cache.slice(0, first, first + paged.num_blocks);
+    const Tensor v_held = cache.value_cache.slice(0, first, first + paged.num_blocks);
     const Rng k_rng(c.id, "key_cache", static_cast<uint64_t>(seed));
     const Rng v_rng(c.id, "value_cache", static_cast<uint64_t>(seed));
     Tensor k_scale = Tensor::full(DType::f32, {1}, 1.0);
@@ -91,14 +149,15 @@ class KvGatherOp final : public Op {
     if (is_fp8(cache_dtype)) {
       // Codes up to +-200 (inside both formats) and non-unit scales: a product re-quantized to
       // fp8 or a scale ignored cannot pass.
-      fill_fp8_codes(cache.key_cache, k_rng, 200.0);
-      fill_fp8_codes(cache.value_cache, v_rng, 200.0);
+      fill_fp8_codes(k_held, k_rng, 200.0);
+      fill_fp8_codes(v_held, v_rng, 200.0);
       Rng s_rng(c.id, "scales", static_cast<uint64_t>(seed));
       k_scale.set({0}, s_rng.uniform(0.004, 0.03));
       v_scale.set({0}, s_rng.uniform(0.5, 3.0));
+      if (specials) plant_fp8_specials(cache, layout, paged, meta, first, P, Hkv, D);
     } else {
-      fill_normal(cache.key_cache, k_rng);
-      fill_normal(cache.value_cache, v_rng);
+      fill_normal(k_held, k_rng);
+      fill_normal(v_held, v_rng);
     }
 
     // One workspace for both outputs, like the builder's [2, N, Hkv, D]: rows past the gathered

@@ -2,7 +2,8 @@
 // Seed bugs the axes aim at: fewer than 16 heads (padding by repeat-interleave, strided un-pad),
 // invalid head counts that must be refused, qlen 2..8 where every position needs its own causal
 // limit (aiter #2720: position 0's result broadcast), block sizes 1/16/64 through page-index
-// expansion over permuted tables, fp8 caches in both e4m3 flavours, strided q/out views.
+// expansion over permuted tables, fp8 caches in both e4m3 flavours, strided q/out views, fp8
+// special codes (saturation, -0, NaN in unread slots) and blocks past byte 2^31 / 2^32 (issue 14).
 #include <algorithm>
 
 #include "ops/mla_inputs.h"
@@ -36,6 +37,12 @@ class MlaDecodeOp final : public Op {
         {"dims", "d", "576x512", {"576x512", "96x64"}, "Lk x Lv (latent + rope, latent)"},
         {"scale", "sc", "lk", {"lk", "yarn"}, "softmax scale: 1/sqrt(Lk) or DeepSeek-V3 YaRN"},
         {"seed", "s", 0, {}, "input seed"},
+        fp8_codes_axis("special: cache codes span the fp8 format; the slots requests read hold "
+                       "the saturation codes (+-448 e4m3fn, +-240 e4m3fnuz) and, in e4m3fn, -0; "
+                       "every other slot the format's NaN codes (fp8 kv_dtype only)"),
+        offset_log2_axis("31 / 32: every block a request reads starts past byte 2^31 / 2^32 of "
+                         "the cache (block ids past 2^31 / block bytes); the host holds only "
+                         "those blocks, the device the whole extent, NaN-poisoned"),
     };
   }
 
@@ -48,13 +55,20 @@ class MlaDecodeOp final : public Op {
     const DType kvd = mla::cache_dtype(param_str(pr, "kv_dtype"), qd);
     const auto [lk, lv] = mla::parse_dims(param_str(pr, "dims"));
     const std::string layout = param_str(pr, "layout");
+    const bool specials = param_str(pr, "fp8_codes") == "special";
+    if (specials && !is_fp8(kvd))
+      throw std::invalid_argument(c.id + ": fp8_codes = special needs an fp8 kv_dtype");
     const auto pl = paged_layout(c.id, B, param_int(pr, "ctx"), P, layout == "strided", seed, qlen);
 
     std::vector<bool> readable(static_cast<size_t>(pl.num_blocks * P), false);
     for (int64_t r = 0; r < B; ++r)
       for (int64_t t = 0; t < pl.seq_lens.at<int32_t>({r}); ++t)
         readable[static_cast<size_t>(pl.block_table.at<int32_t>({r, t / P}) * P + t % P)] = true;
-    const Tensor cache = mla::make_cache(c.id, kvd, pl.num_blocks, P, lk, readable, seed);
+    const int64_t first = first_block_past(param_int(pr, "offset_log2"),
+                                           P * lk * static_cast<int64_t>(dtype_size(kvd)));
+    shift_block_ids(pl, first);
+    const Tensor cache =
+        mla::make_cache(c.id, kvd, pl.num_blocks, P, lk, readable, seed, first, specials);
 
     const int64_t T = B * qlen;
     Tensor qsl = Tensor::empty(DType::i32, {B + 1});
@@ -68,7 +82,8 @@ class MlaDecodeOp final : public Op {
               {"query_start_loc", qsl, Role::input},
               {"out", mla::make_token_head_view(layout, qd, T, N, lv), Role::output},
               {"lse", mla::make_lse_view(layout, T, N), Role::output}};
-    const double kv_scale = is_fp8(kvd) ? mla::fp8_kv_scale(seed) : 1.0;
+    const double kv_scale =
+        is_fp8(kvd) ? mla::fp8_kv_scale(seed, specials ? max_finite(kvd) : 4.0) : 1.0;
     p.kernel_params = {{"scale", mla::softmax_scale(param_str(pr, "scale"), lk)},
                        {"kv_scale", kv_scale},
                        {"kernel_block_size", P},

@@ -19,6 +19,7 @@
 #include "core/policy.h"
 #include "core/rng.h"
 #include "ops/op.h"
+#include "ops/paged.h"
 #include "reference/mla_decode.h"
 
 namespace attncheck::mla {
@@ -53,25 +54,45 @@ inline DType cache_dtype(const std::string& kv, DType q_dtype) {
 }
 
 // A per-tensor fp8 dequantization scale that is not a power of two (so a kernel that drops or
-// doubles it is caught) and is exactly an fp32 number (the kernel's copy of it is exact).
-inline double fp8_kv_scale(int64_t seed) {
-  return static_cast<double>(static_cast<float>(0.19 + 0.013 * static_cast<double>(seed % 7)));
+// doubles it is caught) and is exactly an fp32 number (the kernel's copy of it is exact). Cache
+// codes reach `code_max` (4 ordinarily; the format's max finite with special codes, so the
+// saturation code is no outlier): the scaled values stay below 0.76 either way.
+inline double fp8_kv_scale(int64_t seed, double code_max = 4.0) {
+  const double s = (0.19 + 0.013 * static_cast<double>(seed % 7)) * 4.0 / code_max;
+  return static_cast<double>(static_cast<float>(s));
 }
 
-// The latent cache [num_blocks, P, Lk]: uniform values in [-1, 1] (bf16/f16) or fp8 codes of
-// magnitude <= 4; every slot not flagged in `readable` holds NaN.
+// The latent cache [first_block + num_blocks, P, Lk]: uniform values in [-1, 1] (bf16/f16) or fp8
+// codes of magnitude <= 4 in blocks [first_block, first_block + num_blocks); every slot not flagged
+// in `readable` (indexed from first_block's slot 0) holds NaN. first_block > 0 (large offsets): a
+// sparse storage whose host window is those blocks (the device poisons the rest).
+// special_codes (fp8 only, docs/formats.md): codes span the format; the readable slots carry the
+// saturation codes and -0 (fp8_special_code, element k = slot + d), the others NaN codes.
 inline Tensor make_cache(const std::string& case_id, DType dtype, int64_t num_blocks, int64_t P,
-                         int64_t lk, const std::vector<bool>& readable, int64_t seed) {
-  Tensor cache = Tensor::empty(dtype, {num_blocks, P, lk});
+                         int64_t lk, const std::vector<bool>& readable, int64_t seed,
+                         int64_t first_block = 0, bool special_codes = false) {
+  const int64_t total = first_block + num_blocks, per_block = P * lk;
+  Tensor cache = first_block > 0 ? Tensor::sparse(dtype, {total, P, lk}, first_block * per_block,
+                                                  num_blocks * per_block)
+                                 : Tensor::empty(dtype, {total, P, lk});
+  const Tensor held = cache.slice(0, first_block, total);
   const Rng rng(case_id, "kv_cache", static_cast<uint64_t>(seed));
   if (is_fp8(dtype))
-    fill_fp8_codes(cache, rng, 4.0);
+    fill_fp8_codes(held, rng, special_codes ? max_finite(dtype) : 4.0);
   else
-    fill_uniform(cache, rng, -1.0, 1.0);
+    fill_uniform(held, rng, -1.0, 1.0);
   const uint64_t nan = nan_bits(dtype);
   for (int64_t s = 0; s < num_blocks * P; ++s) {
-    if (readable[static_cast<size_t>(s)]) continue;
-    for (int64_t d = 0; d < lk; ++d) cache.set_bits({s / P, s % P, d}, nan);
+    const bool read = readable[static_cast<size_t>(s)];
+    if (read && !special_codes) continue;
+    for (int64_t d = 0; d < lk; ++d) {
+      const Index at = {s / P, s % P, d};
+      if (!read) {
+        held.set_bits(at, special_codes ? fp8_nan_code(s + d, dtype) : nan);
+      } else if (const auto code = fp8_special_code(s + d, dtype)) {
+        held.set_bits(at, *code);
+      }
+    }
   }
   return cache;
 }

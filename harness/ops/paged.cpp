@@ -1,8 +1,10 @@
 #include "ops/paged.h"
 
 #include <algorithm>
+#include <climits>
 #include <stdexcept>
 
+#include "core/numeric.h"
 #include "core/rng.h"
 
 namespace attncheck {
@@ -38,6 +40,57 @@ PagedLayout paged_layout(const std::string& case_id, int64_t batch, int64_t max_
     for (int64_t j = 0; j < nb; ++j) table.at<int32_t>({r, j}) = static_cast<int32_t>(ids[next++]);
   }
   return {seq_lens, table, num_blocks};
+}
+
+}  // namespace attncheck
+
+namespace attncheck {
+
+Axis offset_log2_axis(const std::string& help) {
+  return {"offset_log2", "offlog", 0, {0, 31, 32}, help, false};
+}
+
+int64_t first_block_past(int64_t offset_log2, int64_t block_bytes) {
+  if (offset_log2 == 0) return 0;
+  if (offset_log2 < 0 || offset_log2 > 40 || block_bytes < 1)
+    throw std::invalid_argument("first_block_past: offset_log2 " + std::to_string(offset_log2) +
+                                " or block bytes " + std::to_string(block_bytes) + " out of range");
+  return (int64_t{1} << offset_log2) / block_bytes + 1;
+}
+
+void shift_block_ids(const PagedLayout& layout, int64_t first) {
+  if (first == 0) return;
+  const Tensor& t = layout.block_table;
+  for (int64_t r = 0; r < t.size(0); ++r)
+    for (int64_t j = 0; j < t.size(1); ++j) {
+      auto& id = t.at<int32_t>({r, j});
+      if (id < 0) continue;
+      const int64_t moved = id + first;
+      if (moved < 0 || moved > INT32_MAX)
+        throw std::invalid_argument("shift_block_ids: block id " + std::to_string(moved) +
+                                    " is not an int32");
+      id = static_cast<int32_t>(moved);
+    }
+}
+
+Axis fp8_codes_axis(const std::string& help) {
+  return {"fp8_codes", "fp8", "ordinary", {"ordinary", "special"}, help, false};
+}
+
+std::optional<uint8_t> fp8_special_code(int64_t k, DType fp8) {
+  if (k % 11 == 0) {
+    const auto max_code = static_cast<uint8_t>(encode_value(max_finite(fp8), fp8));
+    return static_cast<uint8_t>(max_code | ((k / 11) % 2 ? 0x80 : 0x00));
+  }
+  if (fp8 == DType::e4m3fn && k % 11 == 5) return uint8_t{0x80};  // -0
+  return std::nullopt;
+}
+
+uint8_t fp8_nan_code(int64_t i, DType fp8) {
+  if (fp8 == DType::e4m3fn) return i % 2 ? 0xFF : 0x7F;
+  if (fp8 == DType::e4m3fnuz) return 0x80;
+  throw std::invalid_argument("fp8_nan_code: " + std::string(dtype_name(fp8)) +
+                              " is not an e4m3 format");
 }
 
 }  // namespace attncheck

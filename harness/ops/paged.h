@@ -1,9 +1,14 @@
 // Paged-cache metadata shared by the paged ops (MLA decode, decode attention, indexer, KV gather):
 // ragged sequence lengths with block-edge cases, and block tables of permuted, non-contiguous ids.
+// Also the two detection axes those ops share (issue 14): caches whose blocks lie past byte 2^31 /
+// 2^32 (sparse storages, docs/abi.md), and fp8 special codes in the inputs (docs/formats.md).
 #pragma once
+#include <cstdint>
+#include <optional>
 #include <string>
 
 #include "core/tensor.h"
+#include "ops/op.h"
 
 namespace attncheck {
 
@@ -17,5 +22,27 @@ struct PagedLayout {
 // strided_table: the table is a view into rows of width W + 5 (row stride != W).
 PagedLayout paged_layout(const std::string& case_id, int64_t batch, int64_t max_ctx,
                          int64_t block_size, bool strided_table, int64_t seed, int64_t min_len = 0);
+
+// ---- large offsets ----
+// offset_log2 in {0, 31, 32}, out of case ids at 0; `help` says what lies past the offset.
+Axis offset_log2_axis(const std::string& help);
+// The first block id whose byte offset (id * block_bytes) lies past 2^offset_log2: block ids from
+// there on make every cache offset exceed 2^31 (2^32). 0 for offset_log2 = 0.
+int64_t first_block_past(int64_t offset_log2, int64_t block_bytes);
+// Adds `first` (which may be negative) to every block id the table holds (the -7 fillers stay):
+// the pool becomes ids [first, first + num_blocks), the blocks a sparse cache storage holds on the
+// host. Throws when a moved id is not a non-negative int32.
+void shift_block_ids(const PagedLayout& layout, int64_t first);
+
+// ---- fp8 special codes ----
+// fp8_codes in {ordinary, special}, out of case ids at "ordinary".
+Axis fp8_codes_axis(const std::string& help);
+// Element k (a running count over the elements a kernel reads) of special inputs: every 11th the
+// saturation code +-max finite (sign alternating), in e4m3fn the one 5 after it -0 (0x80);
+// nullopt for the others, which keep their ordinary codes.
+std::optional<uint8_t> fp8_special_code(int64_t k, DType fp8);
+// The format's NaN code for element i of a slot no kernel reads: e4m3fn 0x7F / 0xFF alternating,
+// e4m3fnuz 0x80 (its only NaN).
+uint8_t fp8_nan_code(int64_t i, DType fp8);
 
 }  // namespace attncheck

@@ -5,7 +5,7 @@
 // positions 0..topk-1 masked above the token), "random" (a random subset of the visible positions,
 // shuffled, -1 padded at the end) and "holes" (invalid entries in the middle of rows: negative
 // positions and positions past the table, and one row with no valid entry, which must give out = 0
-// and lse = -inf).
+// and lse = -inf). fp8_codes and offset_log2 as in mla_decode (issue 14).
 #include <algorithm>
 
 #include "ops/mla_inputs.h"
@@ -81,6 +81,11 @@ class SparseMlaOp final : public Op {
         {"dims", "d", "576x512", {"576x512", "96x64"}, "Lk x Lv"},
         {"scale", "sc", "yarn", {"lk", "yarn"}, "softmax scale"},
         {"seed", "s", 0, {}, "input seed"},
+        fp8_codes_axis("special: cache codes span the fp8 format; the slots of every request's "
+                       "context hold the saturation codes and, in e4m3fn, -0; every other slot "
+                       "the format's NaN codes (fp8 kv_dtype only)"),
+        offset_log2_axis("31 / 32: every block of every request starts past byte 2^31 / 2^32 "
+                         "of the cache; the host holds only those blocks"),
     };
   }
 
@@ -94,29 +99,37 @@ class SparseMlaOp final : public Op {
     const DType kvd = mla::cache_dtype(param_str(pr, "kv_dtype"), qd);
     const auto [lk, lv] = mla::parse_dims(param_str(pr, "dims"));
     const std::string layout = param_str(pr, "layout");
+    const bool specials = param_str(pr, "fp8_codes") == "special";
+    if (specials && !is_fp8(kvd))
+      throw std::invalid_argument(c.id + ": fp8_codes = special needs an fp8 kv_dtype");
     const auto pl = paged_layout(c.id, B, param_int(pr, "ctx"), P, layout == "strided", seed, qlen);
     // Every slot of every request's context may be selected; the rest is NaN.
     std::vector<bool> readable(static_cast<size_t>(pl.num_blocks * P), false);
     for (int64_t r = 0; r < B; ++r)
       for (int64_t t = 0; t < pl.seq_lens.at<int32_t>({r}); ++t)
         readable[static_cast<size_t>(pl.block_table.at<int32_t>({r, t / P}) * P + t % P)] = true;
+    const int64_t first = first_block_past(param_int(pr, "offset_log2"),
+                                           P * lk * static_cast<int64_t>(dtype_size(kvd)));
+    shift_block_ids(pl, first);
+    const Tensor cache =
+        mla::make_cache(c.id, kvd, pl.num_blocks, P, lk, readable, seed, first, specials);
     const int64_t T = B * qlen;
     Tensor req = Tensor::empty(DType::i32, {T});
     for (int64_t t = 0; t < T; ++t) req.at<int32_t>({t}) = static_cast<int32_t>(t / qlen);
 
     Problem p;
-    p.args = {
-        {"q", mla::make_query(c.id, layout, qd, T, N, lk, seed), Role::input},
-        {"kv_cache", mla::make_cache(c.id, kvd, pl.num_blocks, P, lk, readable, seed), Role::input},
-        {"block_table", pl.block_table, Role::input},
-        {"req_id_per_token", req, Role::input},
-        {"topk_indices",
-         make_topk(c.id, param_str(pr, "pattern"), layout, pl.seq_lens, qlen, topk,
-                   pl.block_table.size(1) * P, seed),
-         Role::input},
-        {"out", mla::make_token_head_view(layout, qd, T, N, lv), Role::output},
-        {"lse", mla::make_lse_view(layout, T, N), Role::output}};
-    const double kv_scale = is_fp8(kvd) ? mla::fp8_kv_scale(seed) : 1.0;
+    p.args = {{"q", mla::make_query(c.id, layout, qd, T, N, lk, seed), Role::input},
+              {"kv_cache", cache, Role::input},
+              {"block_table", pl.block_table, Role::input},
+              {"req_id_per_token", req, Role::input},
+              {"topk_indices",
+               make_topk(c.id, param_str(pr, "pattern"), layout, pl.seq_lens, qlen, topk,
+                         pl.block_table.size(1) * P, seed),
+               Role::input},
+              {"out", mla::make_token_head_view(layout, qd, T, N, lv), Role::output},
+              {"lse", mla::make_lse_view(layout, T, N), Role::output}};
+    const double kv_scale =
+        is_fp8(kvd) ? mla::fp8_kv_scale(seed, specials ? max_finite(kvd) : 4.0) : 1.0;
     p.kernel_params = {{"scale", mla::softmax_scale(param_str(pr, "scale"), lk)},
                        {"kv_scale", kv_scale},
                        {"kernel_block_size", P},

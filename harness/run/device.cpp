@@ -380,13 +380,16 @@ DeviceOutcome DeviceRunner::run_unguarded(const Problem& p, const LaunchConditio
     auto restored = std::make_shared<Storage>();
     restored->bytes.assign(back.begin() + static_cast<std::ptrdiff_t>(G),
                            back.begin() + static_cast<std::ptrdiff_t>(G + s.bytes));
+    restored->window_begin = s.host->window_begin;  // a sparse storage: its window came back
+    restored->extent = s.host->extent;
     for (const auto& a : p.args) {
       if (a.tensor.storage() != s.host || a.role == Role::input) continue;
       const size_t es = a.tensor.element_size();
-      a.tensor.for_each_index([&](const Index& idx, int64_t) {
+      // A sparse output (a cache written past 2^31) is read back and judged over its held rows.
+      const Tensor held = a.tensor.held_rows();
+      held.for_each_index([&](const Index& idx, int64_t) {
         // Host-window relative (a sparse storage's window starts at window_begin).
-        const auto off =
-            static_cast<size_t>(a.tensor.element_offset(idx)) * es - s.host->window_begin;
+        const auto off = static_cast<size_t>(held.element_offset(idx)) * es - s.host->window_begin;
         for (size_t b = 0; b < es && off + b < s.bytes; ++b) writable[off + b] = true;
       });
     }
@@ -412,7 +415,7 @@ DeviceOutcome DeviceRunner::run_unguarded(const Problem& p, const LaunchConditio
     }
     for (const auto& a : p.args) {
       if (a.tensor.storage() != s.host || a.role == Role::input) continue;
-      out.outputs[a.name] = a.tensor.rebased(restored);
+      out.outputs[a.name] = a.tensor.held_rows().rebased(restored);
     }
   }
   return out;

@@ -300,16 +300,38 @@ void write_repro_bundle(const std::string& path, const Result& r, const CaseArti
   f.create_group("actual");
   for (const auto& arg : a.problem.args) {
     const std::string ds = "inputs/" + arg.name;
-    f.write_tensor(ds, arg.tensor);
+    const Storage& st = *arg.tensor.storage();
+    nlohmann::json layout = {{"shape", arg.tensor.shape()},
+                             {"strides", arg.tensor.strides()},
+                             {"offset", arg.tensor.offset()},
+                             {"storage_bytes", st.bytes.size()}};
+    if (st.sparse()) {
+      // A large-offset storage (docs/abi.md "Sparse storages"): the host holds only its window,
+      // so the bundle holds that window, flat, in storage order; the rest of the extent is NaN
+      // poison the device writes, never data.
+      const auto es = static_cast<int64_t>(arg.tensor.element_size());
+      const auto first = static_cast<int64_t>(st.window_begin) / es;
+      const auto count = static_cast<int64_t>(st.bytes.size()) / es;
+      const auto all = static_cast<int64_t>(st.extent) / es;
+      f.write_tensor(ds, Tensor::sparse(arg.tensor.dtype(), {all}, first, count)
+                             .rebased(arg.tensor.storage())
+                             .slice(0, first, first + count));
+      layout["sparse"] = {{"extent_bytes", st.extent},
+                          {"window_begin_bytes", st.window_begin},
+                          {"held_elements", {first, first + count}},  // [begin, end)
+                          {"note",
+                           "the dataset is the host-held window of the storage, flat; the view's "
+                           "offset and strides index the whole extent, whose other bytes are "
+                           "poison on the device (the dtype's NaN code, 0xFF bytes for integer and "
+                           "raw dtypes)"}};
+    } else {
+      f.write_tensor(ds, arg.tensor);
+    }
     f.set_attr(ds, "role",
                arg.role == Role::input    ? "input"
                : arg.role == Role::output ? "output (initial contents)"
                                           : "inout (initial contents)");
-    f.set_attr_json(ds, "layout",
-                    {{"shape", arg.tensor.shape()},
-                     {"strides", arg.tensor.strides()},
-                     {"offset", arg.tensor.offset()},
-                     {"storage_bytes", arg.tensor.storage()->bytes.size()}});
+    f.set_attr_json(ds, "layout", layout);
   }
   for (const auto& [name, t] : a.expected) f.write_tensor("expected/" + name, t);
   for (const auto& [name, t] : a.actual) f.write_tensor("actual/" + name, t);

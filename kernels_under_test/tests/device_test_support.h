@@ -242,7 +242,8 @@ inline void expect_refusals(const Gpu& gpu, const std::string& op_name,
 
 // A mutant library against one op's quick cases: every case named by the mutant's regex in
 // kernels_under_test/<family>.mutants must fail, and the controls (the other cases `is_control`
-// accepts) must pass. Skips without a GPU or without the mutant library.
+// accepts) must pass. Skips without a GPU or without the mutant library. The controls run first:
+// a targeted case may fault the device (a wrapped 32-bit offset), which ends the context.
 inline void expect_mutant_killed(const std::string& family, const std::string& mutant,
                                  const std::string& op_name,
                                  const std::function<bool(const Case&)>& is_control,
@@ -263,8 +264,8 @@ inline void expect_mutant_killed(const std::string& family, const std::string& m
   ASSERT_FALSE(targeted.empty());
   ASSERT_FALSE(controls.empty());
   const Op& op = registered_op(op_name);
-  const Tally hit = run_all(op, targeted, *gpu, 1);
   const Tally ctl = run_all(op, controls, *gpu, 1);
+  const Tally hit = run_all(op, targeted, *gpu, 1);
   const int killed = hit.cases - hit.accepted();
   std::printf("[mutant %s] quick cases matching %s: %d/%d fail; %s controls: %d/%d pass\n",
               mutant.c_str(), re.c_str(), killed, hit.cases, controls_what.c_str(), ctl.accepted(),

@@ -338,10 +338,10 @@ TEST_F(Cli, ReproPrintsBudgetsWorstElementsAndWritesABundle) {
                       " repro page_indices/bs16-b5-ctx130-contiguous-s0 --kernels " + kFake +
                       " --bundle " + bundle.string());
   EXPECT_EQ(o.status, 1) << o.text;
-  EXPECT_TRUE(
-      has(o.text,
-          "params   "
-          "{\"batch\":5,\"block_size\":16,\"max_ctx\":130,\"seed\":0,\"table\":\"contiguous\"}"))
+  EXPECT_TRUE(has(o.text,
+                  "params   "
+                  "{\"batch\":5,\"block_ids\":\"low\",\"block_size\":16,\"max_ctx\":130,\"seed\":0,"
+                  "\"table\":\"contiguous\"}"))
       << o.text;
   EXPECT_TRUE(has(o.text, "check page_indices: FAILED\n  budget   bitwise")) << o.text;
   EXPECT_TRUE(has(o.text, "worst elements (index: expected, actual, |err|, err/allowed):"))

@@ -272,5 +272,24 @@ TEST(SparseTensor, WindowAccessAndExtent) {
   EXPECT_THROW((void)Tensor::sparse(DType::f32, {4, 4}, 10, 7), std::invalid_argument);
 }
 
+// held_rows: the rows of dim 0 a host can read, for views whose rows are wider or narrower than
+// the window's granularity; a dense tensor is its own held rows.
+TEST(SparseTensor, HeldRowsAreTheRowsInsideTheWindow) {
+  const Tensor t = Tensor::sparse(DType::f32, {1000, 8}, 600 * 8, 10 * 8);
+  const Tensor held = t.held_rows();
+  EXPECT_EQ(held.shape(), (Shape{10, 8}));
+  EXPECT_EQ(held.offset(), 600 * 8);
+  EXPECT_NO_THROW((void)held.contiguous());
+  // Rows of 3 elements with a stride of 8 (a padded view): rows 600..609 are held.
+  EXPECT_EQ(t.as_strided({1000, 3}, {8, 1}, 0).held_rows().shape(), (Shape{10, 3}));
+  // Rows offset by 6 elements: a row starting at 599*8 + 6 ends past 600*8, outside the window.
+  const Tensor shifted = t.as_strided({999, 4}, {8, 1}, 6).held_rows();
+  EXPECT_EQ(shifted.shape(), (Shape{9, 4}));
+  EXPECT_EQ(shifted.offset(), 600 * 8 + 6);
+  EXPECT_NO_THROW((void)shifted.contiguous());
+  const Tensor dense = Tensor::empty(DType::f32, {4, 4});
+  EXPECT_EQ(dense.held_rows().shape(), dense.shape());
+}
+
 }  // namespace
 }  // namespace attncheck

@@ -17,6 +17,7 @@
 #include "reference/indexer.h"
 #include "run/cases.h"
 #include "run/evaluate.h"
+#include "run/provenance.h"
 
 namespace attncheck {
 namespace {
@@ -152,8 +153,12 @@ Tensor fp32_decode_logits(const Problem& p, ix::CacheLayout read_as) {
 TEST(IndexerOps, DecodeBudgetPassesFp32AndCatchesRowMajorReadsOfShuffle) {
   const Op& o = op("indexer_logits_decode");
   for (int64_t bs : {1, 16, 64}) {
-    const Problem p =
-        o.make(o.make_case({{"block_size", bs}, {"heads", 16}, {"next_n", 2}, {"max_ctx", 150}}));
+    // bs 16: fp8 special codes (saturation values in q and K, NaN codes in unread bytes).
+    const Problem p = o.make(o.make_case({{"block_size", bs},
+                                          {"heads", 16},
+                                          {"next_n", 2},
+                                          {"max_ctx", 150},
+                                          {"fp8_codes", bs == 16 ? "special" : "ordinary"}}));
     const TensorMap expected = o.reference(p);
     const auto good =
         judge(o, p, expected, {{"logits", fp32_decode_logits(p, ix::layout_for_block_size(bs))}});
@@ -235,8 +240,7 @@ namespace {
 // Every indexer case file loads; the smoke and quick tiers run their reference (or refuse) within a
 // time and golden-size budget, and cover each seed-bug configuration.
 TEST(IndexerOps, CaseFilesExpandAndStaySmall) {
-  const std::string root =
-      std::string(__FILE__).substr(0, std::string(__FILE__).rfind("/harness/"));
+  const std::string root = default_root();  // not __FILE__: ccache's base_dir makes it relative
   double golden_bytes = 0, seconds = 0;
   std::set<std::string> ids;
   for (const char* name : kOps) {
@@ -327,8 +331,7 @@ TEST(IndexerOps, DecodeBudgetCatchesUnclampedChunkQ) {
 
 // Every quick case the chunkq mutant's regex names must fail under the emulated mutant.
 TEST(IndexerOps, UnclampedChunkQFailsEveryTargetedQuickCase) {
-  const std::string root =
-      std::string(__FILE__).substr(0, std::string(__FILE__).rfind("/harness/"));
+  const std::string root = default_root();  // not __FILE__: ccache's base_dir makes it relative
   const CaseFile f = load_case_file(root + "/cases/indexer_logits_decode.toml");
   const std::regex re("^indexer_logits_decode/h(8|16|32)-.*-cq64-");
   const Op& o = op("indexer_logits_decode");

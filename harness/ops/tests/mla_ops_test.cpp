@@ -205,6 +205,14 @@ TEST(MlaDecodeOp, EmulatedKernelPassesBudgets) {
        {"layout", "strided"},
        {"dims", "96x64"},
        {"ctx", 17}},
+      // fp8 special codes: codes spanning the format, saturation values in every read row.
+      {{"heads", 16}, {"qlen", 2}, {"kv_dtype", "e4m3fn"}, {"fp8_codes", "special"}},
+      {{"heads", 8},
+       {"qlen", 4},
+       {"kv_dtype", "e4m3fnuz"},
+       {"fp8_codes", "special"},
+       {"dtype", "f16"},
+       {"dims", "96x64"}},
   };
   for (const auto& params : cases) {
     const Case c = o.make_case(params);
@@ -263,6 +271,7 @@ TEST(SparseMlaOp, EmulatedKernelPassesAndBugsFail) {
        {"layout", "strided"},
        {"dims", "96x64"},
        {"block_size", 1}},
+      {{"heads", 16}, {"pattern", "random"}, {"kv_dtype", "e4m3fn"}, {"fp8_codes", "special"}},
   };
   for (const auto& params : cases) {
     const Case c = o.make_case(params);
