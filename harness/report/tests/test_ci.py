@@ -152,6 +152,22 @@ def test_gpu_job_shards_one_process_per_visible_gpu(fake_machine):
     assert "kernel mode, tier quick, arch gfx942, backend hip, 2 process(es)" in p.stdout
 
 
+def test_gpu_job_pools_the_mutation_runs_on_one_gpu(fake_machine):
+    f = fake_machine
+    tool(f, "rocminfo", "printf '  Name:    gfx942\\n'\n")
+    (f["build"] / "kernels_under_test" / "libattncheck_kernels_hip.so").write_bytes(b"")
+    for name in ("a", "b", "c", "d", "e"):
+        (f["build"] / "kernels_under_test" / f"libattncheck_kernels_mutant_{name}.so").write_bytes(b"")
+    p = gpu_job(f, "quick", "--mutants", "--mutant-jobs", "2", FAKE_ALL_PASS="1")
+    assert p.returncode == 0, p.stdout + p.stderr
+    # (no "mutant" in this test's name: the stand-in fails every library whose path has it)
+    # every mutant ran to the end and was judged, none lost to the pool
+    assert sorted(d.name for d in (f["out"] / "mutants").iterdir() if d.is_dir()) == list("abcde")
+    assert "**Mutation score** 5/5" in (f["out"] / "summary.md").read_text()
+    bad = gpu_job(f, "quick", "--mutants", "--mutant-jobs", "0")
+    assert bad.returncode == 2 and "--mutant-jobs wants a positive whole number (got '0')" in bad.stderr
+
+
 def test_gpu_job_stress_runs_the_nightly_selection(fake_machine):
     f = fake_machine
     tool(f, "rocminfo", "printf '  Name:    gfx950\\n'\n")
