@@ -9,30 +9,16 @@
 #include "run/results.h"
 
 namespace {
-size_t g_inputs = 0, g_unreadable = 0, g_child_died = 0;
-void report() {
-  std::fprintf(stderr,
-               "fuzz_bundle_h5: %zu inputs, %zu reported unreadable, %zu of them ended the "
-               "reading child (libhdf5 crash or timeout)\n",
-               g_inputs, g_unreadable, g_child_died);
-}
+attncheck::fuzz::ChildReadTally g_tally{"fuzz_bundle_h5"};
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  std::atexit(report);
+  std::atexit([] { g_tally.report(); });
   return 0;
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string path = attncheck::fuzz::write_input("bundle.h5", data, size);
-  ++g_inputs;
-  const std::string why = attncheck::check_repro_bundle(path, 10.0);
-  if (!why.empty()) {
-    ++g_unreadable;
-    if (why.find("crashed with signal") != std::string::npos ||
-        why.find("timed out") != std::string::npos ||
-        why.find("exited with status") != std::string::npos)
-      ++g_child_died;
-  }
+  g_tally.add(attncheck::check_repro_bundle(path, 10.0));
   return 0;
 }

@@ -13,17 +13,11 @@
 #include "run/golden.h"
 
 namespace {
-size_t g_inputs = 0, g_unreadable = 0, g_child_died = 0;
-void report() {
-  std::fprintf(stderr,
-               "fuzz_golden_h5: %zu inputs, %zu reported unreadable, %zu of them ended the "
-               "reading child (libhdf5 crash or timeout)\n",
-               g_inputs, g_unreadable, g_child_died);
-}
+attncheck::fuzz::ChildReadTally g_tally{"fuzz_golden_h5"};
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  std::atexit(report);
+  std::atexit([] { g_tally.report(); });
   return 0;
 }
 
@@ -31,14 +25,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto dir = attncheck::fuzz::work_dir() / "golden";
   std::filesystem::create_directories(dir);
   attncheck::fuzz::write_input("golden/page_indices.h5", data, size);
-  ++g_inputs;
-  const std::string why = attncheck::probe_golden_file(dir.string(), "page_indices", 10.0);
-  if (!why.empty()) {
-    ++g_unreadable;
-    if (why.find("crashed with signal") != std::string::npos ||
-        why.find("timed out") != std::string::npos ||
-        why.find("exited with status") != std::string::npos)
-      ++g_child_died;
-  }
+  g_tally.add(attncheck::probe_golden_file(dir.string(), "page_indices", 10.0));
   return 0;
 }

@@ -30,4 +30,28 @@ inline std::string write_input(const std::string& name, const uint8_t* data, siz
   return path;
 }
 
+// What the targets that read a file in a child process count: inputs, inputs reported unreadable
+// and, of those, the ones that ended the reading child (libhdf5 crashing or looping, expected for
+// some damaged files); printed at exit.
+struct ChildReadTally {
+  const char* target;
+  size_t inputs = 0, unreadable = 0, child_died = 0;
+
+  void add(const std::string& why) {
+    ++inputs;
+    if (why.empty()) return;
+    ++unreadable;
+    if (why.find("crashed with signal") != std::string::npos ||
+        why.find("timed out") != std::string::npos ||
+        why.find("exited with status") != std::string::npos)
+      ++child_died;
+  }
+  void report() const {
+    std::fprintf(stderr,
+                 "%s: %zu inputs, %zu reported unreadable, %zu of them ended the reading child "
+                 "(libhdf5 crash or timeout)\n",
+                 target, inputs, unreadable, child_died);
+  }
+};
+
 }  // namespace attncheck::fuzz

@@ -108,7 +108,9 @@ KvCacheViews make_kv_cache(DType dtype, KvLayout layout, KvStrides strides, int6
     const int64_t pad = 16 / static_cast<int64_t>(dtype_size(dtype));
     k_strides = padded_strides(k_shape, pad);
     v_strides = padded_strides(v_shape, pad);
-    const int64_t region = k_strides[0] * nb + pad;  // == v_strides[0] * nb + pad
+    // K's region; V's is the same for NHD and for SHUFFLE no larger while head_dim >= block_size
+    // (as_strided refuses a V view past the storage). The goldens' input digests pin this size.
+    const int64_t region = k_strides[0] * nb + pad;
     k_offset = pad;
     v_offset = pad + region;
     total = 2 * region + 2 * pad;

@@ -234,7 +234,7 @@ _need = ab.arg
 
 
 def _contiguous_1d(x):
-    return x.ndim == 1 and (x.shape[0] <= 1 or x.strides[0] == 1)
+    return x.ndim == 1 and x.is_contiguous()
 
 
 def _rows_of(x, width):

@@ -94,7 +94,7 @@ Shape Tensor::contiguous_strides(const Shape& shape) {
   return s;
 }
 
-Tensor Tensor::empty(DType dtype, Shape shape) {
+Tensor Tensor::unallocated(DType dtype, Shape shape) {
   for (auto d : shape)
     if (d < 0) throw std::invalid_argument("negative dimension in tensor shape");
   Tensor t;
@@ -102,23 +102,22 @@ Tensor Tensor::empty(DType dtype, Shape shape) {
   t.strides_ = contiguous_strides(shape);
   t.shape_ = std::move(shape);
   t.storage_ = std::make_shared<Storage>();
+  return t;
+}
+
+Tensor Tensor::empty(DType dtype, Shape shape) {
+  Tensor t = unallocated(dtype, std::move(shape));
   t.storage_->bytes.resize(static_cast<size_t>(t.numel()) * dtype_size(dtype));
   return t;
 }
 
 Tensor Tensor::sparse(DType dtype, Shape shape, int64_t window_first, int64_t window_count) {
-  for (auto d : shape)
-    if (d < 0) throw std::invalid_argument("negative dimension in tensor shape");
-  Tensor t;
-  t.dtype_ = dtype;
-  t.strides_ = contiguous_strides(shape);
-  t.shape_ = std::move(shape);
+  Tensor t = unallocated(dtype, std::move(shape));
   if (window_first < 0 || window_count < 0 || window_first + window_count > t.numel())
     throw std::invalid_argument("sparse tensor: window [" + std::to_string(window_first) + ", +" +
                                 std::to_string(window_count) + ") outside " +
                                 std::to_string(t.numel()) + " elements");
   const size_t es = dtype_size(dtype);
-  t.storage_ = std::make_shared<Storage>();
   t.storage_->extent = static_cast<uint64_t>(t.numel()) * es;
   t.storage_->window_begin = static_cast<uint64_t>(window_first) * es;
   t.storage_->bytes.resize(static_cast<size_t>(window_count) * es);

@@ -119,6 +119,8 @@ class Tensor {
   std::vector<double> to_vector() const;
 
  private:
+  // Contiguous strides over `shape` (no negative dimension) and an empty dense storage.
+  static Tensor unallocated(DType dtype, Shape shape);
   int64_t norm_dim(int64_t d) const;
   void check_access(size_t bytes) const;
 

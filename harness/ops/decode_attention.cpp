@@ -95,7 +95,7 @@ void plant_fp8_specials(const Tensor& cache, const PagedLayout& pl, int64_t P, i
   }
 }
 
-class DecodeAttentionOp final : public Op {
+class DecodeAttentionOp final : public ContractDependentOp {
  public:
   std::string name() const override { return "decode_attention"; }
   std::vector<Axis> axes() const override {
@@ -280,14 +280,8 @@ class DecodeAttentionOp final : public Op {
   //     weight errors of that size need the exact factor expm1(2d) instead of 2d: the remainder
   //     (expm1(ds + e_x + e_b) - (ds + e_x + e_b)) W2 joins the o term;
   //   p-in-input-type: u_p = u_in in the MHA kernel too (the grouped kernel's model has it).
-  std::vector<OutputCheck> checks(const Problem& p, const TensorMap& expected) const override {
-    (void)expected;
-    return budgets(p, Contract{});
-  }
-  bool contract_dependent() const override { return true; }
-  std::vector<OutputCheck> contract_checks(const Problem& p, const TensorMap& expected,
+  std::vector<OutputCheck> contract_checks(const Problem& p, const TensorMap&,
                                            const Contract& contract) const override {
-    (void)expected;
     return budgets(p, contract);
   }
 

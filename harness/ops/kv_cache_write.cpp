@@ -122,6 +122,27 @@ void shape_pertoken_rows(const Tensor& x, bool zero_tiny) {
 
 constexpr const char* kPertokenEntry = "kv_cache_write_pertoken_quant";
 
+// The axes both writer entries share, checked, and the cache's block count: twice the blocks the
+// tokens need, plus two nobody writes.
+struct WriteDims {
+  DType in;
+  int64_t Hkv, D, P, T, seed, nb;
+};
+WriteDims write_dims(const Case& c) {
+  const auto& p = c.params;
+  WriteDims w{param_str(p, "dtype") == "f16" ? DType::f16 : DType::bf16,
+              param_int(p, "heads"),
+              param_int(p, "head_dim"),
+              param_int(p, "block_size"),
+              param_int(p, "tokens"),
+              param_int(p, "seed"),
+              0};
+  if (w.Hkv < 1 || w.D < 1 || w.P < 1 || w.T <= kTrailingPad)
+    throw std::invalid_argument(c.id + ": heads, head_dim, block_size >= 1 and tokens > 3");
+  w.nb = 2 * ((w.T + w.P - 1) / w.P) + 2;
+  return w;
+}
+
 class KvCacheWriteOp final : public Op {
  public:
   std::string name() const override { return "kv_cache_write"; }
@@ -191,16 +212,9 @@ class KvCacheWriteOp final : public Op {
       throw std::invalid_argument(c.id + ": rows = zero_tiny is for per_token cases");
     const bool shuffle = param_str(p, "layout") == "shuffle";
     const auto layout = shuffle ? ref::KvLayout::shuffle : ref::KvLayout::nhd;
-    const DType in = param_str(p, "dtype") == "f16" ? DType::f16 : DType::bf16;
+    const auto [in, Hkv, D, P, T, seed, nb] = write_dims(c);
     const std::string kv = param_str(p, "kv");
     const DType cache_dtype = kv == "model" ? in : kv == "e4m3fn" ? DType::e4m3fn : DType::e4m3fnuz;
-    const int64_t Hkv = param_int(p, "heads"), D = param_int(p, "head_dim");
-    const int64_t P = param_int(p, "block_size"), T = param_int(p, "tokens");
-    const int64_t seed = param_int(p, "seed");
-    if (Hkv < 1 || D < 1 || P < 1 || T <= kTrailingPad)
-      throw std::invalid_argument(c.id + ": heads, head_dim, block_size >= 1 and tokens > 3");
-    // Twice the blocks the tokens need, plus two nobody writes.
-    const int64_t nb = 2 * ((T + P - 1) / P) + 2;
     const auto cache = ref::make_kv_cache(cache_dtype, layout,
                                           parse_strides(param_str(p, "strides")), nb, P, Hkv, D);
     fill_old_contents(cache.key_cache, Rng(c.id, "old_key_cache", static_cast<uint64_t>(seed)));
@@ -245,16 +259,10 @@ class KvCacheWriteOp final : public Op {
     if (kv == "model")
       throw std::invalid_argument(c.id + ": per_token caches are e4m3fn, e4m3fnuz or int8");
     const bool asm_layout = layout == "shuffle";
-    const DType in = param_str(p, "dtype") == "f16" ? DType::f16 : DType::bf16;
+    const auto [in, Hkv, D, P, T, seed, nb] = write_dims(c);
     const DType cache_dtype = kv == "int8"     ? DType::i8
                               : kv == "e4m3fn" ? DType::e4m3fn
                                                : DType::e4m3fnuz;
-    const int64_t Hkv = param_int(p, "heads"), D = param_int(p, "head_dim");
-    const int64_t P = param_int(p, "block_size"), T = param_int(p, "tokens");
-    const int64_t seed = param_int(p, "seed");
-    if (Hkv < 1 || D < 1 || P < 1 || T <= kTrailingPad)
-      throw std::invalid_argument(c.id + ": heads, head_dim, block_size >= 1 and tokens > 3");
-    const int64_t nb = 2 * ((T + P - 1) / P) + 2;
     const auto cache = ref::make_pertoken_cache(
         cache_dtype, asm_layout, parse_strides(param_str(p, "strides")), nb, P, Hkv, D);
     fill_old_contents(cache.key_cache, Rng(c.id, "old_key_cache", static_cast<uint64_t>(seed)));

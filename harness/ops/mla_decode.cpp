@@ -15,7 +15,7 @@
 namespace attncheck {
 namespace {
 
-class MlaDecodeOp final : public Op {
+class MlaDecodeOp final : public ContractDependentOp {
  public:
   std::string name() const override { return "mla_decode"; }
   std::vector<Axis> axes() const override {
@@ -113,10 +113,6 @@ class MlaDecodeOp final : public Op {
     return {{"out", r.out}, {"lse", r.lse}};
   }
 
-  std::vector<OutputCheck> checks(const Problem& p, const TensorMap&) const override {
-    return budget_checks(p, Contract{});
-  }
-  bool contract_dependent() const override { return true; }
   std::vector<OutputCheck> contract_checks(const Problem& p, const TensorMap&,
                                            const Contract& contract) const override {
     return budget_checks(p, contract);

@@ -72,6 +72,18 @@ class Op {
   Case make_case(const Params& given, std::vector<std::string> tiers = {}) const;
 };
 
+// An op whose budgets depend on the kernel's arithmetic contract: it derives its checks for any
+// contract in contract_checks(); checks() are those of the default contract.
+class ContractDependentOp : public Op {
+ public:
+  std::vector<OutputCheck> checks(const Problem& p, const TensorMap& expected) const final {
+    return contract_checks(p, expected, Contract{});
+  }
+  bool contract_dependent() const final { return true; }
+  std::vector<OutputCheck> contract_checks(const Problem& p, const TensorMap& expected,
+                                           const Contract& contract) const override = 0;
+};
+
 void register_op(std::unique_ptr<Op> op);
 const Op* find_op(std::string_view name);
 std::vector<const Op*> all_ops();

@@ -58,7 +58,7 @@ Tensor make_topk(const std::string& case_id, const std::string& pattern, const s
   return view;
 }
 
-class SparseMlaOp final : public Op {
+class SparseMlaOp final : public ContractDependentOp {
  public:
   std::string name() const override { return "sparse_mla"; }
   std::vector<Axis> axes() const override {
@@ -157,10 +157,6 @@ class SparseMlaOp final : public Op {
     return {{"out", r.out}, {"lse", r.lse}};
   }
 
-  std::vector<OutputCheck> checks(const Problem& p, const TensorMap&) const override {
-    return budget_checks(p, Contract{});
-  }
-  bool contract_dependent() const override { return true; }
   std::vector<OutputCheck> contract_checks(const Problem& p, const TensorMap&,
                                            const Contract& contract) const override {
     return budget_checks(p, contract);

@@ -181,6 +181,14 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<std::string>& ids,
     }
   };
 
+  // A one-case worker has exited (or been killed after answering): its case's result counts now.
+  auto deliver_pending = [&](Worker& w) {
+    const auto idx = static_cast<size_t>(w.pending);
+    if (cb.on_worker_exit) cb.on_worker_exit(w.serial, idx, w.pending_result);
+    ++done;
+    cb.on_result(idx, w.pending_result);
+  };
+
   while (done < ids.size()) {
     const auto now = Clock::now();
     for (auto& w : workers) {
@@ -273,12 +281,7 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<std::string>& ids,
         int status = 0;
         reap(w, status, false);
         if (w.retiring && w.busy < 0) {  // left as announced, owing nothing
-          if (w.pending >= 0) {
-            const auto idx = static_cast<size_t>(w.pending);
-            if (cb.on_worker_exit) cb.on_worker_exit(w.serial, idx, w.pending_result);
-            ++done;
-            cb.on_result(idx, w.pending_result);
-          }
+          if (w.pending >= 0) deliver_pending(w);
           w = Worker{};
           continue;
         }
@@ -291,10 +294,7 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<std::string>& ids,
         int status = 0;
         reap(w, status, true);
         if (w.pending >= 0) {  // ran its case, then did not exit in time: deliver what it said
-          const auto idx = static_cast<size_t>(w.pending);
-          if (cb.on_worker_exit) cb.on_worker_exit(w.serial, idx, w.pending_result);
-          ++done;
-          cb.on_result(idx, w.pending_result);
+          deliver_pending(w);
           w = Worker{};
           continue;
         }

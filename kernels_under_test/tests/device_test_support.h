@@ -220,6 +220,24 @@ inline Tally run_all(const Op& op, const std::vector<Case>& cases, const Gpu& gp
   return t;
 }
 
+// Every case of `op_name` in each tier of device_tiers() passes or is refused as expected, launched
+// twice; one line per tier. Skips without a GPU. For ops whose outputs are compared bitwise.
+inline void expect_tiers_pass_bitwise(const std::string& op_name) {
+  std::string why;
+  auto gpu = open_default_gpu(&why, "");
+  if (!gpu) GTEST_SKIP() << why;
+  const Op& op = registered_op(op_name);
+  for (const std::string& tier : device_tiers()) {
+    const auto cases = tier_cases(op_name, {tier});
+    ASSERT_FALSE(cases.empty()) << tier;
+    const Tally t = run_all(op, cases, *gpu, 2);
+    std::printf("[%s %s on %s] %d/%d passed (bitwise, repeat 2), kernel wall %.1f ms\n",
+                op_name.c_str(), tier.c_str(), gpu->arch.c_str(), t.accepted(), t.cases,
+                t.kernel_ms);
+    for (const auto& f : t.failures) ADD_FAILURE() << f;
+  }
+}
+
 // One kernel parameter made inconsistent with the arguments: the kernel must refuse, saying why.
 struct BadArgument {
   Params given;  // the case's axes

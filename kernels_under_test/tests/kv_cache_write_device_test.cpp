@@ -18,21 +18,7 @@ namespace {
 
 using namespace devtest;
 
-TEST(KvCacheWriteDevice, SmokeAndQuickTiersPassBitwise) {
-  std::string why;
-  auto gpu = open_default_gpu(&why, "");
-  if (!gpu) GTEST_SKIP() << why;
-  const Op* op = find_op("kv_cache_write");
-  ASSERT_NE(op, nullptr);
-  for (const std::string& tier : device_tiers()) {
-    const auto cases = tier_cases("kv_cache_write", {tier});
-    ASSERT_FALSE(cases.empty()) << tier;
-    const Tally t = run_all(*op, cases, *gpu, 2);
-    std::printf("[kv_cache_write %s on %s] %d/%d passed (bitwise, repeat 2), kernel wall %.1f ms\n",
-                tier.c_str(), gpu->arch.c_str(), t.accepted(), t.cases, t.kernel_ms);
-    for (const auto& f : t.failures) ADD_FAILURE() << f;
-  }
-}
+TEST(KvCacheWriteDevice, SmokeAndQuickTiersPassBitwise) { expect_tiers_pass_bitwise("kv_cache_write"); }
 
 TEST(KvCacheWriteDevice, RefusesInconsistentArguments) {
   std::string why;

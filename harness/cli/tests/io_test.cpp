@@ -23,14 +23,14 @@
 namespace {
 
 namespace fs = std::filesystem;
+using attncheck::clitest::GoldenSuite;
 using attncheck::clitest::has;
+using attncheck::clitest::kBin;
+using attncheck::clitest::kData;
+using attncheck::clitest::kFake;
 using attncheck::clitest::Output;
 using attncheck::clitest::read;
 using attncheck::clitest::sh;
-
-const std::string kBin = ATTNCHECK_BIN;
-const std::string kFake = ATTNCHECK_FAKE_KERNELS;
-const std::string kData = ATTNCHECK_TEST_DATA;
 
 std::set<std::string> names_in(const fs::path& d) {
   std::set<std::string> s;
@@ -38,35 +38,21 @@ std::set<std::string> names_in(const fs::path& d) {
   return s;
 }
 
-class Io : public ::testing::Test {
+class Io : public GoldenSuite<Io> {
  protected:
   static void SetUpTestSuite() {
-    tmp_ = fs::temp_directory_path() / ("attncheck_io_" + std::to_string(::getpid()));
-    fs::remove_all(tmp_);
-    fs::create_directories(tmp_);
-    golden_ = (tmp_ / "golden").string();
-    const Output o = sh(at() + " golden generate");
-    ASSERT_EQ(o.status, 0) << o.text;
+    generate_goldens("attncheck_io_");
+    ASSERT_EQ(generated_.status, 0) << generated_.text;
   }
-  static void TearDownTestSuite() { fs::remove_all(tmp_); }
-  static std::string at() { return kBin + " --cases " + kData + "/cases --golden " + golden_; }
+  using GoldenSuite<Io>::at;
   static std::string at(const fs::path& golden) {
     return kBin + " --cases " + kData + "/cases --golden " + golden.string();
-  }
-  fs::path dir(const std::string& name) {
-    const fs::path d =
-        tmp_ /
-        (std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "_" + name);
-    fs::remove_all(d);
-    return d;
   }
   fs::path golden_copy() {
     const fs::path copy = dir("golden");
     fs::copy(golden_, copy, fs::copy_options::recursive);
     return copy;
   }
-  static inline fs::path tmp_;
-  static inline std::string golden_;
 };
 
 bool is_a_fifo(const fs::path& p) {
