@@ -18,7 +18,9 @@ namespace {
 
 using namespace devtest;
 
-TEST(KvCacheWriteDevice, SmokeAndQuickTiersPassBitwise) { expect_tiers_pass_bitwise("kv_cache_write"); }
+TEST(KvCacheWriteDevice, SmokeAndQuickTiersPassBitwise) {
+  expect_tiers_pass_bitwise("kv_cache_write");
+}
 
 TEST(KvCacheWriteDevice, RefusesInconsistentArguments) {
   std::string why;

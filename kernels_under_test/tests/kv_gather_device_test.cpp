@@ -16,7 +16,9 @@ namespace {
 
 using namespace devtest;
 
-TEST(KvGatherDevice, SmokeAndQuickTiersPassBitwise) { expect_tiers_pass_bitwise("kv_gather"); }
+TEST(KvGatherDevice, SmokeAndQuickTiersPassBitwise) {
+  expect_tiers_pass_bitwise("kv_gather");
+}
 
 TEST(KvGatherDevice, RefusesInconsistentArguments) {
   std::string why;
