@@ -258,28 +258,23 @@ class _Decorator:
         return _Decorator()
 
 
-class _DropAmdOptions:
-    """A Triton kernel whose launches drop the AMD backend's options (off ROCm only)."""
+def _drop_amd_options(kernel, where):
+    """Makes ``kernel[grid](...)`` drop the AMD backend's options (off ROCm only). Triton's
+    ``kernel[grid]`` calls ``self.run``, so the instance gets a ``run`` of its own; the object stays
+    the JITFunction it was, so kernels that call it as a device function compile unchanged."""
+    original = kernel.run
+    told = []
 
-    def __init__(self, kernel, where):
-        self._kernel, self._where, self._told = kernel, where, False
+    def run(*args, **kwargs):
+        gone = [k for k in AMD_LAUNCH_OPTIONS if k in kwargs]
+        for k in gone:
+            del kwargs[k]
+        if gone and not told:
+            told.append(True)
+            _say(f"{where}: AMD launch options {', '.join(gone)} dropped (unknown to Triton's NVIDIA backend)")
+        return original(*args, **kwargs)
 
-    def __getitem__(self, grid):
-        launch = self._kernel[grid]
-
-        def run(*args, **kwargs):
-            gone = [k for k in AMD_LAUNCH_OPTIONS if k in kwargs]
-            for k in gone:
-                del kwargs[k]
-            if gone and not self._told:
-                self._told = True
-                _say(f"{self._where}: AMD launch options {', '.join(gone)} dropped (unknown to Triton's NVIDIA backend)")
-            return launch(*args, **kwargs)
-
-        return run
-
-    def __getattr__(self, attr):
-        return getattr(self._kernel, attr)
+    kernel.run = run
 
 
 def _shim_launch_options(mod):
@@ -288,8 +283,8 @@ def _shim_launch_options(mod):
     from triton.runtime.jit import KernelInterface
 
     for name, value in list(vars(mod).items()):
-        if isinstance(value, KernelInterface):
-            setattr(mod, name, _DropAmdOptions(value, f"{mod.__name__}.{name}"))
+        if isinstance(value, KernelInterface) and "run" not in vars(value):
+            _drop_amd_options(value, f"{mod.__name__}.{name}")
 
 
 _loaded = {}
@@ -419,7 +414,7 @@ def mla_decode(t, p):
         return _mla_decode_rope(t, f, req, causal)
     torch = _torch()
     fn = load("aiter.ops.triton.attention.mla_decode", "decode_attention_fwd")
-    if f["T"] > 1 and t["lse"].strides[1] != 1:
+    if f["N"] > 1 and t["lse"].strides[1] != 1:
         raise Unsupported(f"lse strides {t['lse'].strides}: stage 2 stores lse + b * stride(0) + h")
     table = t["block_table"]
     if bool((qlens == 1).all()) and f["T"] == table.shape[0]:
