@@ -488,7 +488,6 @@ def _rope_config():
 def _sparse_common(t, p):
     """Refusals of docs/ops/sparse_mla.md and the converted top-k: [T, topk] global slots, -1 where
     the contract's conversion gives -1 (triton_convert_req_index_to_global_index's rule)."""
-    torch = _torch()
     ra = _ra()
     f = ra._mla_common(t, p)
     req, topk = t["req_id_per_token"], t["topk_indices"]
@@ -499,6 +498,7 @@ def _sparse_common(t, p):
     ab.expect_ndim(topk, 2)
     if topk.shape[0] != f["T"]:
         raise Refuse(f"topk_indices {topk.shape} is not [T={f['T']}, topk]")
+    torch = _torch()
     table = _host(t, "block_table").long()
     r = _host(t, "req_id_per_token").long()
     if bool(((r < 0) | (r >= table.shape[0])).any()):
@@ -575,7 +575,6 @@ HEAD_DIM, TOKEN_BYTES = 128, 132
 def indexer_logits_prefill(t, p):
     """docs/ops/indexer.md through fp8_mqa_logits (its logits, allocated by it, copied into the
     harness's view)."""
-    torch = _torch()
     q, kf, ks, w, ks_, ke, logits = (t[n] for n in ("q", "k_fp8", "k_scale", "weights", "cu_seqlen_ks", "cu_seqlen_ke", "logits"))
     fmt = p.get("fp8_format")
     if fmt not in ("e4m3fn", "e4m3fnuz"):
@@ -593,6 +592,7 @@ def indexer_logits_prefill(t, p):
         raise Refuse("k_fp8 rows must be 4-byte aligned")
     if IMPL == "kernel":
         _expect_platform_fp8(fmt, "fp8_mqa_logits")
+    torch = _torch()
     dt = _fp8_dtype(fmt)
     qv, kv = torch.from_dlpack(q).view(dt), torch.from_dlpack(kf).view(dt)
     args = [torch.from_dlpack(x) for x in (ks, w, ks_, ke)]
