@@ -79,6 +79,9 @@ class Op {
     return std::nullopt;
   }
 
+  // The axes as the ABI's case_context lists them: name, type, default, allowed, min, max.
+  nlohmann::json field_list() const;
+
   // make() with the kernel entry filled in and checked against kernel_entries().
   Problem problem(const Case& c) const;
 

@@ -286,6 +286,13 @@ def _entry(adapter: Adapter, spec: str, op: str):
     return fn
 
 
+def set_case(case_json: str) -> None:
+    """The ABI's case_context: the case whose launches follow (attncheck_bridge.current_case)."""
+    from . import _set_case
+
+    _set_case(json.loads(case_json))
+
+
 def run(adapter: Adapter, spec: str, op: str, args, params_json: str):
     """(status, message)."""
     try:
