@@ -14,8 +14,8 @@
 namespace attncheck::indexer_ops {
 
 const std::vector<std::pair<DType, std::string>>& fp8_formats() {
-  static const std::vector<std::pair<DType, std::string>> formats = {
-      {DType::e4m3fn, "e4m3fn"}, {DType::e4m3fnuz, "e4m3fnuz"}};
+  static const std::vector<std::pair<DType, std::string>> formats = {{DType::e4m3fn, "e4m3fn"},
+                                                                     {DType::e4m3fnuz, "e4m3fnuz"}};
   return formats;
 }
 std::string fp8_format_name(DType fp8) {
@@ -24,8 +24,8 @@ std::string fp8_format_name(DType fp8) {
   throw std::logic_error("not an indexer fp8 format");
 }
 float quant_max_of(DType fp8, QuantMax variant) {
-  return ix::quant_max(fp8, variant == QuantMax::aiter ? ix::QuantMaxVariant::aiter
-                                                       : ix::QuantMaxVariant::vllm);
+  return ix::quant_max(
+      fp8, variant == QuantMax::aiter ? ix::QuantMaxVariant::aiter : ix::QuantMaxVariant::vllm);
 }
 
 std::optional<std::string> block_size_problem(int64_t bs) {
@@ -137,9 +137,9 @@ Tensor paged_cache(const std::string& case_id, const PagedLayout& layout, int64_
 
 PagedInputs paged_inputs(const std::string& case_id, const PagedReadParams& p, RowMix mix,
                          CacheCodes special_codes) {
-  PagedInputs in{paged_layout(case_id, p.batch, p.max_ctx, p.block_size,
-                              p.table == Table::strided, p.seed),
-                 Tensor()};
+  PagedInputs in{
+      paged_layout(case_id, p.batch, p.max_ctx, p.block_size, p.table == Table::strided, p.seed),
+      Tensor()};
   const int64_t first = first_block_past(p.offset_log2, p.block_size * ix::kTokenBytes + p.pad);
   shift_block_ids(in.layout, first);
   in.cache = paged_cache(case_id, in.layout, p.block_size, p.pad, p.fp8, p.seed, mix, first,
@@ -229,7 +229,6 @@ Budget logits_budget(const Tensor& q, const Tensor& weights, double max_key_fact
       .build();
 }
 
-
 namespace {
 
 // The quantizers' kernel scalars.
@@ -263,9 +262,10 @@ class IndexerKCacheOp final : public TypedOp<KCacheParams> {
         .add("k_stride", "ks", &P::k_stride,
              "row stride of k in elements (192: k inside the fused wk|weights output)");
     add_seed(f);
-    add_offset_log2(f, "31 / 32: every page the writer fills starts past byte 2^31 / 2^32 of the "
-                       "cache (slots past 2^31 / token bytes); the host holds and compares "
-                       "only those pages, the device poisons the rest with 0xFF");
+    add_offset_log2(f,
+                    "31 / 32: every page the writer fills starts past byte 2^31 / 2^32 of the "
+                    "cache (slots past 2^31 / token bytes); the host holds and compares "
+                    "only those pages, the device poisons the rest with 0xFF");
     return f;
   }
 
@@ -352,12 +352,11 @@ class IndexerGatherOp final : public TypedOp<GatherParams> {
   std::string name() const override { return "indexer_gather"; }
   Fields<P> fields() const override {
     Fields<P> f;
-    f.add("block_size", "bs", member<P>(&P::block_size), "cache block size")
-        .add("batch", "b", member<P>(&P::batch), "requests")
-        .add("max_ctx", "ctx", member<P>(&P::max_ctx),
-             "longest request; ragged lengths with block-edge cases");
-    add_paged_read_tail(f, "special: the tokens gathered hold the saturation codes, -0 "
-                           "(e4m3fn) and NaN codes, which the byte copy must keep");
+    add_paged_layout(f, {"cache block size", "requests",
+                         "longest request; ragged lengths with block-edge cases"});
+    add_paged_read_tail(f,
+                        "special: the tokens gathered hold the saturation codes, -0 "
+                        "(e4m3fn) and NaN codes, which the byte copy must keep");
     return f;
   }
 

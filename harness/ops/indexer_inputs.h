@@ -80,10 +80,28 @@ template <class P>
 void add_seed(Fields<P>& f) {
   f.add("seed", "s", member<P>(&P::seed), "input seed");
 }
+// The help texts of fields every op that has them words its own way.
+struct LayoutHelp {
+  std::string block_size, batch, max_ctx;
+};
+struct WindowHelp {
+  std::string batch, max_ctx, qlen, mask;
+};
+// The prefill ops' windows: batch, max_ctx, qlen, mask.
 template <class P>
-void add_mask(Fields<P>& f, std::string help) {
-  f.choice("mask", "", member<P>(&P::mask), {{Mask::causal, "causal"}, {Mask::random, "random"}},
-           std::move(help));
+void add_windows(Fields<P>& f, WindowHelp help) {
+  f.add("batch", "b", member<P>(&P::batch), std::move(help.batch))
+      .add("max_ctx", "ctx", member<P>(&P::max_ctx), std::move(help.max_ctx))
+      .add("qlen", "q", member<P>(&P::qlen), std::move(help.qlen))
+      .choice("mask", "", member<P>(&P::mask), {{Mask::causal, "causal"}, {Mask::random, "random"}},
+              std::move(help.mask));
+}
+// The paged readers' layout: block_size, batch, max_ctx.
+template <class P>
+void add_paged_layout(Fields<P>& f, LayoutHelp help) {
+  f.add("block_size", "bs", member<P>(&P::block_size), std::move(help.block_size))
+      .add("batch", "b", member<P>(&P::batch), std::move(help.batch))
+      .add("max_ctx", "ctx", member<P>(&P::max_ctx), std::move(help.max_ctx));
 }
 template <class P>
 void add_topk_data(Fields<P>& f) {
@@ -104,8 +122,8 @@ void add_fp8_codes(Fields<P>& f, const std::string& help) {
            {{Fp8Codes::ordinary, "ordinary"}, {Fp8Codes::special, "special"}}, a.help);
   if (!a.in_id_at_default) f.out_of_id_at_default();
 }
-// The paged readers' fields after their layout's (block_size, batch, max_ctx and any of the op's
-// own): fp8, pad, table, seed, fp8_codes, offset_log2.
+// The paged readers' fields after their layout's (and any of the op's own): fp8, pad, table, seed,
+// fp8_codes, offset_log2.
 template <class P>
 void add_paged_read_tail(Fields<P>& f, const std::string& fp8_codes_help) {
   add_fp8(f);
@@ -115,8 +133,9 @@ void add_paged_read_tail(Fields<P>& f, const std::string& fp8_codes_help) {
            "strided: table row stride > W");
   add_seed(f);
   add_fp8_codes(f, fp8_codes_help);
-  add_offset_log2(f, "31 / 32: every page a request reads starts past byte 2^31 / 2^32 of the "
-                     "cache; the host holds only those pages");
+  add_offset_log2(f,
+                  "31 / 32: every page a request reads starts past byte 2^31 / 2^32 of the "
+                  "cache; the host holds only those pages");
 }
 
 // ---- validity ----

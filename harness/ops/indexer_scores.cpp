@@ -47,15 +47,15 @@ class IndexerLogitsPrefillOp final : public TypedOp<LogitsPrefillParams> {
   std::string name() const override { return "indexer_logits_prefill"; }
   Fields<P> fields() const override {
     Fields<P> f;
-    f.add("heads", "h", &P::heads, "index heads")
-        .add("batch", "b", member<P>(&P::batch), "requests in the chunk")
-        .add("max_ctx", "ctx", member<P>(&P::max_ctx), "longest request (the last one)")
-        .add("qlen", "q", member<P>(&P::qlen), "queries per request (at most its length)");
-    add_mask(f, "causal: vLLM prefill windows; random: any ks <= ke");
+    f.add("heads", "h", &P::heads, "index heads");
+    add_windows(f, {"requests in the chunk", "longest request (the last one)",
+                    "queries per request (at most its length)",
+                    "causal: vLLM prefill windows; random: any ks <= ke"});
     add_fp8(f);
     add_seed(f);
-    add_fp8_codes(f, "special: q and k hold the saturation codes (+-448 e4m3fn, +-240 "
-                     "e4m3fnuz) every 11th element and, in e4m3fn, -0");
+    add_fp8_codes(f,
+                  "special: q and k hold the saturation codes (+-448 e4m3fn, +-240 "
+                  "e4m3fnuz) every 11th element and, in e4m3fn, -0");
     return f;
   }
 
@@ -129,23 +129,21 @@ class IndexerLogitsDecodeOp final : public TypedOp<LogitsDecodeParams> {
   Fields<P> fields() const override {
     Fields<P> f;
     f.add("heads", "h", &P::heads, "index heads: 8/16 per rank when sharded, 32 GLM-5, 64 DSv3.2")
-        .add("next_n", "nn", &P::next_n, "tokens decoded per request (MTP)")
-        .add("block_size", "bs", member<P>(&P::block_size),
-             "cache block size: 1 reads NORMAL, multiples of 16 Preshuffle")
-        .add("batch", "b", member<P>(&P::batch),
-             "requests: block-edge lengths (0, 1, K-1, K, K+1, 2K+1), then random, the last "
-             "max_ctx")
-        .add("max_ctx", "ctx", member<P>(&P::max_ctx), "longest context")
-        .add("chunk_q", "cq", &P::chunk_q,
-             "heads per program requested (clamped to heads; AITER default 64)");
-    add_paged_read_tail(f, "special: q and the tokens read hold the saturation codes and, in "
-                           "e4m3fn, -0; every other value byte of the pages NaN codes");
+        .add("next_n", "nn", &P::next_n, "tokens decoded per request (MTP)");
+    add_paged_layout(f, {"cache block size: 1 reads NORMAL, multiples of 16 Preshuffle",
+                         "requests: block-edge lengths (0, 1, K-1, K, K+1, 2K+1), then random, "
+                         "the last max_ctx",
+                         "longest context"});
+    f.add("chunk_q", "cq", &P::chunk_q,
+          "heads per program requested (clamped to heads; AITER default 64)");
+    add_paged_read_tail(f,
+                        "special: q and the tokens read hold the saturation codes and, in "
+                        "e4m3fn, -0; every other value byte of the pages NaN codes");
     return f;
   }
 
   std::optional<std::string> unbuildable(const P& p) const override {
-    if (p.next_n < 1 || p.block_size < 1 || p.pad < 0)
-      return "next_n, block_size >= 1, pad >= 0";
+    if (p.next_n < 1 || p.block_size < 1 || p.pad < 0) return "next_n, block_size >= 1, pad >= 0";
     if (p.heads < 0) return "heads must be >= 0";
     return std::nullopt;
   }
@@ -232,8 +230,8 @@ class IndexerLogitsDecodeOp final : public TypedOp<LogitsDecodeParams> {
 constexpr double kOutside = 1.0e4;
 
 void fill_window_logits(const Tensor& logits, const std::vector<int64_t>& begin,
-                        const std::vector<int64_t>& end, TopkData data,
-                        const std::string& id, int64_t seed) {
+                        const std::vector<int64_t>& end, TopkData data, const std::string& id,
+                        int64_t seed) {
   Rng rng(id, "logits", static_cast<uint64_t>(seed));
   Tensor all =
       logits.as_strided({logits.size(0), logits.stride(0)}, {logits.stride(0), 1}, logits.offset());
@@ -274,11 +272,8 @@ class IndexerTopkPrefillOp final : public TypedOp<TopkPrefillParams> {
   std::string name() const override { return "indexer_topk_prefill"; }
   Fields<P> fields() const override {
     Fields<P> f;
-    f.add("topk", "k", &P::topk, "indices per row (2048 in the models)")
-        .add("batch", "b", member<P>(&P::batch), "requests")
-        .add("max_ctx", "ctx", member<P>(&P::max_ctx), "longest request")
-        .add("qlen", "q", member<P>(&P::qlen), "queries per request");
-    add_mask(f, "window pattern");
+    f.add("topk", "k", &P::topk, "indices per row (2048 in the models)");
+    add_windows(f, {"requests", "longest request", "queries per request", "window pattern"});
     add_topk_data(f);
     add_seed(f);
     return f;
@@ -346,8 +341,7 @@ class IndexerTopkDecodeOp final : public TypedOp<TopkDecodeParams> {
   }
 
   std::optional<std::string> unbuildable(const P& p) const override {
-    if (p.topk < 1 || p.next_n < 1 || p.batch < 1 || p.max_ctx < 1)
-      return "sizes must be >= 1";
+    if (p.topk < 1 || p.next_n < 1 || p.batch < 1 || p.max_ctx < 1) return "sizes must be >= 1";
     return std::nullopt;
   }
 

@@ -107,16 +107,11 @@ TEST(IndexerOps, InvalidConfigurationsAreRefused) {
 // Axis combinations that describe no case are case-file errors, named with the case id.
 TEST(IndexerOps, UnbuildableConfigurationsAreCaseErrors) {
   const std::vector<std::pair<const char*, Params>> unbuildable = {
-      {"indexer_k_cache", {{"tokens", 0}}},
-      {"indexer_k_cache", {{"k_stride", 64}}},
-      {"indexer_gather", {{"pad", -4}}},
-      {"indexer_q_quant", {{"heads", 0}}},
-      {"indexer_logits_prefill", {{"qlen", 0}}},
-      {"indexer_logits_prefill", {{"heads", -1}}},
-      {"indexer_logits_decode", {{"next_n", 0}}},
-      {"indexer_logits_decode", {{"heads", -1}}},
-      {"indexer_topk_prefill", {{"topk", 0}}},
-      {"indexer_topk_prefill", {{"batch", 0}}},
+      {"indexer_k_cache", {{"tokens", 0}}},       {"indexer_k_cache", {{"k_stride", 64}}},
+      {"indexer_gather", {{"pad", -4}}},          {"indexer_q_quant", {{"heads", 0}}},
+      {"indexer_logits_prefill", {{"qlen", 0}}},  {"indexer_logits_prefill", {{"heads", -1}}},
+      {"indexer_logits_decode", {{"next_n", 0}}}, {"indexer_logits_decode", {{"heads", -1}}},
+      {"indexer_topk_prefill", {{"topk", 0}}},    {"indexer_topk_prefill", {{"batch", 0}}},
       {"indexer_topk_decode", {{"max_ctx", 0}}},
   };
   for (const auto& [name, params] : unbuildable) {
