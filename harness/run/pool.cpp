@@ -25,7 +25,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr size_t kTailBytes = 4096;
-constexpr auto kMemoryCheckEvery = std::chrono::milliseconds(200);
+// Each check reads /proc/<pid>/stat of every process (a few ms on a busy host).
+constexpr auto kMemoryCheckEvery = std::chrono::milliseconds(250);
 
 struct Worker {
   pid_t pid = -1;  // also its process group
@@ -36,6 +37,7 @@ struct Worker {
   bool retiring = false;  // said it exits after its last result: gets no further case
   long busy = -1;         // task index being run
   uint64_t seq = 0;       // the request number of `busy`
+  std::string sent_id;    // its id as the request carried it (invalid UTF-8 replaced)
   Clock::time_point deadline;
   int serial = -1;    // spawn number ("{worker}" in the wrapper's arguments)
   long pending = -1;  // one_case_per_worker: task whose result waits for the exit
@@ -133,24 +135,33 @@ std::string last_lines(const std::string& tail) {
   }();
 }
 
+// True once the worker has exited (not yet reaped), waiting at most until `until`.
+bool exited_by(pid_t pid, Clock::time_point until) {
+  while (true) {
+    siginfo_t info{};
+    if (::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+        info.si_pid == pid)
+      return true;
+    if (Clock::now() >= until) return false;
+    ::usleep(10000);
+  }
+}
+
 // Kills the worker's process group (the worker and whatever it started), then reaps the worker.
 // The group is killed before the reap: until then the worker's pid (the group's id) cannot be
-// reused, so the signal reaches nothing else.
-void reap(Worker& w, int& status, bool kill_worker) {
-  if (kill_worker) ::kill(-w.pid, SIGKILL);
+// reused, so the signal reaches nothing else. Without kill_worker the worker is given `grace` to
+// exit on its own first; false when it had to be killed.
+bool reap(Worker& w, int& status, bool kill_worker,
+          std::chrono::milliseconds grace = std::chrono::seconds(10)) {
   close_fd(w.in);
   close_fd(w.out);
   close_fd(w.err);
-  if (!kill_worker) {  // it is exiting on its own: wait for that, then clear its group
-    siginfo_t info{};
-    while (::waitid(P_PID, static_cast<id_t>(w.pid), &info, WEXITED | WNOWAIT) < 0 &&
-           errno == EINTR) {
-    }
-    ::kill(-w.pid, SIGKILL);
-  }
+  const bool exited = !kill_worker && exited_by(w.pid, Clock::now() + grace);
+  ::kill(-w.pid, SIGKILL);
   while (::waitpid(w.pid, &status, 0) < 0 && errno == EINTR) {
   }
   w.pid = -1;
+  return exited;
 }
 
 std::string excerpt(const std::string& line, size_t max = 300) {
@@ -181,9 +192,14 @@ void for_each_process(F&& f) {
   if (!d) return;
   while (const dirent* e = ::readdir(d)) {
     if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
-    std::ifstream in(std::string("/proc/") + e->d_name + "/stat");
-    std::string text;
-    if (!std::getline(in, text)) continue;
+    char path[300], buf[1024];
+    std::snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+    const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    const ssize_t n = ::read(fd, buf, sizeof buf - 1);
+    ::close(fd);
+    if (n <= 0) continue;
+    const std::string text(buf, static_cast<size_t>(n));
     const auto close = text.rfind(')');  // the command name may hold anything, ')' included
     if (close == std::string::npos) continue;
     std::istringstream fields(text.substr(close + 1));
@@ -397,7 +413,7 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
       return false;
     }
     const auto idx = static_cast<size_t>(w.busy);
-    if (const std::string why = answer_mismatch(j, w.seq, tasks[idx].id); !why.empty()) {
+    if (const std::string why = answer_mismatch(j, w.seq, w.sent_id); !why.empty()) {
       reject(w, line, why + "; the request was seq " + std::to_string(w.seq) + " for '" +
                           tasks[idx].id + "'");
       return false;
@@ -432,6 +448,7 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
             nlohmann::json{{"seq", w.seq}, {"id", tasks[next].id}, {"case", tasks[next].payload}}
                 .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
             "\n";
+        w.sent_id = nlohmann::json::parse(line)["id"].get<std::string>();
         w.busy = static_cast<long>(next++);
         w.deadline = now + ms(spec.case_timeout_s);
         // A failed or short write: the worker is gone, and its end of file arrives through poll.
@@ -498,15 +515,18 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
       }
       if (w.out_eof) {
         int status = 0;
-        reap(w, status, false);
+        const bool exited = reap(w, status, false);
         if (w.retiring && w.busy < 0) {  // left as announced, owing nothing
           if (w.pending >= 0) deliver_pending(w);
           w = Worker{};
           continue;
         }
         lose_or_fail_start(w,
-                           "worker process died with " + describe_wait_status(status) +
-                               (w.busy >= 0 ? " while running this case" : ""),
+                           exited ? "worker process died with " + describe_wait_status(status) +
+                                        (w.busy >= 0 ? " while running this case" : "")
+                                  : std::string("the worker closed its protocol channel (did "
+                                                "the kernel or an adapter close descriptors?) "
+                                                "and was killed"),
                            false);
         w = Worker{};
         continue;
@@ -559,15 +579,9 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
   for (auto& w : workers) {
     if (w.pid < 0) continue;
     int status = 0;
-    siginfo_t info{};
-    while (Clock::now() < grace) {
-      info.si_pid = 0;
-      if (::waitid(P_PID, static_cast<id_t>(w.pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
-          info.si_pid == w.pid)
-        break;
-      ::usleep(10000);
-    }
-    reap(w, status, true);
+    reap(w, status, false,
+         std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::max(grace - Clock::now(), Clock::duration::zero())));
   }
 }
 

@@ -41,7 +41,7 @@ struct WorkerSpec {
   // through PoolCallbacks::on_worker_exit first (a wrapper's report is complete only then).
   bool one_case_per_worker = false;
   // Resident memory (bytes) one worker's process group may hold, the worker and every process it
-  // started together; 0 = no limit. Measured from /proc every 200 ms: over it, the group is
+  // started together; 0 = no limit. Measured from /proc every 250 ms: over it, the group is
   // killed and the case fails naming the limit (why RSS and not an rlimit: docs/verification.md).
   uint64_t memory_limit = 0;
   std::string memory_limit_flag = "--worker-memory";  // named in that message

@@ -218,7 +218,7 @@ std::unique_ptr<CaseContext> make_context_within_limit(
     const auto limit = std::chrono::duration<double>(cfg.import_timeout_s);
     if (cv.wait_for(lock, limit, [&] { return finished; })) return;
     report(message);
-    ::_exit(3);  // the hung import holds its thread; nothing can unwind it
+    ::_exit(2);  // the hung import holds its thread; nothing can unwind it
   });
   auto stop = [&] {
     {

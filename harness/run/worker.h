@@ -47,7 +47,7 @@ struct CaseContext {
 std::unique_ptr<CaseContext> make_context(const WorkerConfig& cfg);
 
 // make_context within cfg.import_timeout_s: past it, `report` gets "adapter <name> did not finish
-// importing within N s ..." (or the kernel library's path) and the process exits with status 3,
+// importing within N s ..." (or the kernel library's path) and the process exits with status 2,
 // since a hung import cannot be interrupted.
 std::unique_ptr<CaseContext> make_context_within_limit(
     const WorkerConfig& cfg, const std::function<void(const std::string&)>& report);

@@ -11,8 +11,8 @@ set, is a file that receives the pid of every process the adapter starts, one pe
     fork             os.fork() in the entry, both copies return
     fork_linger      os.fork(); the child keeps printing for 60 s (ignoring SIGPIPE) instead of
                      returning
-    thread           a thread keeps writing into the output buffer (256 bytes: the bridge's host
-                     allocation granularity) for 2 s after the entry returned
+    thread           a thread writes into the output buffer (256 bytes: the bridge's host
+                     allocation granularity) from 0.3 s to 2.3 s after the entry returned
     hang_with_child  start `sleep 300`, then hang: the timeout must kill both
     memory           allocate (and touch) up to 3 GiB, then hang
     import_hang      hang while the module is imported
@@ -93,6 +93,7 @@ def _inherited_fds():
 
 
 def _scribbler(ptr: int, nbytes: int):
+    time.sleep(0.3)  # the harness has moved on to the next case by now
     end = time.monotonic() + 2.0
     while time.monotonic() < end:
         ctypes.memset(ptr, 0x5A, nbytes)
