@@ -113,9 +113,9 @@ void print_stress_summary(const std::vector<Result>& results, int stress) {
 uint64_t worker_memory_limit(const std::string& text, int jobs) {
   if (text.empty()) {
     const auto pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
-    const uint64_t total = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) *
-                                                       static_cast<uint64_t>(page)
-                                                 : uint64_t{16} << 30;
+    const uint64_t total = pages > 0 && page > 0
+                               ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page)
+                               : uint64_t{16} << 30;
     return std::max<uint64_t>(total / 4 * 3 / static_cast<uint64_t>(std::max(jobs, 1)),
                               uint64_t{2} << 30);
   }
@@ -131,8 +131,10 @@ uint64_t worker_memory_limit(const std::string& text, int jobs) {
   if (!unit.empty() && (unit.back() == 'B' || unit.back() == 'b')) unit.pop_back();
   if (unit.size() == 2 && (unit[1] == 'i' || unit[1] == 'I')) unit.pop_back();
   const std::string units = "KMGT";
-  const auto u = unit.empty() ? std::string::npos : units.find(static_cast<char>(std::toupper(
-                                                        static_cast<unsigned char>(unit[0]))));
+  const auto u =
+      unit.empty()
+          ? std::string::npos
+          : units.find(static_cast<char>(std::toupper(static_cast<unsigned char>(unit[0]))));
   if (used == 0 || !(v > 0) || unit.size() > 1 || (!unit.empty() && u == std::string::npos))
     throw std::invalid_argument("--worker-memory '" + text +
                                 "': expected a size such as 4G or 512M, or 0 / none for no limit");
@@ -340,8 +342,7 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
       return 2;
     }
     if (!a.out.empty()) spec.log_path = (fs::path(a.out) / "worker.log").string();
-    spec.args = {"--golden", fs::absolute(paths.golden).string(),
-                 "worker",   "--repeat",
+    spec.args = {"--golden", fs::absolute(paths.golden).string(), "worker", "--repeat",
                  std::to_string(a.repeat)};
     if (!kernels.empty()) spec.args.insert(spec.args.end(), {"--kernels", kernels});
     if (!a.arch.empty()) spec.args.insert(spec.args.end(), {"--arch", a.arch});

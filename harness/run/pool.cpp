@@ -414,8 +414,9 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
     }
     const auto idx = static_cast<size_t>(w.busy);
     if (const std::string why = answer_mismatch(j, w.seq, w.sent_id); !why.empty()) {
-      reject(w, line, why + "; the request was seq " + std::to_string(w.seq) + " for '" +
-                          tasks[idx].id + "'");
+      reject(
+          w, line,
+          why + "; the request was seq " + std::to_string(w.seq) + " for '" + tasks[idx].id + "'");
       return false;
     }
     w.busy = -1;
@@ -540,8 +541,8 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
           lose_or_fail_start(w,
                              "the worker's processes held " + describe_bytes(it->second) +
                                  " of memory, over the limit of " +
-                                 describe_bytes(spec.memory_limit) + " (" +
-                                 spec.memory_limit_flag + "); the worker was killed",
+                                 describe_bytes(spec.memory_limit) + " (" + spec.memory_limit_flag +
+                                 "); the worker was killed",
                              false);
         }
         w = Worker{};

@@ -138,8 +138,8 @@ nlohmann::json context_hello(const CaseContext& ctx) {
 nlohmann::json case_to_json(const Case& c) {
   nlohmann::json known = nullptr;
   if (c.known_bug) known = {{"reason", c.known_bug->reason}, {"arch", c.known_bug->arch}};
-  return {{"op", c.op},       {"params", c.params},    {"id", c.id},
-          {"tiers", c.tiers}, {"known_bug", known},    {"source", c.source}};
+  return {{"op", c.op},       {"params", c.params}, {"id", c.id},
+          {"tiers", c.tiers}, {"known_bug", known}, {"source", c.source}};
 }
 
 Case case_from_json(const nlohmann::json& j) {

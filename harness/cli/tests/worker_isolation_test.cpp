@@ -63,8 +63,8 @@ class WorkerIsolation : public GoldenSuite<WorkerIsolation> {
 // cases were never evaluated and their slots held duplicates of other results.
 TEST_F(WorkerIsolation, AForkingLibraryEvaluatesEachCaseOnce) {
   const fs::path out = dir("out");
-  const Output o = sh("ATTNCHECK_FAKE_FAULT=fork " + at() + " run --kernels " + kFake +
-                      " --out " + out.string());
+  const Output o = sh("ATTNCHECK_FAKE_FAULT=fork " + at() + " run --kernels " + kFake + " --out " +
+                      out.string());
   const auto bad = not_passed(records(out));
   EXPECT_TRUE(bad.empty()) << o.text;
 }
@@ -74,10 +74,10 @@ TEST_F(WorkerIsolation, AForkingLibraryEvaluatesEachCaseOnce) {
 TEST_F(WorkerIsolation, ATimeoutKillsEveryProcessTheWorkerStarted) {
   const fs::path out = dir("out");
   const fs::path pids = dir("pids");
-  const Output o = sh("ATTNCHECK_FAKE_FAULT=spawn_and_hang ATTNCHECK_FAKE_PID_FILE=" +
-                      pids.string() +
-                      " ATTNCHECK_FAKE_FAULT_WHEN='{\"kernel_block_size\":16}' " + at() +
-                      " run --kernels " + kFake + " --timeout 1 --out " + out.string());
+  const Output o =
+      sh("ATTNCHECK_FAKE_FAULT=spawn_and_hang ATTNCHECK_FAKE_PID_FILE=" + pids.string() +
+         " ATTNCHECK_FAKE_FAULT_WHEN='{\"kernel_block_size\":16}' " + at() + " run --kernels " +
+         kFake + " --timeout 1 --out " + out.string());
   EXPECT_EQ(o.status, 1) << o.text;
   EXPECT_TRUE(has(o.text, "the worker was killed with every process it started")) << o.text;
   std::ifstream in(pids);
@@ -96,9 +96,9 @@ TEST_F(WorkerIsolation, ATimeoutKillsEveryProcessTheWorkerStarted) {
 // the result of the case being run (no check of the id).
 TEST_F(WorkerIsolation, ForgedProtocolLinesFailOnlyTheirCase) {
   const fs::path out = dir("out");
-  const Output o = sh(
-      "ATTNCHECK_FAKE_FAULT=forge ATTNCHECK_FAKE_FAULT_WHEN='{\"kernel_block_size\":16}' " + at() +
-      " run --kernels " + kFake + " --out " + out.string());
+  const Output o =
+      sh("ATTNCHECK_FAKE_FAULT=forge ATTNCHECK_FAKE_FAULT_WHEN='{\"kernel_block_size\":16}' " +
+         at() + " run --kernels " + kFake + " --out " + out.string());
   EXPECT_EQ(o.status, 1) << o.text;
   const auto bad = not_passed(records(out));
   EXPECT_EQ(bad.size(), 2u) << o.text;  // the two kernel_block_size 16 cases

@@ -91,8 +91,8 @@ void forge_protocol_lines() {
     const ssize_t n = ::readlink(link, target, sizeof target - 1);
     if (n <= 0) continue;
     const std::string t(target, static_cast<size_t>(n));
-    if (fd == 1 || t.rfind("pipe:", 0) == 0 || t.rfind("socket:", 0) == 0)
-      [[maybe_unused]] auto w = ::write(fd, lines.data(), lines.size());
+    if (fd == 1 || t.rfind("pipe:", 0) == 0 || t.rfind("socket:", 0) == 0) [[maybe_unused]]
+      auto w = ::write(fd, lines.data(), lines.size());
   }
 }
 
