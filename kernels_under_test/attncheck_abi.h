@@ -34,6 +34,9 @@ enum attncheck_status {
   ATTNCHECK_NO_DEVICE = 4,  /* no usable GPU */
   ATTNCHECK_HOST_ERROR = 5, /* the entry failed on the host before or without a device fault
                                (an exception in argument handling); the device is still usable */
+  ATTNCHECK_UNSUPPORTED = 6, /* the kernel does not serve this configuration although it is valid
+                                (an adapter's upstream kernel has no path for it); msg says why.
+                                Not a failure: the case is reported unsupported */
 };
 
 typedef struct attncheck_arg {

@@ -354,7 +354,9 @@ DeviceOutcome DeviceRunner::run_unguarded(const Problem& p, const LaunchConditio
   out.wall_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   out.message = msg;
-  if (out.status != ATTNCHECK_OK && out.status != ATTNCHECK_REFUSED) return out;
+  if (out.status != ATTNCHECK_OK && out.status != ATTNCHECK_REFUSED &&
+      out.status != ATTNCHECK_UNSUPPORTED)
+    return out;
 
   for (auto& s : bufs.all()) {
     const auto back = bufs.read_back(s);
