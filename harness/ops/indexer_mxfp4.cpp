@@ -6,13 +6,14 @@
 // another block, the e8m0 byte 0 (2^-127) read as zero, NaN scales of unread slots leaking in.
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <vector>
 
 #include "core/fp4.h"
 #include "core/numeric.h"
 #include "core/policy.h"
 #include "core/rng.h"
-#include "ops/op.h"
+#include "ops/typed_op.h"
 #include "reference/indexer_mxfp4.h"
 
 namespace attncheck {
@@ -20,41 +21,27 @@ namespace {
 
 namespace mx = ref::mxfp4;
 
-Axis head_dim_axis() {
-  return {"head_dim", "d", 128, {32, 64, 128}, "index head dim D"};
-}
-Axis block_size_axis() {
-  return {"block_size", "bs", 64, {1, 16, 64}, "entries per cache page"};
-}
-Axis layout_axis() {
-  return {"layout",
-          "",
-          "natural",
-          {"natural", "shuffle16", "shuffle32"},
-          "page order: token order, or AITER's preshuffle with n_per_tile 16 / 32 (scale mode 1)"};
+enum class Layout { natural, shuffle16, shuffle32 };
+const std::vector<std::pair<Layout, std::string>> kLayoutNames = {{Layout::natural, "natural"},
+                                                                  {Layout::shuffle16, "shuffle16"},
+                                                                  {Layout::shuffle32, "shuffle32"}};
+constexpr const char* kLayoutHelp =
+    "page order: token order, or AITER's preshuffle with n_per_tile 16 / 32 (scale mode 1)";
+
+int64_t n_per_tile_of(Layout layout) {
+  return layout == Layout::shuffle16 ? 16 : (layout == Layout::shuffle32 ? 32 : 0);
 }
 
-int64_t n_per_tile_of(const Params& p) {
-  const std::string layout = param_str(p, "layout");
-  return layout == "shuffle16" ? 16 : (layout == "shuffle32" ? 32 : 0);
-}
-
-mx::CacheGeometry geometry_of(const Case& c) {
-  const mx::CacheGeometry g{param_int(c.params, "head_dim"), param_int(c.params, "block_size"),
-                            n_per_tile_of(c.params)};
+// The geometry of a case, or why it describes no cache (an error in the case file).
+std::optional<std::string> geometry_problem(const mx::CacheGeometry& g) {
   try {
     mx::check_geometry(g);
   } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(c.id + ": " + e.what());
+    return e.what();
   }
-  return g;
+  return std::nullopt;
 }
 
-mx::CacheGeometry geometry_of(const Problem& p) {
-  const Tensor& cache = p.arg("kv_cache");
-  return {(cache.size(2) * 32) / 17, cache.size(1),
-          p.kernel_params.at("n_per_tile").get<int64_t>()};
-}
 
 // A u8 cache of `pages` pages, each padded by `pad` bytes: every byte `fill`, or random bytes
 // from `random` when given.
@@ -78,69 +65,83 @@ void fill_rows(const Tensor& t, const Rng& rng) {
 }
 
 // ---------------------------------------------------------------------------------------------
-class IndexerMxfp4KCacheOp final : public Op {
+enum class Values { model, extreme };
+
+struct KCacheParams {
+  int64_t block_size = 64;
+  int64_t head_dim = 128;
+  Layout layout = Layout::natural;
+  int64_t tokens = 41;
+  fp4::MxScaleRule scale_rule = fp4::MxScaleRule::ceil;
+  Values values = Values::model;
+  int64_t pad = 0;
+  int64_t seed = 0;
+  mx::CacheGeometry geometry() const { return {head_dim, block_size, n_per_tile_of(layout)}; }
+};
+
+class IndexerMxfp4KCacheOp final : public TypedOp<KCacheParams> {
  public:
+  using P = KCacheParams;
   std::string name() const override { return "indexer_mxfp4_k_cache"; }
-  std::vector<Axis> axes() const override {
-    return {block_size_axis(),
-            head_dim_axis(),
-            layout_axis(),
-            {"tokens",
-             "t",
-             41,
-             {},
-             "slot_mapping entries (k has 3 more rows); odd counts leave "
-             "a partial page"},
-            {"scale_rule",
-             "",
-             "ceil",
-             {"ceil", "ocp_floor", "even"},
-             "e8m0 scale rule "
-             "(docs/formats.md)"},
-            {"values",
-             "",
-             "model",
-             {"model", "extreme"},
-             "extreme: zero rows, rows at 1e-38 and 3e38 (scale bytes 0 and 253), blocks whose "
-             "amax sits on the rules' boundaries (6, 6.5, 7 times a power of two)"},
-            {"pad", "pad", 0, {}, "bytes after each page (page stride = page + pad)"},
-            {"seed", "s", 0, {}, "input seed"}};
+  Fields<P> fields() const override {
+    return Fields<P>()
+        .add("block_size", "bs", &P::block_size, "entries per cache page")
+        .only({1, 16, 64})
+        .add("head_dim", "d", &P::head_dim, "index head dim D")
+        .only({32, 64, 128})
+        .choice("layout", "", &P::layout, kLayoutNames, kLayoutHelp)
+        .add("tokens", "t", &P::tokens,
+             "slot_mapping entries (k has 3 more rows); odd counts leave a partial page")
+        .bounds(0, 4096)
+        .choice("scale_rule", "", &P::scale_rule,
+                {{fp4::MxScaleRule::ceil, "ceil"},
+                 {fp4::MxScaleRule::ocp_floor, "ocp_floor"},
+                 {fp4::MxScaleRule::even, "even"}},
+                "e8m0 scale rule (docs/formats.md)")
+        .choice("values", "", &P::values, {{Values::model, "model"}, {Values::extreme, "extreme"}},
+                "extreme: zero rows, rows at 1e-38 and 3e38 (scale bytes 0 and 253), blocks whose "
+                "amax sits on the rules' boundaries (6, 6.5, 7 times a power of two)")
+        .add("pad", "pad", &P::pad, "bytes after each page (page stride = page + pad)")
+        .bounds(0, 4096)
+        .add("seed", "s", &P::seed, "input seed");
   }
 
-  Problem make(const Case& c) const override {
-    const mx::CacheGeometry g = geometry_of(c);
-    const int64_t T = param_int(c.params, "tokens"), seed = param_int(c.params, "seed");
-    if (T < 0) throw std::invalid_argument(c.id + ": tokens must be >= 0");
+  std::optional<std::string> unbuildable(const P& p) const override {
+    return geometry_problem(p.geometry());
+  }
+
+  Problem make(const Case& c, const P& prm) const override {
+    const mx::CacheGeometry g = prm.geometry();
+    const int64_t T = prm.tokens, seed = prm.seed;
     const int64_t D = g.head_dim, pages = (T + g.page_size - 1) / g.page_size + 2;
     Tensor k = Tensor::empty(DType::bf16, {T + 3, D});
     fill_rows(k, Rng(c.id, "k", static_cast<uint64_t>(seed)));
-    if (param_str(c.params, "values") == "extreme") plant_extremes(k);
+    if (prm.values == Values::extreme) plant_extremes(k);
     Rng rng(c.id, "slots", static_cast<uint64_t>(seed));
     const std::vector<int64_t> order = permutation(pages * g.page_size, rng);
     Tensor slots = Tensor::empty(DType::i64, {T});
     for (int64_t i = 0; i < T; ++i) slots.at<int64_t>({i}) = i % 7 == 3 ? -1 : order[i];
     const Rng bytes(c.id, "cache", static_cast<uint64_t>(seed));
-    Tensor cache = make_cache(g, pages, param_int(c.params, "pad"), std::byte{0}, &bytes);
+    Tensor cache = make_cache(g, pages, prm.pad, std::byte{0}, &bytes);
     Problem p;
     p.args = {{"k", k, Role::input},
               {"slot_mapping", slots, Role::input},
               {"kv_cache", cache, Role::inout}};
-    p.kernel_params = {{"n_per_tile", g.n_per_tile},
-                       {"scale_rule", param_str(c.params, "scale_rule")}};
     p.bytes = static_cast<double>(T) * static_cast<double>(2 * D + g.entry_bytes() + 8);
     return p;
   }
 
-  TensorMap reference(const Problem& p) const override {
-    const std::string rule = p.kernel_params.at("scale_rule").get<std::string>();
-    const fp4::MxScaleRule r = rule == "ceil"        ? fp4::MxScaleRule::ceil
-                               : rule == "ocp_floor" ? fp4::MxScaleRule::ocp_floor
-                                                     : fp4::MxScaleRule::even;
-    return {{"kv_cache", mx::write_k_cache(p.arg("kv_cache"), p.arg("k"), p.arg("slot_mapping"),
-                                           geometry_of(p), r)}};
+  nlohmann::json kernel_params(const P& p, const Problem&) const override {
+    return {{"n_per_tile", n_per_tile_of(p.layout)},
+            {"scale_rule", std::string(fp4::scale_rule_name(p.scale_rule))}};
   }
 
-  std::vector<OutputCheck> checks(const Problem&, const TensorMap&) const override {
+  TensorMap reference(const Problem& prob, const P& p) const override {
+    return {{"kv_cache", mx::write_k_cache(prob.arg("kv_cache"), prob.arg("k"),
+                                           prob.arg("slot_mapping"), p.geometry(), p.scale_rule)}};
+  }
+
+  std::vector<OutputCheck> checks(const Problem&, const P&, const TensorMap&) const override {
     return {{"kv_cache", exact_budget("quantized bytes and untouched bytes: bitwise"), {}, {}}};
   }
 
@@ -161,34 +162,56 @@ class IndexerMxfp4KCacheOp final : public Op {
 };
 
 // ---------------------------------------------------------------------------------------------
-class IndexerMxfp4LogitsDecodeOp final : public Op {
+enum class Scales { model, extreme };
+
+struct LogitsParams {
+  int64_t heads = 32;
+  int64_t head_dim = 128;
+  int64_t block_size = 64;
+  Layout layout = Layout::natural;
+  int64_t batch = 3;
+  int64_t next_n = 1;
+  int64_t max_ctx = 200;
+  Scales scales = Scales::model;
+  int64_t seed = 0;
+  mx::CacheGeometry geometry() const { return {head_dim, block_size, n_per_tile_of(layout)}; }
+};
+
+class IndexerMxfp4LogitsDecodeOp final : public TypedOp<LogitsParams> {
  public:
+  using P = LogitsParams;
   std::string name() const override { return "indexer_mxfp4_logits_decode"; }
-  std::vector<Axis> axes() const override {
-    return {{"heads", "h", 32, {}, "index heads"},
-            head_dim_axis(),
-            block_size_axis(),
-            layout_axis(),
-            {"batch", "b", 3, {}, "requests"},
-            {"next_n", "nn", 1, {}, "query rows per request"},
-            {"max_ctx", "ctx", 200, {}, "longest context (request 0); the others ragged"},
-            {"scales",
-             "sc",
-             "model",
-             {"model", "extreme"},
-             "extreme: K block 0 scale bytes 0..2 against q bytes 250..252, K block 1 bytes "
-             "250..252 against q bytes 0..2 (products stay fp32-normal)"},
-            {"seed", "s", 0, {}, "input seed"}};
+  Fields<P> fields() const override {
+    return Fields<P>()
+        .add("heads", "h", &P::heads, "index heads")
+        .bounds(1, 128)
+        .add("head_dim", "d", &P::head_dim, "index head dim D")
+        .only({32, 64, 128})
+        .add("block_size", "bs", &P::block_size, "entries per cache page")
+        .only({1, 16, 64})
+        .choice("layout", "", &P::layout, kLayoutNames, kLayoutHelp)
+        .add("batch", "b", &P::batch, "requests")
+        .bounds(1, 64)
+        .add("next_n", "nn", &P::next_n, "query rows per request")
+        .bounds(1, 16)
+        .add("max_ctx", "ctx", &P::max_ctx, "longest context (request 0); the others ragged")
+        .bounds(1, 65536)
+        .choice("scales", "sc", &P::scales,
+                {{Scales::model, "model"}, {Scales::extreme, "extreme"}},
+                "extreme: K block 0 scale bytes 0..2 against q bytes 250..252, K block 1 bytes "
+                "250..252 against q bytes 0..2 (products stay fp32-normal)")
+        .add("seed", "s", &P::seed, "input seed");
   }
 
-  Problem make(const Case& c) const override {
-    const mx::CacheGeometry g = geometry_of(c);
-    const int64_t H = param_int(c.params, "heads"), B = param_int(c.params, "batch"),
-                  NN = param_int(c.params, "next_n"), max_ctx = param_int(c.params, "max_ctx"),
-                  seed = param_int(c.params, "seed"), D = g.head_dim, S = g.page_size;
-    if (H < 1 || B < 1 || NN < 1 || max_ctx < 1)
-      throw std::invalid_argument(c.id + ": heads, batch, next_n and max_ctx must be >= 1");
-    const bool extreme = param_str(c.params, "scales") == "extreme";
+  std::optional<std::string> unbuildable(const P& p) const override {
+    return geometry_problem(p.geometry());
+  }
+
+  Problem make(const Case& c, const P& prm) const override {
+    const mx::CacheGeometry g = prm.geometry();
+    const int64_t H = prm.heads, B = prm.batch, NN = prm.next_n, max_ctx = prm.max_ctx,
+                  seed = prm.seed, D = g.head_dim, S = g.page_size;
+    const bool extreme = prm.scales == Scales::extreme;
     Rng rng(c.id, "layout", static_cast<uint64_t>(seed));
     std::vector<int64_t> lens(static_cast<size_t>(B));
     for (int64_t b = 0; b < B; ++b)
@@ -234,7 +257,6 @@ class IndexerMxfp4LogitsDecodeOp final : public Op {
               {"context_lens", context, Role::input},
               {"block_table", table, Role::input},
               {"logits", logits_buf.slice(1, 0, width), Role::output}};
-    p.kernel_params = {{"n_per_tile", g.n_per_tile}};
     double pairs = 0;
     for (int64_t L : lens) pairs += static_cast<double>(std::min(L, width) * NN);
     p.flops = 2.0 * static_cast<double>(H * D) * pairs;
@@ -243,16 +265,21 @@ class IndexerMxfp4LogitsDecodeOp final : public Op {
     return p;
   }
 
-  TensorMap reference(const Problem& p) const override {
-    return {{"logits", mx::paged_logits(p.arg("q"), p.arg("q_scale"), p.arg("kv_cache"),
-                                        geometry_of(p), p.arg("weights"), p.arg("context_lens"),
-                                        p.arg("block_table"), p.arg("logits").size(1))}};
+  nlohmann::json kernel_params(const P& p, const Problem&) const override {
+    return {{"n_per_tile", n_per_tile_of(p.layout)}};
   }
 
-  std::vector<OutputCheck> checks(const Problem& p, const TensorMap&) const override {
-    const int64_t H = p.arg("q").size(2), D = 2 * p.arg("q").size(3);
+  TensorMap reference(const Problem& prob, const P& prm) const override {
+    return {
+        {"logits", mx::paged_logits(prob.arg("q"), prob.arg("q_scale"), prob.arg("kv_cache"),
+                                    prm.geometry(), prob.arg("weights"), prob.arg("context_lens"),
+                                    prob.arg("block_table"), prob.arg("logits").size(1))}};
+  }
+
+  std::vector<OutputCheck> checks(const Problem& p, const P& prm, const TensorMap&) const override {
+    const int64_t H = prm.heads, D = prm.head_dim;
     const double terms = mx::max_logit_terms(
-        p.arg("q"), p.arg("q_scale"), p.arg("kv_cache"), geometry_of(p), p.arg("weights"),
+        p.arg("q"), p.arg("q_scale"), p.arg("kv_cache"), prm.geometry(), p.arg("weights"),
         p.arg("context_lens"), p.arg("block_table"), p.arg("logits").size(1));
     const double u = unit_roundoff(DType::f32);
     return {{"logits",
