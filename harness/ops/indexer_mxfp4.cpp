@@ -42,7 +42,6 @@ std::optional<std::string> geometry_problem(const mx::CacheGeometry& g) {
   return std::nullopt;
 }
 
-
 // A u8 cache of `pages` pages, each padded by `pad` bytes: every byte `fill`, or random bytes
 // from `random` when given.
 Tensor make_cache(const mx::CacheGeometry& g, int64_t pages, int64_t pad, std::byte fill,
