@@ -639,13 +639,26 @@ const char* contract(const char* op) {
   return it == g.contracts.end() ? nullptr : it->second.c_str();
 }
 
+// The extension's `case_context`: the case whose launches follow, handed to attncheck_bridge
+// (its `invalid()` and `current_case()`), so that adapters ask the op instead of re-coding it.
+int case_context(const char* case_json, char* msg, size_t msg_len) {
+  if (!ready(msg, msg_len)) return ATTNCHECK_HOST_ERROR;
+  Gil gil;
+  Ref r(PyObject_CallMethod(g.host, "set_case", "s", case_json ? case_json : "null"));
+  if (!r) {
+    put(msg, msg_len, who() + ": set_case failed: " + take_error());
+    return ATTNCHECK_HOST_ERROR;
+  }
+  return ATTNCHECK_OK;
+}
+
 attncheck_plugin_v1 g_table = {
     ATTNCHECK_ABI_VERSION, "attncheck-pybridge", ops, device_info, alloc,   release,
     copy_to_device,        copy_to_host,         run, time,        roofline};
 
 // No fill or background work: the harness uploads poison and runs without concurrent kernels.
 const attncheck_plugin_ext_v1 g_extension = {sizeof(attncheck_plugin_ext_v1), nullptr, nullptr,
-                                             contract};
+                                             contract, case_context};
 
 }  // namespace
 
@@ -656,7 +669,8 @@ AC_EXPORT const attncheck_plugin_v1* attncheck_plugin_v1_get(void) {
   return &g_table;
 }
 
-// The optional extension table (kernels_under_test/attncheck_abi.h): the entries' contracts.
+// The optional extension table (kernels_under_test/attncheck_abi.h): the entries' contracts and
+// the case context.
 AC_EXPORT const attncheck_plugin_ext_v1* attncheck_plugin_ext_v1_get(void) {
   return &g_extension;
 }

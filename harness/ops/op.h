@@ -17,6 +17,9 @@
 
 namespace attncheck {
 
+// What an axis holds (the coverage audit and the shrinker order values by it).
+enum class FieldType { integer, real, boolean, text, dtype, choice };
+
 struct Axis {
   std::string name;    // as written in case files: "heads"
   std::string prefix;  // in case ids: "h" -> "h16"; "" prints the value alone ("bf16")
@@ -32,6 +35,7 @@ struct Axis {
   static constexpr double kDefaultBound = 1 << 17;
   double min = -kDefaultBound;
   double max = kDefaultBound;
+  FieldType type = FieldType::integer;  // typed ops (ops/typed_op.h) say; else from the default
 };
 
 class Op {
@@ -63,6 +67,20 @@ class Op {
   }
   // Declared deterministic kernels must repeat bitwise (--repeat).
   virtual bool deterministic() const { return true; }
+  // Why the kernel must refuse the configuration of these (completed) parameters, or nothing:
+  // the op's one answer (typed ops: TypedOp::invalid), for evaluate(), goldens and the bridge.
+  virtual std::optional<std::string> invalid_reason(const Params& params) const {
+    (void)params;
+    return std::nullopt;
+  }
+  // Why these (completed) parameters describe no case at all (a case-file error), or nothing.
+  virtual std::optional<std::string> case_error(const Params& params) const {
+    (void)params;
+    return std::nullopt;
+  }
+
+  // The axes as the ABI's case_context lists them: name, type, default, allowed, min, max.
+  nlohmann::json field_list() const;
 
   // make() with the kernel entry filled in and checked against kernel_entries().
   Problem problem(const Case& c) const;

@@ -17,7 +17,7 @@ import traceback
 from . import Adapter, Refuse, Tensor, Unsupported, kDLCPU, kDLCUDA, kDLROCM
 
 # ABI status codes (kernels_under_test/attncheck_abi.h).
-OK, REFUSED, ERROR, UNKNOWN_OP, NO_DEVICE, HOST_ERROR = 0, 1, 2, 3, 4, 5
+OK, REFUSED, ERROR, UNKNOWN_OP, NO_DEVICE, HOST_ERROR, UNSUPPORTED = 0, 1, 2, 3, 4, 5, 6
 
 TRACEBACK_LINES = 8  # last lines of a traceback kept in a message
 
@@ -232,7 +232,7 @@ def _is_device_error(e: BaseException) -> bool:
 def _classify(adapter: Adapter, spec: str, op: str, e: BaseException):
     """(status, message) for an exception an entry raised."""
     if isinstance(e, Unsupported):
-        return REFUSED, f"unsupported by {adapter.name}: {e.why}"
+        return UNSUPPORTED, f"unsupported by {adapter.name}: {e.why}"
     if isinstance(e, Refuse):
         return REFUSED, str(e.why)
     if adapter.device == "cuda" and _is_device_error(e):
@@ -325,6 +325,13 @@ def _entry(adapter: Adapter, spec: str, op: str):
             UNKNOWN_OP,
         )
     return fn
+
+
+def set_case(case_json: str) -> None:
+    """The ABI's case_context: the case whose launches follow (attncheck_bridge.current_case)."""
+    from . import _set_case
+
+    _set_case(json.loads(case_json))
 
 
 def run(adapter: Adapter, spec: str, op: str, args, params_json: str):
