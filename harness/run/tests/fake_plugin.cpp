@@ -71,6 +71,7 @@ void put(char* dst, size_t n, const std::string& s) {
 }
 
 std::mutex g_mutex;
+Params g_case_params = Params::object();  // the last case context (guarded by g_mutex)
 std::map<std::byte*, size_t> g_allocs;  // base -> bytes
 int g_calls = 0;
 
@@ -213,6 +214,10 @@ int run_impl(const char* op_name, const char* params_json, const attncheck_arg* 
   Problem p;
   p.kernel_params = params;
   p.kernel = op_name;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    p.params = op->bind_any(g_case_params);
+  }
   for (int i = 0; i < n_args; ++i) {
     const DLTensor& t = args[i].tensor;
     const bool raw_bytes =
@@ -487,9 +492,23 @@ const char* contract(const char* op) {
   return name.empty() ? nullptr : name.c_str();
 }
 
-// Neither fill nor background work: only the contract.
+// The case context (the ABI's case_context): the fake rebuilds a problem from the wire, and the
+// op's typed parameters of that problem come from the case's axis values.
+int case_context(const char* case_json, char* msg, size_t msg_len) {
+  try {
+    auto j = nlohmann::json::parse(case_json ? case_json : "null");
+    std::lock_guard<std::mutex> lock(g_mutex);
+    g_case_params = j.is_object() ? j.value("params", Params::object()) : Params::object();
+    return ATTNCHECK_OK;
+  } catch (const std::exception& e) {
+    put(msg, msg_len, std::string("fake library: bad case context: ") + e.what());
+    return ATTNCHECK_HOST_ERROR;
+  }
+}
+
+// Neither fill nor background work: the contract and the case context.
 const attncheck_plugin_ext_v1 kExtension = {sizeof(attncheck_plugin_ext_v1), nullptr, nullptr,
-                                            contract};
+                                            contract, case_context};
 
 }  // namespace
 
