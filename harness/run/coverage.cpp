@@ -28,7 +28,9 @@ std::vector<std::pair<std::string, nlohmann::json>> kernel_attributes(const Prob
   for (const auto& arg : prob.args) {
     const Tensor& t = arg.tensor;
     const std::string& n = arg.name;
-    out.emplace_back(n + ".dtype", std::string(dtype_name(t.dtype())));
+    // fp8 travels as uint8 (docs/abi.md): the format is the fp8_format scalar, not the dtype.
+    out.emplace_back(n + ".dtype", is_fp8(t.dtype()) ? std::string("u8 (fp8)")
+                                                     : std::string(dtype_name(t.dtype())));
     for (int64_t d = 0; d < t.ndim(); ++d)
       out.emplace_back(n + ".shape[" + std::to_string(d) + "]", t.size(d));
     for (int64_t d = 0; d < t.ndim(); ++d)
@@ -152,10 +154,10 @@ std::string mapping_text(const Table& t, size_t det, size_t target, const std::v
   return s;
 }
 
-// The derived flag of scalar `s`, or nothing: a functional dependency on one other attribute,
-// else on a pair of them (with at least two cases per group on average, so that a pair that
-// happens to tell every case apart does not count), else on all other attributes together.
-// Each needs a group of two or more cases (evidence that the value follows the others).
+// The derived flag of scalar `s`, or nothing: equal to another argument in every case, else a
+// functional dependency on one other argument, else on a pair of them, else on all the others
+// together; each dependency with two or more cases per group on average (so that a determinant
+// that happens to tell every case apart does not count).
 std::optional<std::string> derived_detail(const Table& t, size_t s) {
   std::vector<size_t> rows;
   for (size_t r = 0; r < t.cases; ++r)
@@ -172,11 +174,28 @@ std::optional<std::string> derived_detail(const Table& t, size_t s) {
   }
   const auto& target = t.column[s];
   std::ostringstream os;
+  // Evidence that a value follows its determinant, not a coincidence of few cases: the cases
+  // average two or more per group (a determinant that tells every case apart proves nothing).
+  const auto supported = [&](const Dependency& d) {
+    return d.functional && d.largest_group >= 2 && 2 * d.groups <= rows.size();
+  };
+  // The plainest explanation first: an argument it always equals.
+  for (size_t a : candidates) {
+    bool equal = true;
+    for (size_t r : rows)
+      if (t.column[a][r] == 0 || t.values[a][static_cast<size_t>(t.column[a][r] - 1)] !=
+                                     t.values[s][static_cast<size_t>(target[r] - 1)]) {
+        equal = false;
+        break;
+      }
+    if (equal)
+      return "equal to " + t.names[a] + " in all " + std::to_string(rows.size()) + " cases";
+  }
   // Singles: the strongest evidence (fewest groups) first.
   std::vector<std::pair<size_t, size_t>> singles;  // (groups, attribute)
   for (size_t a : candidates) {
     const auto d = dependency<int>(target, rows, [&](size_t r) { return t.column[a][r]; });
-    if (d.functional && d.largest_group >= 2) singles.emplace_back(d.groups, a);
+    if (supported(d)) singles.emplace_back(d.groups, a);
   }
   if (!singles.empty()) {
     std::sort(singles.begin(), singles.end());
@@ -196,8 +215,7 @@ std::optional<std::string> derived_detail(const Table& t, size_t s) {
       const auto d = dependency<int64_t>(target, rows, [&](size_t r) {
         return int64_t{t.column[a][r]} << 32 | static_cast<uint32_t>(t.column[b][r]);
       });
-      if (d.functional && d.largest_group >= 2 && 2 * d.groups <= rows.size())
-        pairs.emplace_back(d.groups, a, b);
+      if (supported(d)) pairs.emplace_back(d.groups, a, b);
     }
   if (!pairs.empty()) {
     std::sort(pairs.begin(), pairs.end());
@@ -212,7 +230,7 @@ std::optional<std::string> derived_detail(const Table& t, size_t s) {
     for (size_t a : candidates) key.push_back(t.column[a][r]);
     return key;
   });
-  if (d.functional && d.largest_group >= 2) {
+  if (supported(d)) {
     os << "a function of the other arguments together: no two of the " << rows.size()
        << " cases that share every other argument (" << d.groups
        << " combinations, up to " << d.largest_group << " cases each) differ in it";
