@@ -178,8 +178,9 @@ std::vector<CoverageAcceptance> parse_coverage(const std::string& path, const to
     a.flag = as_string(path, *flag, w + " flag");
     if (std::find(std::begin(kCoverageFlags), std::end(kCoverageFlags), a.flag) ==
         std::end(kCoverageFlags))
-      fail(path, *flag, w + " flag: unknown flag '" + a.flag +
-                            "' (flags: never-varied, derived, never-extreme)");
+      fail(
+          path, *flag,
+          w + " flag: unknown flag '" + a.flag + "' (flags: never-varied, derived, never-extreme)");
     const toml::node* reason = et.get("reason");
     if (!reason) fail(path, e, w + ": missing 'reason' (an acceptance needs a written reason)");
     a.reason = as_string(path, *reason, w + " reason");
@@ -191,8 +192,9 @@ std::vector<CoverageAcceptance> parse_coverage(const std::string& path, const to
         const auto axes = op.axes();
         if (std::none_of(axes.begin(), axes.end(),
                          [&](const Axis& ax) { return "axis." + ax.name == arg; }))
-          fail(path, e, w + ": '" + arg + "' names no axis of op '" + op.name() +
-                            "' (axes: " + axis_names_of(op) + ")");
+          fail(path, e,
+               w + ": '" + arg + "' names no axis of op '" + op.name() +
+                   "' (axes: " + axis_names_of(op) + ")");
       }
       if (!seen.emplace(arg, a.flag).second)
         fail(path, e, w + ": '" + arg + "' flag '" + a.flag + "' is accepted twice");

@@ -138,7 +138,8 @@ Dependency dependency(const std::vector<int>& target, const std::vector<size_t>&
 }
 
 // The mapping determinant value -> scalar value, for a single determinant (shown in the detail).
-std::string mapping_text(const Table& t, size_t det, size_t target, const std::vector<size_t>& rows) {
+std::string mapping_text(const Table& t, size_t det, size_t target,
+                         const std::vector<size_t>& rows) {
   std::map<int, int> m;
   for (size_t r : rows) m.emplace(t.column[det][r], t.column[target][r]);
   std::string s;
@@ -148,8 +149,9 @@ std::string mapping_text(const Table& t, size_t det, size_t target, const std::v
       s += ", ...";
       break;
     }
-    s += (s.empty() ? "" : ", ") + (k ? value_text(t.values[det][static_cast<size_t>(k - 1)]) : "absent") +
-         " -> " + value_text(t.values[target][static_cast<size_t>(v - 1)]);
+    s += (s.empty() ? "" : ", ") +
+         (k ? value_text(t.values[det][static_cast<size_t>(k - 1)]) : "absent") + " -> " +
+         value_text(t.values[target][static_cast<size_t>(v - 1)]);
   }
   return s;
 }
@@ -199,8 +201,8 @@ std::optional<std::string> derived_detail(const Table& t, size_t s) {
   }
   if (!singles.empty()) {
     std::sort(singles.begin(), singles.end());
-    os << "a function of " << t.names[singles[0].second] << " in all " << rows.size()
-       << " cases (" << mapping_text(t, singles[0].second, s, rows) << ")";
+    os << "a function of " << t.names[singles[0].second] << " in all " << rows.size() << " cases ("
+       << mapping_text(t, singles[0].second, s, rows) << ")";
     if (singles.size() > 1) {
       os << "; also of";
       for (size_t i = 1; i < singles.size() && i < 4; ++i) os << " " << t.names[singles[i].second];
@@ -232,8 +234,8 @@ std::optional<std::string> derived_detail(const Table& t, size_t s) {
   });
   if (supported(d)) {
     os << "a function of the other arguments together: no two of the " << rows.size()
-       << " cases that share every other argument (" << d.groups
-       << " combinations, up to " << d.largest_group << " cases each) differ in it";
+       << " cases that share every other argument (" << d.groups << " combinations, up to "
+       << d.largest_group << " cases each) differ in it";
     return os.str();
   }
   return std::nullopt;
@@ -293,8 +295,8 @@ void flag_argument(const Table& t, size_t a, const Op& op, CoverageArgument& arg
     if (!ext || !arg.min) return;
     std::string missing;
     if (*arg.min > ext->first)
-      missing += "smallest allowed " + number_text(ext->first) + " never audited (tier's smallest " +
-                 number_text(*arg.min) + ")";
+      missing += "smallest allowed " + number_text(ext->first) +
+                 " never audited (tier's smallest " + number_text(*arg.min) + ")";
     if (*arg.max < ext->second)
       missing += std::string(missing.empty() ? "" : "; ") + "largest allowed " +
                  number_text(ext->second) + " never audited (tier's largest " +
@@ -307,16 +309,17 @@ void flag_argument(const Table& t, size_t a, const Op& op, CoverageArgument& arg
     const bool bytes = ends_with(arg.name, ".last_byte");
     const int64_t limit = bytes ? kByteLimit : kElementLimit;
     if (arg.max && *arg.max < static_cast<double>(limit))
-      arg.flags.push_back({"never-extreme",
-                           std::string("largest ") + (bytes ? "byte" : "element") + " offset " +
-                               number_text(*arg.max) + " < " + number_text(static_cast<double>(limit)) +
-                               ": 32-bit " + (bytes ? "byte" : "element") +
-                               " offset arithmetic is never exercised",
-                           "", ""});
+      arg.flags.push_back(
+          {"never-extreme",
+           std::string("largest ") + (bytes ? "byte" : "element") + " offset " +
+               number_text(*arg.max) + " < " + number_text(static_cast<double>(limit)) +
+               ": 32-bit " + (bytes ? "byte" : "element") + " offset arithmetic is never exercised",
+           "", ""});
     return;
   }
   if (arg.distinct == 1) {
-    arg.flags.push_back({"never-varied", "always " + value_text(arg.values[0]) + " " + where, "", ""});
+    arg.flags.push_back(
+        {"never-varied", "always " + value_text(arg.values[0]) + " " + where, "", ""});
     return;
   }
   if (arg.kind == "scalar")
@@ -353,7 +356,7 @@ void judge(OpCoverage& oc, const std::vector<CoverageAcceptance>& accepts,
 }  // namespace
 
 OpCoverage audit_op(const Op& op, const std::vector<Case>& cases,
-                    const std::vector<CoverageAcceptance>& accepts) {
+                    const std::vector<CoverageAcceptance>& accepts, const std::string& tier) {
   OpCoverage oc;
   oc.op = op.name();
   Table t;
@@ -373,9 +376,9 @@ OpCoverage audit_op(const Op& op, const std::vector<Case>& cases,
     t.add_case();
     for (const auto& [k, v] : c.params.items()) t.set("axis." + k, "axis", v);
     for (const auto& [name, value] : kernel_attributes(prob)) {
-      const std::string kind = name == "kernel"                   ? "entry"
+      const std::string kind = name == "kernel"                ? "entry"
                                : name.rfind("params.", 0) == 0 ? "scalar"
-                                                                 : "tensor";
+                                                               : "tensor";
       t.set(name, kind, value);
     }
   }
@@ -386,7 +389,7 @@ OpCoverage audit_op(const Op& op, const std::vector<Case>& cases,
     flag_argument(t, a, op, arg);
     oc.arguments.push_back(std::move(arg));
   }
-  (void)accepts;
+  judge(oc, accepts, tier);
   return oc;
 }
 
@@ -429,13 +432,11 @@ CoverageReport audit_coverage(const std::vector<CaseFile>& files, const Coverage
       continue;
     const auto it = f.tiers.find(options.tier);
     if (it == f.tiers.end()) continue;
-    OpCoverage oc = audit_op(*find_op(f.op), it->second, f.coverage_accepts);
+    OpCoverage oc = audit_op(*find_op(f.op), it->second, f.coverage_accepts, options.tier);
     oc.case_file = f.path;
-    judge(oc, f.coverage_accepts, options.tier);
     report.ops.push_back(std::move(oc));
   }
-  report.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return report;
 }
 
@@ -501,8 +502,7 @@ void print_coverage(const CoverageReport& report, std::ostream& os) {
       os << "\n";
       for (const auto& f : a.flags)
         os << "      " << (f.accepted() ? "accepted " : "FLAG     ") << f.flag << ": " << f.detail
-           << (f.accepted() ? "\n        reason (" + f.accepted_at + "): " + f.reason : "")
-           << "\n";
+           << (f.accepted() ? "\n        reason (" + f.accepted_at + "): " + f.reason : "") << "\n";
     }
     for (const auto& s : o.stale) os << "  STALE " << s << "\n";
     for (const auto& e : o.errors) os << "  ERROR " << e << "\n";
@@ -518,7 +518,8 @@ void print_coverage(const CoverageReport& report, std::ostream& os) {
     for (const auto& o : report.ops)
       for (const auto& a : o.arguments)
         for (const auto& f : a.flags)
-          if (!f.accepted()) os << "  " << o.op << " " << a.name << " " << f.flag << ": " << f.detail << "\n";
+          if (!f.accepted())
+            os << "  " << o.op << " " << a.name << " " << f.flag << ": " << f.detail << "\n";
   }
 }
 

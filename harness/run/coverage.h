@@ -76,9 +76,9 @@ struct CoverageOptions {
 // op.
 CoverageReport audit_coverage(const std::vector<CaseFile>& files, const CoverageOptions& options);
 
-// The audit of one op over `cases` (all of one op), judged against `accepts`.
+// The audit of one op over `cases` (all of one op, from `tier`), judged against `accepts`.
 OpCoverage audit_op(const Op& op, const std::vector<Case>& cases,
-                    const std::vector<CoverageAcceptance>& accepts);
+                    const std::vector<CoverageAcceptance>& accepts, const std::string& tier);
 
 nlohmann::json coverage_json(const CoverageReport& report);
 // Per op: every argument with its values and flags, then the unaccepted flags, stale acceptances

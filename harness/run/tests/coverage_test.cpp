@@ -67,7 +67,7 @@ using Flags = std::vector<std::string>;
 
 TEST(Coverage, FlagsEachKindWhereItMustAndOnlyThere) {
   const ProbeOp op;
-  const auto oc = audit_op(op, probe_cases(op, {1, 2, 3, 4}, {8, 9}, {"a", "b"}), {});
+  const auto oc = audit_op(op, probe_cases(op, {1, 2, 3, 4}, {8, 9}, {"a", "b"}), {}, "quick");
   EXPECT_EQ(oc.cases, 12);  // x = 3 refused: not audited
   EXPECT_EQ(oc.refused, 4);
   EXPECT_EQ(flags_of(oc, "params.fixed"), Flags{"never-varied"});
@@ -97,7 +97,7 @@ TEST(Coverage, FreeScalarIsDerivedWhenTheTierTiesItToAnExtent) {
   const ProbeOp op;
   auto cases = probe_cases(op, {1, 2}, {8}, {"a"});
   for (const auto& c : probe_cases(op, {1, 2}, {9}, {"b"})) cases.push_back(c);
-  const auto oc = audit_op(op, cases, {});
+  const auto oc = audit_op(op, cases, {}, "quick");
   ASSERT_EQ(flags_of(oc, "params.free"), Flags{"derived"});
   EXPECT_NE(arg(oc, "params.free").flags[0].detail.find("t.shape[1]"), std::string::npos);
 }
@@ -110,7 +110,7 @@ TEST(Coverage, LargeOffsetsAreReadFromSparseStoragesWithoutTouchingThem) {
     cases.push_back(op->make_case(
         {{"heads", 16}, {"dims", "96x64"}, {"kv_dtype", "e4m3fn"}, {"offset_log2", log2}}));
   const auto start = std::chrono::steady_clock::now();
-  const auto oc = audit_op(*op, cases, {});
+  const auto oc = audit_op(*op, cases, {}, "quick");
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 10.0);
   EXPECT_EQ(flags_of(oc, "kv_cache.last_element"), Flags{});
   EXPECT_EQ(flags_of(oc, "kv_cache.last_byte"), Flags{});
@@ -121,7 +121,7 @@ TEST(Coverage, LargeOffsetsAreReadFromSparseStoragesWithoutTouchingThem) {
 CoverageReport audit_file(const CaseFile& f) {
   CoverageReport r;
   r.tier = "smoke";
-  r.ops.push_back(audit_op(*find_op(f.op), f.tiers.at("smoke"), f.coverage_accepts));
+  r.ops.push_back(audit_op(*find_op(f.op), f.tiers.at("smoke"), f.coverage_accepts, "smoke"));
   return r;
 }
 
