@@ -99,7 +99,8 @@ typedef struct attncheck_plugin_ext_v1 {
      "type", "default", "allowed", "min", "max"}]}. The harness decides validity once per op
      (docs/verification.md); a library wrapping kernels that do not check their arguments (the
      Python bridge's adapters) uses "invalid" instead of re-coding the op's rules. Called before
-     the launches of every case; the string is valid during the call only. NULL: not wanted. */
+     the launches of every case ("null" for a problem made by hand, with no case); the string is
+     valid during the call only. NULL: not wanted. */
   int (*case_context)(const char* case_json, char* msg, size_t msg_len);
 } attncheck_plugin_ext_v1;
 
