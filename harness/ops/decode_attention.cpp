@@ -63,15 +63,9 @@ struct DecodeAttentionParams {
   int64_t lk() const { return kHeadDims[static_cast<size_t>(lk_lv)].lk; }
   int64_t lv() const { return kHeadDims[static_cast<size_t>(lk_lv)].lv; }
   DType cache_dtype() const {
-    switch (kv_dtype) {
-      case KvDtype::e4m3fn:
-        return DType::e4m3fn;
-      case KvDtype::e4m3fnuz:
-        return DType::e4m3fnuz;
-      case KvDtype::same:
-        break;
-    }
-    return dtype;
+    return kv_dtype == KvDtype::same     ? dtype
+           : kv_dtype == KvDtype::e4m3fn ? DType::e4m3fn
+                                         : DType::e4m3fnuz;
   }
   bool fp8() const { return is_fp8(cache_dtype()); }
   // The caches' standard deviation: fp8 codes span the format like a per-tensor amax scale does.

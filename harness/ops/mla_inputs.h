@@ -66,15 +66,9 @@ struct CommonParams {
   bool special_codes() const { return fp8_codes == Fp8Codes::special; }
   // kv_dtype "auto" = the query dtype (vLLM's cache dtype "auto"), else an fp8 format.
   DType cache_dtype() const {
-    switch (kv_dtype) {
-      case KvDtype::e4m3fn:
-        return DType::e4m3fn;
-      case KvDtype::e4m3fnuz:
-        return DType::e4m3fnuz;
-      case KvDtype::same_as_query:
-        break;
-    }
-    return dtype;
+    return kv_dtype == KvDtype::same_as_query ? dtype
+           : kv_dtype == KvDtype::e4m3fn      ? DType::e4m3fn
+                                              : DType::e4m3fnuz;
   }
   // "lk": 1/sqrt(Lk), what aiter's and vLLM's tests use. "yarn": DeepSeek-V3's production scale,
   // qk_head_dim^-0.5 * mscale^2 with qk_head_dim = 192 and mscale = 0.1 ln(40) + 1 (factor 40,
