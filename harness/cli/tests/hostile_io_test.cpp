@@ -188,12 +188,13 @@ TEST_F(HostileIo, ResultsNeverTruncateAnotherFile) {
 TEST_F(HostileIo, SecondRunIntoTheSameOutIsRefused) {
   const fs::path out = dir("out");
   // The first run hangs in its first kernel launch until it is killed.
-  const std::string first = "ATTNCHECK_FAKE_FAULT=hang " + at() + " run --tier smoke --kernels " +
+  // setsid: its own process group, killed as a whole (workers included) at the end.
+  const std::string first = "ATTNCHECK_FAKE_FAULT=hang setsid " + at() + " run --tier smoke --kernels " +
                             kFake + " --timeout 60 --out " + out.string();
   const Output o = sh(first + " >/dev/null 2>&1 & pid=$!; for i in $(seq 100); do [ -s " +
                       (out / "run.json").string() + " ] && break; sleep 0.1; done; " + at() +
                       " run --tier smoke --out " + out.string() +
-                      " 2>&1; echo status=$?; kill -9 $pid; wait $pid 2>/dev/null; true");
+                      " 2>&1; echo status=$?; kill -9 -$pid; wait $pid 2>/dev/null; true");
   EXPECT_TRUE(has(o.text, "status=2")) << o.text;
   EXPECT_TRUE(has(o.text, "--out '" + out.string() + "' is in use by another attncheck run"))
       << o.text;
