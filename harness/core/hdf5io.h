@@ -99,9 +99,9 @@ class H5File {
   int64_t require_open(const char* what) const;
   void require_writable(const char* what) const;
 
-  std::filesystem::path path_;      // final path
+  std::filesystem::path path_;          // final path
   std::unique_ptr<StagedFile> staged_;  // create(): where the data is written until commit()
-  int64_t file_id_ = -1;            // hid_t
+  int64_t file_id_ = -1;                // hid_t
   bool writable_ = false;
 };
 

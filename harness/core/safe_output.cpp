@@ -111,7 +111,8 @@ DirHandle DirHandle::open(const fs::path& dir, bool create) {
   if (create) {
     std::error_code ec;
     fs::create_directories(d, ec);
-    if (ec) throw std::runtime_error("cannot create directory '" + d.string() + "': " + ec.message());
+    if (ec)
+      throw std::runtime_error("cannot create directory '" + d.string() + "': " + ec.message());
   }
   DirHandle h;
   h.path_ = d;
@@ -145,8 +146,8 @@ bool DirHandle::try_lock_exclusive() {
   while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     if (errno == EINTR) continue;
     if (errno == EWOULDBLOCK) return false;
-    throw std::runtime_error("cannot lock directory '" + path_.string() + "': " +
-                             std::strerror(errno));
+    throw std::runtime_error("cannot lock directory '" + path_.string() +
+                             "': " + std::strerror(errno));
   }
   return true;
 }
@@ -161,7 +162,8 @@ std::string unsafe_kind(const DirHandle& dir, const std::string& name) {
 }
 
 void require_replaceable_at(const DirHandle& dir, const std::string& name) {
-  if (const std::string kind = unsafe_kind(dir, name); !kind.empty()) refuse(dir.path() / name, kind);
+  if (const std::string kind = unsafe_kind(dir, name); !kind.empty())
+    refuse(dir.path() / name, kind);
 }
 
 void write_file_atomic_at(const DirHandle& dir, const std::string& name, std::string_view text) {

@@ -256,8 +256,8 @@ IdRegex::IdRegex(const std::string& pattern, const std::string& what) : pattern_
   auto re = std::make_shared<re2::RE2>(pattern, opt);
   if (!re->ok())
     throw std::invalid_argument(
-        "bad " + what + " regex '" + (pattern.size() > 200 ? pattern.substr(0, 200) + "..." : pattern) +
-        "': " + re->error() +
+        "bad " + what + " regex '" +
+        (pattern.size() > 200 ? pattern.substr(0, 200) + "..." : pattern) + "': " + re->error() +
         " (RE2 syntax, matched in linear time: no backreferences or lookaround, repeat counts "
         "up to 1000)");
   re_ = std::move(re);

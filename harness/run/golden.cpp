@@ -189,8 +189,8 @@ double golden_read_timeout_s() {
 std::string golden_file_verdict(const std::string& dir, const std::string& op) {
   if (std::string why = golden_manifest_problem(dir, op); !why.empty()) return why;
   if (std::string why = probe_golden_file(dir, op); !why.empty())
-    return (fs::path(dir) / (op + ".h5")).string() + ": unreadable (read in a child process): " +
-           why;
+    return (fs::path(dir) / (op + ".h5")).string() +
+           ": unreadable (read in a child process): " + why;
   return "";
 }
 

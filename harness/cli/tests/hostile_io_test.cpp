@@ -103,8 +103,8 @@ TEST_F(HostileIo, LoopingReaderDiesWithItsParent) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     left = std::stoi(sh(count).text);
   }
-  EXPECT_EQ(left, 0) << sh("ps -o pid,ppid,pgid,stat,etime,args -p $(pgrep -d, -f -- '" +
-                           pattern + "') 2>&1")
+  EXPECT_EQ(left, 0) << sh("ps -o pid,ppid,pgid,stat,etime,args -p $(pgrep -d, -f -- '" + pattern +
+                           "') 2>&1")
                             .text;
   sh("pkill -9 -f -- '" + pattern + "'");  // nothing may be left behind for the next test
 }
@@ -126,7 +126,7 @@ TEST_F(HostileIo, WorkerLogRefusesLinksFifosAndDirectories) {
     const Output o = sh("timeout 60 " + at() + " run --tier smoke --out " + out.string());
     EXPECT_EQ(o.status, 2) << kind << ":\n" << o.text;
     EXPECT_TRUE(has(o.text, "refusing to replace '" + log.string() + "'")) << kind << ":\n"
-                                                                          << o.text;
+                                                                           << o.text;
   }
   EXPECT_EQ(read(victim), "precious\n");
 }
@@ -139,8 +139,9 @@ TEST_F(HostileIo, TemporariesAreUnpredictable) {
   std::ofstream(victim) << "precious\n";
   const fs::path out = dir("out");
   fs::create_directories(out);
-  Output o = sh("sh -c 'ln -s " + victim.string() + " " + out.string() + "/run.json.tmp.$$ && exec " +
-                at() + " run --tier smoke --out " + out.string() + "'");
+  Output o =
+      sh("sh -c 'ln -s " + victim.string() + " " + out.string() + "/run.json.tmp.$$ && exec " +
+         at() + " run --tier smoke --out " + out.string() + "'");
   EXPECT_EQ(o.status, 0) << o.text;
   EXPECT_EQ(read(victim), "precious\n");
   EXPECT_TRUE(has(read(out / "run.json"), "\"finished\"")) << read(out / "run.json");
@@ -189,8 +190,9 @@ TEST_F(HostileIo, SecondRunIntoTheSameOutIsRefused) {
   const fs::path out = dir("out");
   // The first run hangs in its first kernel launch until it is killed.
   // setsid: its own process group, killed as a whole (workers included) at the end.
-  const std::string first = "ATTNCHECK_FAKE_FAULT=hang setsid " + at() + " run --tier smoke --kernels " +
-                            kFake + " --timeout 60 --out " + out.string();
+  const std::string first = "ATTNCHECK_FAKE_FAULT=hang setsid " + at() +
+                            " run --tier smoke --kernels " + kFake + " --timeout 60 --out " +
+                            out.string();
   const Output o = sh(first + " >/dev/null 2>&1 & pid=$!; for i in $(seq 100); do [ -s " +
                       (out / "run.json").string() + " ] && break; sleep 0.1; done; " + at() +
                       " run --tier smoke --out " + out.string() +
