@@ -4,6 +4,7 @@
 // They live in core so that the reference, the ops, the runner and the tests share them without
 // depending on each other.
 #pragma once
+#include <any>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -52,8 +53,11 @@ struct Problem {
   Params kernel_params = Params::object();  // scalars for the kernel (JSON object)
   std::string kernel;                       // the kernel entry to launch (Op::make sets it)
   std::string expect_refusal;  // non-empty: invalid configuration, the kernel must refuse (reason)
-  double flops = 0;            // useful work, for bench
-  double bytes = 0;            // minimum bytes moved, for bench
+  std::any params;  // the op's typed parameters (ops/typed_op.h), for reference() and checks()
+  // What the kernel library may learn of the case (the ABI's case_context): set by Op::problem.
+  nlohmann::json case_context;
+  double flops = 0;  // useful work, for bench
+  double bytes = 0;  // minimum bytes moved, for bench
 
   const Tensor& arg(std::string_view name) const;
   Tensor& arg(std::string_view name);

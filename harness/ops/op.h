@@ -2,6 +2,7 @@
 // deterministically from the case id), the reference outputs, and how each output is checked.
 // Adding an op touches reference/, kernels_under_test/, harness/ops/ and cases/ once each.
 #pragma once
+#include <any>
 #include <map>
 #include <memory>
 #include <optional>
@@ -16,6 +17,9 @@
 #include "core/policy.h"
 
 namespace attncheck {
+
+// What an axis holds (the coverage audit and the shrinker order values by it).
+enum class FieldType { integer, real, boolean, text, dtype, choice };
 
 struct Axis {
   std::string name;    // as written in case files: "heads"
@@ -32,6 +36,7 @@ struct Axis {
   static constexpr double kDefaultBound = 1 << 17;
   double min = -kDefaultBound;
   double max = kDefaultBound;
+  FieldType type = FieldType::integer;  // typed ops (ops/typed_op.h) say; else from the default
 };
 
 class Op {
@@ -63,6 +68,25 @@ class Op {
   }
   // Declared deterministic kernels must repeat bitwise (--repeat).
   virtual bool deterministic() const { return true; }
+  // Why the kernel must refuse the configuration of these (completed) parameters, or nothing:
+  // the op's one answer (typed ops: TypedOp::invalid), for evaluate(), goldens and the bridge.
+  virtual std::optional<std::string> invalid_reason(const Params& params) const {
+    (void)params;
+    return std::nullopt;
+  }
+  // The op's typed parameters (Problem::params) bound from axis values; empty for untyped ops.
+  virtual std::any bind_any(const Params& params) const {
+    (void)params;
+    return {};
+  }
+  // Why these (completed) parameters describe no case at all (a case-file error), or nothing.
+  virtual std::optional<std::string> case_error(const Params& params) const {
+    (void)params;
+    return std::nullopt;
+  }
+
+  // The axes as the ABI's case_context lists them: name, type, default, allowed, min, max.
+  nlohmann::json field_list() const;
 
   // make() with the kernel entry filled in and checked against kernel_entries().
   Problem problem(const Case& c) const;

@@ -7,87 +7,114 @@
 
 #include "core/rng.h"
 #include "core/policy.h"
-#include "ops/op.h"
+#include "ops/typed_op.h"
 #include "ops/paged.h"
 #include "reference/page_indices.h"
 
 namespace attncheck {
 namespace {
 
-class PageIndicesOp final : public Op {
+enum class Table { contiguous, strided };
+enum class BlockIds { low, top, over };
+
+struct PageIndicesParams {
+  int64_t block_size = 16;
+  int64_t batch = 4;
+  int64_t max_ctx = 300;
+  Table table = Table::contiguous;
+  int64_t seed = 0;
+  BlockIds block_ids = BlockIds::low;
+};
+
+class PageIndicesOp final : public TypedOp<PageIndicesParams> {
  public:
+  using P = PageIndicesParams;
   std::string name() const override { return "page_indices"; }
-  std::vector<Axis> axes() const override {
-    return {
-        {"block_size", "bs", 16, {1, 16, 64}, "kernel block size K"},
-        {"batch", "b", 4, {}, "requests"},
-        {"max_ctx", "ctx", 300, {}, "longest request; lengths are ragged with block-edge cases"},
-        {"table",
-         "",
-         "contiguous",
-         {"contiguous", "strided"},
-         "strided: row stride wider than the table"},
-        {"seed", "s", 0, {}, "input seed"},
-        {"block_ids",
-         "ids",
-         "low",
-         {"low", "top", "over"},
-         "low: ids below the block pool size; top: the largest id in use is the largest whose "
-         "slots fit int32 (2^31 / K - 1, its last slot up to 2^31 - 1); over: one past it (slots "
-         "past 2^31 - 1: refused, block_size > 1)",
-         false},
-    };
+  Fields<P> fields() const override {
+    return Fields<P>()
+        .add("block_size", "bs", &P::block_size, "kernel block size K")
+        .only({1, 16, 64})
+        .add("batch", "b", &P::batch, "requests")
+        .add("max_ctx", "ctx", &P::max_ctx,
+             "longest request; lengths are ragged with block-edge cases")
+        .choice("table", "", &P::table,
+                {{Table::contiguous, "contiguous"}, {Table::strided, "strided"}},
+                "strided: row stride wider than the table")
+        .add("seed", "s", &P::seed, "input seed")
+        .choice("block_ids", "ids", &P::block_ids,
+                {{BlockIds::low, "low"}, {BlockIds::top, "top"}, {BlockIds::over, "over"}},
+                "low: ids below the block pool size; top: the largest id in use is the largest "
+                "whose slots fit int32 (2^31 / K - 1, its last slot up to 2^31 - 1); over: one "
+                "past it (slots past 2^31 - 1: refused, block_size > 1)")
+        .out_of_id_at_default();
   }
 
-  Problem make(const Case& c) const override {
-    const int64_t K = param_int(c.params, "block_size");
-    const auto layout =
-        paged_layout(c.id, param_int(c.params, "batch"), param_int(c.params, "max_ctx"), K,
-                     param_str(c.params, "table") == "strided", param_int(c.params, "seed"));
-    const std::string ids = param_str(c.params, "block_ids");
-    Problem p;
-    if (ids != "low") {
-      // Move the pool so that its largest id in use is 2^31 / K - 1 (top) or 2^31 / K (over).
-      if (ids == "over" && K == 1)
-        throw std::invalid_argument(c.id +
-                                    ": block_ids = over needs block_size > 1 (an int32 "
-                                    "block id times 1 always fits)");
-      int64_t largest = -1;
-      for (int64_t r = 0; r < layout.seq_lens.size(0); ++r)
-        for (int64_t j = 0; j < (layout.seq_lens.at<int32_t>({r}) + K - 1) / K; ++j)
-          largest = std::max<int64_t>(largest, layout.block_table.at<int32_t>({r, j}));
-      const int64_t target = (int64_t{1} << 31) / K - (ids == "top" ? 1 : 0);
-      if (largest >= 0) shift_block_ids(layout, target - largest);
-      if (ids == "over" && largest >= 0) {
-        for (int64_t r = 0; r < layout.seq_lens.size(0) && p.expect_refusal.empty(); ++r)
-          for (int64_t j = 0; j < (layout.seq_lens.at<int32_t>({r}) + K - 1) / K; ++j)
-            if (layout.block_table.at<int32_t>({r, j}) == target) {
-              p.expect_refusal = ref::page_indices_overflow_message(r, target, K);
-              break;
-            }
-      }
-    }
+  std::optional<std::string> unbuildable(const P& p) const override {
+    if (p.block_ids == BlockIds::over && p.block_size == 1)
+      return "block_ids = over needs block_size > 1 (an int32 block id times 1 always fits)";
+    return std::nullopt;
+  }
+
+  // Invalid exactly when some request's slots pass int32: block_ids = over puts the largest id in
+  // use at 2^31 / K, and every layout has a request that reaches its last block.
+  std::optional<std::string> invalid(const P& p) const override {
+    if (p.block_ids != BlockIds::over) return std::nullopt;
+    const auto layout = layout_of(p, case_id(p));
+    const int64_t target = (int64_t{1} << 31) / p.block_size;
+    for (int64_t r = 0; r < layout.seq_lens.size(0); ++r)
+      for (int64_t j = 0; j < blocks_of(layout, r, p.block_size); ++j)
+        if (layout.block_table.at<int32_t>({r, j}) == target)
+          return ref::page_indices_overflow_message(r, target, p.block_size);
+    return std::nullopt;
+  }
+
+  Problem make(const Case& c, const P& p) const override {
+    const auto layout = layout_of(p, c.id);
     int64_t total = 0;
     for (int64_t r = 0; r < layout.seq_lens.size(0); ++r) total += layout.seq_lens.at<int32_t>({r});
     // The output buffer is longer than the tokens: the tail is outside the view and must stay
     // untouched.
     Tensor out_buf = Tensor::filled_bytes(DType::i32, {total + 37}, std::byte{0xFF});
-    p.args = {{"block_table", layout.block_table, Role::input},
-              {"seq_lens", layout.seq_lens, Role::input},
-              {"cu_seq_lens", ref::cumulative_lengths(layout.seq_lens), Role::input},
-              {"page_indices", out_buf.slice(0, 0, total), Role::output}};
-    p.kernel_params = {{"kernel_block_size", K}};
-    p.bytes = static_cast<double>(total) * 8.0;
-    return p;
+    Problem prob;
+    prob.args = {{"block_table", layout.block_table, Role::input},
+                 {"seq_lens", layout.seq_lens, Role::input},
+                 {"cu_seq_lens", ref::cumulative_lengths(layout.seq_lens), Role::input},
+                 {"page_indices", out_buf.slice(0, 0, total), Role::output}};
+    prob.bytes = static_cast<double>(total) * 8.0;
+    return prob;
   }
 
-  TensorMap reference(const Problem& p) const override {
-    const int64_t K = p.kernel_params.at("kernel_block_size").get<int64_t>();
-    return {{"page_indices", ref::page_indices(p.arg("block_table"), p.arg("seq_lens"), K)}};
+  nlohmann::json kernel_params(const P& p, const Problem&) const override {
+    return {{"kernel_block_size", p.block_size}};
   }
 
-  std::vector<OutputCheck> checks(const Problem&, const TensorMap&) const override {
+  TensorMap reference(const Problem& prob, const P& p) const override {
+    return {{"page_indices",
+             ref::page_indices(prob.arg("block_table"), prob.arg("seq_lens"), p.block_size)}};
+  }
+
+  std::vector<OutputCheck> checks(const Problem&, const P&, const TensorMap&) const override {
     return {{"page_indices", exact_budget("index arithmetic: bitwise"), {}, {}}};
+  }
+
+ private:
+  static int64_t blocks_of(const PagedLayout& layout, int64_t r, int64_t K) {
+    return (layout.seq_lens.at<int32_t>({r}) + K - 1) / K;
+  }
+
+  // The block table and lengths; with block_ids top / over, the pool moved so that its largest
+  // id in use is 2^31 / K - 1 (top) or 2^31 / K (over). `id`, the case id, seeds the layout.
+  static PagedLayout layout_of(const P& p, const std::string& id) {
+    const int64_t K = p.block_size;
+    const auto layout = paged_layout(id, p.batch, p.max_ctx, K, p.table == Table::strided, p.seed);
+    if (p.block_ids == BlockIds::low) return layout;
+    int64_t largest = -1;
+    for (int64_t r = 0; r < layout.seq_lens.size(0); ++r)
+      for (int64_t j = 0; j < blocks_of(layout, r, K); ++j)
+        largest = std::max<int64_t>(largest, layout.block_table.at<int32_t>({r, j}));
+    const int64_t target = (int64_t{1} << 31) / K - (p.block_ids == BlockIds::top ? 1 : 0);
+    if (largest >= 0) shift_block_ids(layout, target - largest);
+    return layout;
   }
 };
 

@@ -236,6 +236,8 @@ std::vector<Case> expand_group(const Op& op, const CaseFile& file, const CaseGro
           return exclude_matches(rule, c.params);
         }))
       continue;
+    if (const auto why = op.case_error(c.params))
+      throw std::invalid_argument(sources[i] + ": " + c.id + ": " + *why);
     c.source = sources[i];
     out.push_back(std::move(c));
   }

@@ -93,35 +93,9 @@ void launch_failed(Result& r, const DeviceOutcome& o, const std::string& launch)
   }
 }
 
-// The bridge reports a kernel that does not serve a configuration as a refusal whose message
-// starts like this (docs/bridge.md); any other refusal of a valid case is a failure.
-bool is_unsupported(const DeviceOutcome& o) {
-  return o.status == ATTNCHECK_REFUSED && o.message.rfind("unsupported by ", 0) == 0;
-}
-
 // The shared-memory poison patterns stress launches cycle through (docs/abi.md): NaN in f32,
 // bf16 and f16 (two kinds), and none at all, which leaves what the previous launch wrote.
 constexpr const char* kStressPoisons[] = {"0x7FFF7FFF", "0xFFFFFFFF", "0x7FC07FC0", "off"};
-
-// Restores an environment variable on scope exit (the stress mode varies the library's switch).
-class EnvRestore {
- public:
-  explicit EnvRestore(const char* name) : name_(name) {
-    if (const char* v = std::getenv(name)) old_ = v;
-  }
-  ~EnvRestore() {
-    if (old_)
-      ::setenv(name_, old_->c_str(), 1);
-    else
-      ::unsetenv(name_);
-  }
-  EnvRestore(const EnvRestore&) = delete;
-  EnvRestore& operator=(const EnvRestore&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
 
 bool all_passed(const std::vector<CheckResult>& checks) {
   return std::all_of(checks.begin(), checks.end(), [](const CheckResult& c) { return c.passed; });
@@ -201,10 +175,9 @@ void stress_launches(Result& r, const Op& op, const Problem& p, const TensorMap&
                               : ", no concurrent work (library)");
   std::string first_failure;
   {
-    EnvRestore restore("ATTNCHECK_SMEM_POISON");
     for (int i = 0; i < launches; ++i) {
-      ::setenv("ATTNCHECK_SMEM_POISON", kStressPoisons[i % 4], 1);
       LaunchConditions when;
+      when.smem_poison = kStressPoisons[i % 4];
       when.flush_l2 = flush && i % 2 == 1;
       when.background_us = background && i % 3 == 2 ? 200 : 0;
       const std::string which = "stress launch " + std::to_string(i + 1) + " (poison " +
@@ -257,7 +230,7 @@ void judge_kernel(Result& r, const Op& op, const Problem& p, ContractJudge& judg
                   const DeviceRunner& device, const RunOptions& opt, CaseArtifacts* artifacts) {
   const auto o = device.run(p);
   r.timings.kernel_ms = o.wall_ms;
-  if (is_unsupported(o)) {
+  if (o.status == ATTNCHECK_UNSUPPORTED) {
     r.mode = Mode::none;
     r.verdict = Verdict::unsupported;
     r.message = o.message;
@@ -354,17 +327,39 @@ void judge_kernel(Result& r, const Op& op, const Problem& p, ContractJudge& judg
   }
 }
 
-// An invalid configuration: the reference must refuse it, and so must the kernel.
-void judge_refusal(Result& r, const Op& op, const Problem& p, const DeviceRunner& device) {
-  try {
-    (void)op.reference(p);
-    r.verdict = Verdict::failed;
-    r.message = "reference accepted an invalid configuration (" + p.expect_refusal + ")";
+// The one refusal branch (both modes): the configuration is invalid by the op's invalid() (asked
+// once, in Op::problem), or the golden records it so. A kernel must refuse it; in reference mode
+// the golden must record it as invalid too. The reference is never asked: it does not decide
+// validity.
+void judge_refusal(Result& r, const Problem& p, const std::optional<GoldenCase>& golden,
+                   const EvalContext& ctx) {
+  std::vector<std::string> problems;
+  if (!ctx.device) {
+    const std::string not_checked = "; kernel not checked: " + ctx.no_kernel_reason;
+    if (!golden) {
+      r.verdict = Verdict::skipped;
+      r.message = "nothing compared: no golden for this case; invalid configuration (" +
+                  p.expect_refusal + ")" + not_checked;
+      return;
+    }
+    r.mode = Mode::reference;
+    r.expected_from = "golden";
+    const std::string digests = digest_difference(golden->input_digests, input_digests(p));
+    if (!digests.empty())
+      problems.push_back("inputs differ from those the golden was computed from (" + digests +
+                         "): the input generator changed; regenerate the golden deliberately");
+    if (p.expect_refusal.empty() != golden->expect_refusal.empty())
+      problems.push_back(p.expect_refusal.empty()
+                             ? "the golden marks this case invalid, the op now accepts it"
+                             : "the op now marks this case invalid, the golden holds outputs");
+    r.verdict = problems.empty() ? Verdict::refused_as_expected : Verdict::failed;
+    r.message = problems.empty() ? "invalid configuration (" + p.expect_refusal +
+                                       "), as the golden records" + not_checked
+                                 : join(problems);
     return;
-  } catch (const InvalidConfig&) {
   }
-  const auto o = device.run(p);
-  if (o.status == ATTNCHECK_REFUSED) {
+  const auto o = ctx.device->run(p);
+  if (o.status == ATTNCHECK_REFUSED || o.status == ATTNCHECK_UNSUPPORTED) {
     r.verdict = o.violations.empty() ? Verdict::refused_as_expected : Verdict::failed;
     r.message = o.violations.empty() ? "refused: " + o.message
                                      : "refused, but wrote: " + join(o.violations);
@@ -398,7 +393,7 @@ void evaluate_kernel(Result& r, const Op& op, const Case& c, const Problem& p,
     return;
   }
   r.mode = Mode::kernel;
-  if (!p.expect_refusal.empty()) return judge_refusal(r, op, p, *ctx.device);
+  if (!p.expect_refusal.empty()) return judge_refusal(r, p, golden, ctx);
 
   auto t0 = Clock::now();
   TensorMap expected;
@@ -433,23 +428,12 @@ void evaluate_reference(Result& r, const Op& op, const Case& c, const Problem& p
           "compare)";
       return;
     }
-    // Reference vs nothing: the reference and its budgets must still run (or the reference
-    // refuse) without error.
+    // Reference vs nothing: the reference and its budgets must still run without error.
     auto t0 = Clock::now();
-    std::string ran = "the reference and its budgets ran without error";
-    try {
-      const TensorMap now = op.reference(p);
-      if (!p.expect_refusal.empty()) {
-        r.verdict = Verdict::failed;
-        r.message = "reference accepted an invalid configuration (" + p.expect_refusal + ")";
-        return;
-      }
-      (void)op.checks(p, now);
-      if (artifacts) artifacts->actual = now;
-    } catch (const InvalidConfig&) {
-      if (p.expect_refusal.empty()) throw;
-      ran = "the reference refused the invalid configuration";
-    }
+    const std::string ran = "the reference and its budgets ran without error";
+    const TensorMap now = op.reference(p);
+    (void)op.checks(p, now);
+    if (artifacts) artifacts->actual = now;
     r.timings.reference_ms = ms_since(t0);
     r.verdict = Verdict::skipped;
     r.message = std::string("nothing compared: no golden for this case") +
@@ -467,22 +451,6 @@ void evaluate_reference(Result& r, const Op& op, const Case& c, const Problem& p
     problems.push_back("inputs differ from those the golden was computed from (" + digests +
                        "): the input generator changed; regenerate the golden deliberately");
   auto t0 = Clock::now();
-  if (!p.expect_refusal.empty() || !golden->expect_refusal.empty()) {
-    if (p.expect_refusal.empty() || golden->expect_refusal.empty())
-      problems.push_back(p.expect_refusal.empty()
-                             ? "the golden marks this case invalid, the op now accepts it"
-                             : "the op now marks this case invalid, the golden holds outputs");
-    try {
-      (void)op.reference(p);
-      problems.push_back("reference accepted an invalid configuration (" + p.expect_refusal + ")");
-    } catch (const InvalidConfig&) {
-    }
-    r.timings.reference_ms = ms_since(t0);
-    r.verdict = problems.empty() ? Verdict::refused_as_expected : Verdict::failed;
-    r.message = problems.empty() ? "reference refused, as the golden records" + not_checked
-                                 : join(problems);
-    return;
-  }
   const TensorMap now = op.reference(p);
   r.timings.reference_ms = ms_since(t0);
   if (artifacts) artifacts->actual = now;
@@ -597,7 +565,9 @@ Result evaluate(const Case& c, const EvalContext& ctx, CaseArtifacts* artifacts)
         return r;
       }
     }
-    if (ctx.device) {
+    if (!ctx.device && (!p.expect_refusal.empty() || (golden && !golden->expect_refusal.empty())))
+      judge_refusal(r, p, golden, ctx);
+    else if (ctx.device) {
       evaluate_kernel(r, *op, c, p, golden, ctx, artifacts);
       if (r.mode == Mode::kernel) apply_known_bug(r, c);
     } else {

@@ -1,0 +1,237 @@
+// An op whose parameters are one typed struct P (llama.cpp's test-backend-ops cases are the model:
+// the struct's fields are the op's axes, and its vars() are the case id and the filter).
+//
+//   fields()          the fields of P: axis name, id prefix, member, help, allowed values or
+//   bounds;
+//                     the default of each axis is the member's value in P{}
+//   bind(case) -> P   the only reader of a case's values
+//   unbuildable(P)    axis combinations that describe no case: an error in the case file
+//   invalid(P)        the configuration's refusal reason, or nothing (PyTorch OpInfo's error
+//                     inputs): decided here once; evaluate(), golden generation and the bridge's
+//                     adapters all ask this, and references never decide validity
+//   make(case, P)     inputs, generated deterministically from the case (also for invalid P: the
+//                     kernel must receive them and refuse)
+//   kernel_params(P, inputs)
+//                     the only writer of the kernel's JSON scalars
+//   reference(prob, P), checks(prob, P, expected)
+//
+// The fields double as the reflection the coverage audit and the shrinker need (Op::axes() and
+// field_types()).
+#pragma once
+#include <any>
+#include <functional>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "core/dtype.h"
+#include "ops/op.h"
+
+namespace attncheck {
+
+// One field of P: its axis, and how it is read from a case's JSON value into P and back.
+template <class P>
+struct Field {
+  Axis axis;
+  FieldType type = FieldType::integer;
+  std::function<void(P&, const nlohmann::json&)> read;
+  std::function<nlohmann::json(const P&)> write;
+};
+
+// The field list of P, built in the op's fields(): each `add` names one member.
+template <class P>
+class Fields {
+ public:
+  // An int64_t, double, bool, std::string or DType member.
+  template <class T>
+  Fields& add(std::string name, std::string prefix, T P::*member, std::string help) {
+    static_assert(std::is_same_v<T, int64_t> || std::is_same_v<T, double> ||
+                      std::is_same_v<T, bool> || std::is_same_v<T, std::string> ||
+                      std::is_same_v<T, DType>,
+                  "a field is an int64_t, double, bool, std::string or DType (or an enum: choice)");
+    Field<P> f;
+    f.type = type_of<T>();
+    f.write = [member](const P& p) -> nlohmann::json {
+      if constexpr (std::is_same_v<T, DType>)
+        return std::string(dtype_name(p.*member));
+      else
+        return p.*member;
+    };
+    f.read = [member, name](P& p, const nlohmann::json& v) {
+      if constexpr (std::is_same_v<T, DType>) {
+        const auto t = parse_dtype(v.get<std::string>());
+        if (!t) throw std::invalid_argument("axis '" + name + "': unknown dtype " + v.dump());
+        p.*member = *t;
+      } else {
+        p.*member = v.get<T>();
+      }
+    };
+    push(std::move(name), std::move(prefix), std::move(f), std::move(help));
+    return *this;
+  }
+
+  // An enum member; its values are the names listed, in this order (the first is not implied to
+  // be the default: P{} says which is).
+  template <class E>
+  Fields& choice(std::string name, std::string prefix, E P::*member,
+                 std::vector<std::pair<E, std::string>> names, std::string help) {
+    static_assert(std::is_enum_v<E>);
+    Field<P> f;
+    f.type = FieldType::choice;
+    f.write = [member, names](const P& p) -> nlohmann::json {
+      for (const auto& [value, text] : names)
+        if (value == p.*member) return text;
+      throw std::logic_error("enum value without a name");
+    };
+    f.read = [member, names, name](P& p, const nlohmann::json& v) {
+      for (const auto& [value, text] : names)
+        if (v == text) {
+          p.*member = value;
+          return;
+        }
+      throw std::invalid_argument("axis '" + name + "': no value " + v.dump());
+    };
+    push(std::move(name), std::move(prefix), std::move(f), std::move(help));
+    for (const auto& [value, text] : names) fields_.back().axis.allowed.emplace_back(text);
+    return *this;
+  }
+
+  // Modifiers of the field added last: the only values a case may give it; bounds of a numeric
+  // field (Axis::min / max); staying out of case ids at its default (Axis::in_id_at_default).
+  Fields& only(std::vector<nlohmann::json> values) {
+    fields_.back().axis.allowed = std::move(values);
+    return *this;
+  }
+  Fields& bounds(double min, double max) {
+    fields_.back().axis.min = min;
+    fields_.back().axis.max = max;
+    return *this;
+  }
+  Fields& out_of_id_at_default() {
+    fields_.back().axis.in_id_at_default = false;
+    return *this;
+  }
+
+  const std::vector<Field<P>>& list() const& { return fields_; }
+  std::vector<Field<P>> list() && { return std::move(fields_); }
+
+ private:
+  template <class T>
+  static constexpr FieldType type_of() {
+    if constexpr (std::is_same_v<T, int64_t>) return FieldType::integer;
+    if constexpr (std::is_same_v<T, double>) return FieldType::real;
+    if constexpr (std::is_same_v<T, bool>) return FieldType::boolean;
+    if constexpr (std::is_same_v<T, DType>) return FieldType::dtype;
+    return FieldType::text;
+  }
+
+  void push(std::string name, std::string prefix, Field<P> f, std::string help) {
+    f.axis.name = std::move(name);
+    f.axis.prefix = std::move(prefix);
+    f.axis.default_value = f.write(P{});
+    f.axis.help = std::move(help);
+    f.axis.type = f.type;
+    fields_.push_back(std::move(f));
+  }
+
+  std::vector<Field<P>> fields_;
+};
+
+template <class P>
+class TypedOp : public Op {
+ public:
+  virtual Fields<P> fields() const = 0;
+  virtual std::optional<std::string> unbuildable(const P&) const { return std::nullopt; }
+  virtual std::optional<std::string> invalid(const P&) const { return std::nullopt; }
+  virtual Problem make(const Case& c, const P& p) const = 0;
+  virtual nlohmann::json kernel_params(const P& p, const Problem& inputs) const = 0;
+  virtual TensorMap reference(const Problem& prob, const P& p) const = 0;
+  virtual std::vector<OutputCheck> checks(const Problem& prob, const P& p,
+                                          const TensorMap& expected) const = 0;
+  // Contract-dependent ops (core/policy.h) derive their budgets for any contract here; checks()
+  // of such an op are those of the default contract.
+  virtual std::vector<OutputCheck> contract_checks(const Problem& prob, const P& p,
+                                                   const TensorMap& expected,
+                                                   const Contract& contract) const {
+    (void)contract;
+    return checks(prob, p, expected);
+  }
+
+  // The only reader of a case's values: fields missing from `params` keep P{}'s defaults.
+  P bind(const attncheck::Params& params) const {
+    P p{};
+    for (const auto& f : fields().list()) {
+      const auto it = params.find(f.axis.name);
+      if (it != params.end()) f.read(p, *it);
+    }
+    return p;
+  }
+  P bind(const Case& c) const { return bind(c.params); }
+  // The inverse of bind: every field's value.
+  attncheck::Params to_params(const P& p) const {
+    attncheck::Params out = attncheck::Params::object();
+    for (const auto& f : fields().list()) out[f.axis.name] = f.write(p);
+    return out;
+  }
+  // The id of the case these parameters describe (inputs are seeded by it).
+  std::string case_id(const P& p) const { return name() + "/" + vars(to_params(p)); }
+
+  // The P a problem was made from (Problem::params).
+  static const P& typed(const Problem& prob) {
+    const P* p = std::any_cast<P>(&prob.params);
+    if (!p) throw std::logic_error("problem was not made by this op (no typed parameters)");
+    return *p;
+  }
+
+  // ---- Op ----
+  std::vector<Axis> axes() const final {
+    std::vector<Axis> out;
+    for (const auto& f : fields().list()) out.push_back(f.axis);
+    return out;
+  }
+  std::optional<std::string> invalid_reason(const attncheck::Params& params) const final {
+    return invalid(bind(params));
+  }
+  std::any bind_any(const attncheck::Params& params) const final { return bind(params); }
+  std::optional<std::string> case_error(const attncheck::Params& params) const final {
+    return unbuildable(bind(params));
+  }
+  Problem make(const Case& c) const final {
+    const P p = bind(c);
+    if (const auto why = unbuildable(p)) throw std::invalid_argument(c.id + ": " + *why);
+    Problem prob = make(c, p);
+    prob.params = p;
+    prob.kernel_params = kernel_params(p, prob);
+    prob.expect_refusal = invalid(p).value_or("");
+    return prob;
+  }
+  TensorMap reference(const Problem& prob) const final { return reference(prob, typed(prob)); }
+  std::vector<OutputCheck> checks(const Problem& prob, const TensorMap& expected) const final {
+    return checks(prob, typed(prob), expected);
+  }
+  std::vector<OutputCheck> contract_checks(const Problem& prob, const TensorMap& expected,
+                                           const Contract& contract) const final {
+    return contract_checks(prob, typed(prob), expected, contract);
+  }
+};
+
+// A contract-dependent typed op: it derives its budgets for any contract in contract_checks(P);
+// its checks() are the default contract's.
+template <class P>
+class ContractDependentTypedOp : public TypedOp<P> {
+ public:
+  bool contract_dependent() const final { return true; }
+  std::vector<OutputCheck> checks(const Problem& prob, const P& p,
+                                  const TensorMap& expected) const final {
+    return this->contract_checks(prob, p, expected, Contract{});
+  }
+  std::vector<OutputCheck> contract_checks(const Problem& prob, const P& p,
+                                           const TensorMap& expected,
+                                           const Contract& contract) const override = 0;
+  using TypedOp<P>::checks;
+  using TypedOp<P>::contract_checks;
+};
+
+}  // namespace attncheck
