@@ -193,6 +193,12 @@ class KvCacheWriteOp final : public TypedOp<KvCacheWriteParams> {
     }
     if (p.heads < 1 || p.head_dim < 1 || p.block_size < 1 || p.tokens <= kTrailingPad)
       return "heads, head_dim, block_size >= 1 and tokens > 3";
+    // The texts ref::make_kv_cache / make_pertoken_cache throw (reference/kv_gather.cpp,
+    // reference/kv_cache_write.cpp), here so that the case error names the case.
+    if (p.strides == ref::KvStrides::packed && p.quant == Quant::per_token)
+      return "the packed (nb, Hkv, P, 2D) cache is an NHD layout";
+    if (p.strides == ref::KvStrides::packed && p.layout == WriteLayout::shuffle)
+      return "the packed (nb, Hkv, P, 2D) cache is an NHD layout, not SHUFFLE";
     return std::nullopt;
   }
 

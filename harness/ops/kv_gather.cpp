@@ -126,6 +126,9 @@ class KvGatherOp final : public TypedOp<KvGatherParams> {
     if (p.offset_log2 != 0 && p.strides != ref::KvStrides::hybrid &&
         p.strides != ref::KvStrides::separate && p.strides != ref::KvStrides::packed)
       return "offset_log2 needs hybrid, separate or packed strides";
+    // ref::make_kv_cache's text (reference/kv_gather.cpp), here so that the error names the case.
+    if (p.strides == ref::KvStrides::packed && p.layout == ref::KvLayout::shuffle)
+      return "the packed (nb, Hkv, P, 2D) cache is an NHD layout, not SHUFFLE";
     return std::nullopt;
   }
 

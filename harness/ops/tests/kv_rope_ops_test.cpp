@@ -8,14 +8,13 @@
 #include <vector>
 
 #include "ops/op.h"
+#include "ops/tests/registered_op.h"
 
 namespace attncheck {
 namespace {
 
 const Op& op(const char* name) {
-  const Op* o = find_op(name);
-  if (!o) throw std::runtime_error(std::string(name) + " not registered");
-  return *o;
+  return registered_op(name);
 }
 
 Problem problem(const char* name, const Params& given) {
@@ -30,7 +29,7 @@ bool same_bits(const Tensor& a, const Tensor& b) {
 }
 
 TEST(KvRopeOps, CaseIdsAtDefaultsAndOutOfIdAxes) {
-  EXPECT_EQ(op("kv_cache_write").make_case({}).id,
+  EXPECT_EQ(op("kv_cache_write").make_case(Params::object()).id,
             "kv_cache_write/nhd-contiguous-kvmodel-bf16-h2-d64-bs16-t24-scattered-contiguous-s0");
   EXPECT_EQ(op("kv_cache_write")
                 .make_case({{"quant", "per_token"},
@@ -41,7 +40,7 @@ TEST(KvRopeOps, CaseIdsAtDefaultsAndOutOfIdAxes) {
                 .id,
             "kv_cache_write/per_token-paged-contiguous-kvint8-f16-h2-d64-bs16-t24-scattered-"
             "contiguous-zero_tiny-s0");
-  EXPECT_EQ(op("kv_gather").make_case({}).id,
+  EXPECT_EQ(op("kv_gather").make_case(Params::object()).id,
             "kv_gather/nhd-contiguous-kvmodel-bf16-h1-d64-bs16-full-sp20-b4-ctx50-contiguous-s0");
   EXPECT_EQ(op("kv_gather")
                 .make_case({{"kv", "e4m3fn"},
@@ -51,7 +50,7 @@ TEST(KvRopeOps, CaseIdsAtDefaultsAndOutOfIdAxes) {
                 .id,
             "kv_gather/nhd-hybrid-kve4m3fn-bf16-h1-d64-bs16-full-sp20-b4-ctx50-contiguous-s0-"
             "fp8special-offlog32");
-  EXPECT_EQ(op("rope").make_case({}).id,
+  EXPECT_EQ(op("rope").make_case(Params::object()).id,
             "rope/neox-front-inplace-bf16-csf32-possmall-h4-hd128-rot64-t8-s0");
   EXPECT_EQ(op("indexer_qk_rope").make_case({{"style", "gptj"}, {"cache", "model"}}).id,
             "indexer_qk_rope/gptj-fast-bf16-csmodel-possmall-h8-t8-s0");
@@ -77,6 +76,15 @@ TEST(KvRopeOps, UnbuildableCombinationsAreCaseErrorsNamingTheCase) {
       {"kv_cache_write",
        {{"quant", "per_token"}, {"layout", "paged"}, {"kv", "e4m3fn"}, {"block_size", 0}},
        "heads, head_dim, block_size >= 1 and tokens > 3"},
+      {"kv_cache_write",
+       {{"layout", "shuffle"}, {"strides", "packed"}},
+       "the packed (nb, Hkv, P, 2D) cache is an NHD layout, not SHUFFLE"},
+      {"kv_cache_write",
+       {{"quant", "per_token"}, {"layout", "paged"}, {"kv", "int8"}, {"strides", "packed"}},
+       "the packed (nb, Hkv, P, 2D) cache is an NHD layout"},
+      {"kv_gather",
+       {{"layout", "shuffle"}, {"strides", "packed"}},
+       "the packed (nb, Hkv, P, 2D) cache is an NHD layout, not SHUFFLE"},
       {"kv_gather",
        {{"context", "chunk"}, {"span", 50}},
        "span must be in [1, max_ctx) for chunked contexts"},
@@ -104,12 +112,12 @@ TEST(KvRopeOps, UnbuildableCombinationsAreCaseErrorsNamingTheCase) {
 
 TEST(KvRopeOps, BuildableCasesAreNeverRefused) {
   const std::vector<std::pair<const char*, Params>> good = {
-      {"kv_cache_write", {}},
+      {"kv_cache_write", Params::object()},
       {"kv_cache_write", {{"quant", "per_token"}, {"layout", "shuffle"}, {"kv", "e4m3fnuz"}}},
       {"kv_gather", {{"kv", "e4m3fn"}, {"fp8_codes", "special"}}},
       {"kv_gather", {{"strides", "separate"}, {"offset_log2", 31}}},
       {"rope", {{"contract", "out_of_place"}}},
-      {"indexer_qk_rope", {}},
+      {"indexer_qk_rope", Params::object()},
   };
   for (const auto& [name, given] : good) {
     const Case c = op(name).make_case(given);
@@ -136,7 +144,7 @@ TEST(KvRopeOps, KernelParamsKeepTheirWireTypes) {
       problem("kv_cache_write", {{"layout", "shuffle"}, {"kv", "e4m3fnuz"}}).kernel_params,
       nlohmann::json(
           {{"kv_cache_layout", "SHUFFLE"}, {"kv_cache_dtype", "fp8"}, {"fp8_format", "e4m3fnuz"}}));
-  EXPECT_EQ(problem("kv_cache_write", {}).kernel_params,
+  EXPECT_EQ(problem("kv_cache_write", Params::object()).kernel_params,
             nlohmann::json({{"kv_cache_layout", "NHD"}, {"kv_cache_dtype", "auto"}}));
 
   const auto gather = problem("kv_gather", {{"kv", "e4m3fn"}});
