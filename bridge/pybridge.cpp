@@ -10,7 +10,9 @@
 // into statuses.
 //
 // Nothing throws across the ABI and nothing prints to stdout: an interpreter this library starts
-// has sys.stdout pointed at stderr (stdout is the worker protocol channel).
+// has sys.stdout pointed at stderr (in a worker both go to the worker log; the protocol channel
+// is private to the worker, run/pool.h). A copy of the process that an adapter forked and that
+// returns from an entry exits at once: the harness must not evaluate one case twice.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <dlfcn.h>
@@ -232,6 +234,7 @@ struct State {
   std::string library = "attncheck-pybridge";
   std::string ops;
   std::map<std::string, std::string> contracts;  // entry -> declared arithmetic contract
+  pid_t pid = 0;                                 // the process that loaded the adapter
 };
 
 std::mutex g_mutex;
@@ -392,6 +395,7 @@ bool ready(char* msg = nullptr, size_t msg_len = 0) {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (!g.loaded) {
     g.loaded = true;
+    g.pid = ::getpid();
     g.spec = env("ATTNCHECK_PY_ADAPTER");
     bool started = false;
     std::string err;
@@ -419,6 +423,12 @@ bool ready(char* msg = nullptr, size_t msg_len = 0) {
     return false;
   }
   return true;
+}
+
+// An entry that called os.fork() returns twice; the child's return ends here, before the harness
+// evaluates (and answers for) the case a second time.
+void exit_if_forked_copy() {
+  if (::getpid() != g.pid) ::_exit(0);
 }
 
 // (status, message) tuple -> status, message to msg. Other shapes are bridge failures.
@@ -588,6 +598,7 @@ int run(const char* op, const char* params_json, const attncheck_arg* args, int 
   }
   Ref r(PyObject_CallMethod(g.host, "run", "OssOs", g.adapter, g.spec.c_str(), op ? op : "",
                             list.get(), params_json ? params_json : "{}"));
+  exit_if_forked_copy();
   return status_of(r.get(), msg, msg_len, "run");
 }
 
@@ -603,6 +614,7 @@ int time(const char* op, const char* params_json, const attncheck_arg* args, int
   }
   Ref r(PyObject_CallMethod(g.host, "time", "OssOsii", g.adapter, g.spec.c_str(), op ? op : "",
                             list.get(), params_json ? params_json : "{}", warmup, iters));
+  exit_if_forked_copy();
   double mean = -1;
   const int status = status_of(r.get(), msg, msg_len, "time", &mean);
   if (ms) *ms = mean;
@@ -627,13 +639,26 @@ const char* contract(const char* op) {
   return it == g.contracts.end() ? nullptr : it->second.c_str();
 }
 
+// The extension's `case_context`: the case whose launches follow, handed to attncheck_bridge
+// (its `invalid()` and `current_case()`), so that adapters ask the op instead of re-coding it.
+int case_context(const char* case_json, char* msg, size_t msg_len) {
+  if (!ready(msg, msg_len)) return ATTNCHECK_HOST_ERROR;
+  Gil gil;
+  Ref r(PyObject_CallMethod(g.host, "set_case", "s", case_json ? case_json : "null"));
+  if (!r) {
+    put(msg, msg_len, who() + ": set_case failed: " + take_error());
+    return ATTNCHECK_HOST_ERROR;
+  }
+  return ATTNCHECK_OK;
+}
+
 attncheck_plugin_v1 g_table = {
     ATTNCHECK_ABI_VERSION, "attncheck-pybridge", ops, device_info, alloc,   release,
     copy_to_device,        copy_to_host,         run, time,        roofline};
 
 // No fill or background work: the harness uploads poison and runs without concurrent kernels.
 const attncheck_plugin_ext_v1 g_extension = {sizeof(attncheck_plugin_ext_v1), nullptr, nullptr,
-                                             contract};
+                                             contract, case_context};
 
 }  // namespace
 
@@ -644,7 +669,8 @@ AC_EXPORT const attncheck_plugin_v1* attncheck_plugin_v1_get(void) {
   return &g_table;
 }
 
-// The optional extension table (kernels_under_test/attncheck_abi.h): the entries' contracts.
+// The optional extension table (kernels_under_test/attncheck_abi.h): the entries' contracts and
+// the case context.
 AC_EXPORT const attncheck_plugin_ext_v1* attncheck_plugin_ext_v1_get(void) {
   return &g_extension;
 }

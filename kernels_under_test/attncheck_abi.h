@@ -94,6 +94,14 @@ typedef struct attncheck_plugin_ext_v1 {
      whose `size` ends before this field: the default. An unknown name makes the entry's cases
      errors. The string must stay valid while the library is loaded. */
   const char* (*contract)(const char* op);
+  /* The case whose launches follow, as a JSON object: {"op", "id", "params": the case's axis
+     values, "invalid": the op's refusal reason for this configuration or null, "fields": [{"name",
+     "type", "default", "allowed", "min", "max"}]}. The harness decides validity once per op
+     (docs/verification.md); a library wrapping kernels that do not check their arguments (the
+     Python bridge's adapters) uses "invalid" instead of re-coding the op's rules. Called before
+     the launches of every case ("null" for a problem made by hand, with no case); the string is
+     valid during the call only. NULL: not wanted. */
+  int (*case_context)(const char* case_json, char* msg, size_t msg_len);
 } attncheck_plugin_ext_v1;
 
 /* Whether `ext` (may be NULL) holds a non-NULL `field`: a library built against an older, shorter

@@ -37,6 +37,8 @@ def _contiguous_1d(x):
 @ADAPTER.entry("page_indices")
 def page_indices(t, p):
     table, lens, cu, out = (_arg(t, n) for n in ("block_table", "seq_lens", "cu_seq_lens", "page_indices"))
+    # The op decides validity (slots past int32, ...): asked, not re-coded.
+    ab.refuse_if_invalid()
     K = int(p.get("kernel_block_size", 0))
     if K < 1:
         raise Refuse(f"kernel_block_size must be >= 1, got {K}")
@@ -67,9 +69,8 @@ def page_indices(t, p):
         row = tab[r, :blocks].astype(np.int64)  # never past the request's last block
         slots = row[tok // K] * K + tok % K
         if slots.max() > np.iinfo(np.int32).max:
-            # the slot is an int32; a wrapped one would address another sequence's page
-            blk = int(row[int(np.argmax(slots)) // K])
-            raise Refuse(f"request {r}: block id {blk} * {K} is past the int32 slot range")
+            # Outside attncheck (no case context): the int32 slot would wrap into another page.
+            raise Unsupported(f"request {r}: slots past int32 (the op refuses such tables)")
         base = int(c[r])
         o[base : base + L] = slots.astype(np.int32)
 

@@ -27,6 +27,9 @@ A plan refuses (Refuse) what attncheck's op contract calls invalid and declines 
 AITER's reason, what AITER cannot serve; outputs that AITER returns in tensors of its own (the MLA
 LSE, the prefill logits) or that vLLM un-pads (fewer than 16 MLA heads) are copied into the
 harness's views, and nothing else is copied.
+
+With ATTNCHECK_AITER_SRC set (and the torch backend), ADAPTER is bridge/adapters/aiter_triton.py's:
+AITER's Triton kernels executed from that source tree, on any torch GPU.
 """
 
 from __future__ import annotations
@@ -1174,3 +1177,10 @@ def _entry(op):
 
 for _op in PLANS:
     ADAPTER.add(_op, _entry(_op))
+
+# With an AITER source tree named (ATTNCHECK_AITER_SRC), this adapter is AITER's Triton kernels run
+# from that tree (bridge/adapters/aiter_triton.py): on any torch GPU, no aiter package needed.
+if os.environ.get("ATTNCHECK_AITER_SRC") and BACKEND == "torch":
+    import aiter_triton
+
+    ADAPTER = aiter_triton.ADAPTER

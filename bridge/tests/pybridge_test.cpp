@@ -250,7 +250,7 @@ TEST(PyBridge, UnsupportedIsARefusalNamedUnsupported) {
   in_child("numpy_reference", [](const attncheck_plugin_v1& api) {
     // A view that does not match the requests' tokens: not an invalid configuration in the docs,
     // just one the adapter does not implement.
-    page_indices_by_hand(api, 13, 4, ATTNCHECK_REFUSED, "unsupported by numpy_reference: ");
+    page_indices_by_hand(api, 13, 4, ATTNCHECK_UNSUPPORTED, "unsupported by numpy_reference: ");
   });
 }
 
@@ -402,7 +402,7 @@ TEST(PyBridge, RaisingEntryIsAHostErrorNamingTheAdapter) {
     EXPECT_EQ(run(api, "exit", "{}", none, &msg), ATTNCHECK_HOST_ERROR);
     EXPECT_TRUE(contains(msg, "SystemExit")) << msg;
     // The bridge is still usable afterwards.
-    EXPECT_EQ(run(api, "unsupported", "{}", none, &msg), ATTNCHECK_REFUSED);
+    EXPECT_EQ(run(api, "unsupported", "{}", none, &msg), ATTNCHECK_UNSUPPORTED);
     EXPECT_EQ(msg, "unsupported by pure_python: this adapter does not implement that");
     EXPECT_EQ(run(api, "refuse", "{}", none, &msg), ATTNCHECK_REFUSED);
     EXPECT_EQ(msg, "kernel_block_size must be >= 1, got 0");

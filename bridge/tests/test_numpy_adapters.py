@@ -78,9 +78,32 @@ def test_page_indices_refuses_a_slot_past_int32_before_writing_that_request():
     assert padded[6:10].tolist() == [2**31 - 4, 2**31 - 3, 2**31 - 2, 2**31 - 1]
     t, p, store, padded = page_problem()
     store[10] = 2**29
-    with pytest.raises(ab.Refuse, match="request 2: block id 536870912 \\* 4 is past the int32"):
+    # Outside attncheck (no case context) the adapter does not serve it ...
+    with pytest.raises(ab.Unsupported, match="request 2: slots past int32"):
         ref.page_indices(t, p)
     assert padded[6:15].tolist() == [-1] * 9
+
+
+def test_page_indices_asks_the_op_whether_the_case_is_invalid():
+    # ... inside attncheck the op's own answer (the ABI's case_context) decides, before any write.
+    t, p, store, padded = page_problem()
+    reason = "request 2: block id 536870912 * 4 = 2147483648 is past the int32 slot range"
+    ab._set_case({"op": "page_indices", "id": "page_indices/x", "params": {}, "invalid": reason,
+                  "fields": []})
+    try:
+        assert ab.invalid() == reason
+        assert ab.current_case()["op"] == "page_indices"
+        with pytest.raises(ab.Refuse) as refused:
+            ref.page_indices(t, p)
+        assert refused.value.why == reason
+        assert padded.tolist() == [-1] * len(padded)
+        ab._set_case(dict(ab.current_case(), invalid=None))
+        t, p, store, padded = page_problem()
+        ref.page_indices(t, p)  # a valid case runs
+        assert padded[1:15].tolist() == EXPECTED
+    finally:
+        ab._set_case(None)
+    assert ab.invalid() is None
 
 
 # ------------------------------------------------------------------------------------------------

@@ -93,7 +93,7 @@ def _args(arrays):
 
 def test_run_classifies_exceptions():
     a = _host.load_adapter("pure_python")
-    assert _host.run(a, "pp", "unsupported", [], "{}") == (_host.REFUSED, "unsupported by pure_python: this adapter does not implement that")
+    assert _host.run(a, "pp", "unsupported", [], "{}") == (_host.UNSUPPORTED, "unsupported by pure_python: this adapter does not implement that")
     assert _host.run(a, "pp", "refuse", [], "{}") == (_host.REFUSED, "kernel_block_size must be >= 1, got 0")
     status, msg = _host.run(a, "pp", "raise", [], "{}")
     assert status == _host.HOST_ERROR == 5

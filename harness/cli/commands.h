@@ -37,8 +37,10 @@ struct RunArgs {
   bool in_process = false;
   bool allow_missing_goldens = false;
   bool no_smem_poison = false;
-  int stress = 0;         // --stress N: N more launches per case under varying conditions
-  std::string sanitizer;  // --sanitizer TOOL: workers under compute-sanitizer
+  int stress = 0;                 // --stress N: N more launches per case under varying conditions
+  std::string sanitizer;          // --sanitizer TOOL: workers under compute-sanitizer
+  double import_timeout_s = 120;  // --import-timeout: loading the kernel library or adapter
+  std::string worker_memory;      // --worker-memory: "" = the default (run_command.cpp)
 };
 
 struct ReproArgs {
@@ -73,6 +75,7 @@ struct WorkerArgs {
   int repeat = 2;
   bool allow_missing_goldens = false;
   int stress = 0;
+  double import_timeout_s = 120;
 };
 
 struct KernelsArgs {

@@ -118,6 +118,15 @@ int main(int argc, char** argv) {
   run_cmd->add_flag("--no-smem-poison", run.no_smem_poison,
                     "do not fill shared memory / LDS with NaN before each launch "
                     "(ATTNCHECK_SMEM_POISON=off; docs/abi.md)");
+  run_cmd
+      ->add_option("--import-timeout", run.import_timeout_s,
+                   "seconds to load the kernel library (a Python adapter's import) and its "
+                   "device; past it the run stops naming the adapter")
+      ->check(finite_in(0.1, 7 * 24 * 3600.0))
+      ->capture_default_str();
+  run_cmd->add_option("--worker-memory", run.worker_memory,
+                      "resident memory per worker with every process it started, e.g. 8G; "
+                      "over it the case fails [3/4 of RAM / --jobs, at least 2G; 0: none]");
   run_cmd->add_flag("--in-process", run.in_process,
                     "no worker processes (for a debugger; a crash ends the run)");
 
@@ -178,6 +187,7 @@ int main(int argc, char** argv) {
   worker_cmd->add_option("--repro-dir", worker.repro_dir);
   worker_cmd->add_option("--repro-extra", worker.repro_extra);
   worker_cmd->add_flag("--allow-missing-goldens", worker.allow_missing_goldens);
+  worker_cmd->add_option("--import-timeout", worker.import_timeout_s);
 
   KernelsArgs kernels;
   kernels.kernels = env_or("ATTNCHECK_KERNELS", "");

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -34,8 +35,7 @@ std::string path_flags(const Paths& p) {
 }
 
 int cmd_worker(const Paths& p, const WorkerArgs& a) {
-  WorkerConfig cfg;
-  cfg.cases_dir = p.cases;
+  WorkerConfig cfg;  // no cases_dir: each request carries its whole Case
   cfg.golden_dir = p.golden;
   cfg.kernels = a.kernels;
   cfg.arch = a.arch;
@@ -44,6 +44,7 @@ int cmd_worker(const Paths& p, const WorkerArgs& a) {
   cfg.repro_dir = a.repro_dir;
   cfg.repro_extra = a.repro_extra;
   cfg.allow_missing_goldens = a.allow_missing_goldens;
+  cfg.import_timeout_s = a.import_timeout_s;
   return worker_main(cfg);
 }
 
@@ -81,31 +82,67 @@ std::string sanitize_workers(WorkerSpec& spec, const RunArgs& a) {
   spec.wrapper = {tool_path, "--tool", a.sanitizer, "--log-file", log, "--print-limit", "100"};
   spec.one_case_per_worker = true;
   spec.case_timeout_s *= 20;
-  spec.start_timeout_s *= 5;
   std::cout << "  workers under " << tool_path << " --tool " << a.sanitizer << " (reports: " << log
             << ")\n";
   return log;
 }
 
 // --stress: per case the nondeterminism rate (launches differing bitwise from the first).
-void print_stress_summary(const std::vector<nlohmann::json>& results, int stress) {
+void print_stress_summary(const std::vector<Result>& results, int stress) {
   if (stress <= 0) return;
   int cases = 0, nondeterministic = 0;
   std::ostringstream lines;
-  for (const auto& j : results) {
-    if (!j.contains("stress")) continue;
+  for (const auto& r : results) {
+    if (!r.stress) continue;
     ++cases;
-    const auto& st = j.at("stress");
-    if (st.value("differing", 0) == 0 && st.value("failed", 0) == 0) continue;
+    const StressStats& st = *r.stress;
+    if (st.differing == 0 && st.failed == 0) continue;
     ++nondeterministic;
-    lines << "  " << j.value("id", "") << ": " << st.value("differing", 0) << " of "
-          << st.value("launches", 0) << " launches differ (rate " << std::setprecision(3)
-          << st.value("nondeterminism_rate", 0.0) << "), " << st.value("failed", 0)
+    lines << "  " << r.id << ": " << st.differing << " of " << st.launches
+          << " launches differ (rate " << std::setprecision(3) << st.rate() << "), " << st.failed
           << " fail the checks\n";
   }
   std::cout << "stress: " << cases << " case(s) x " << stress << " launches; " << nondeterministic
             << " with differing or failing launches\n"
             << lines.str();
+}
+
+// --worker-memory: "0" or "none" (no limit), bytes with an optional K/M/G/T suffix (powers of
+// 1024), or "" for the default: three quarters of the machine's memory shared by the workers, at
+// least 2 GiB each. Throws std::invalid_argument.
+uint64_t worker_memory_limit(const std::string& text, int jobs) {
+  if (text.empty()) {
+    const auto pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+    const uint64_t total = pages > 0 && page > 0
+                               ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page)
+                               : uint64_t{16} << 30;
+    return std::max<uint64_t>(total / 4 * 3 / static_cast<uint64_t>(std::max(jobs, 1)),
+                              uint64_t{2} << 30);
+  }
+  if (text == "0" || text == "none") return 0;
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  std::string unit = text.substr(used);
+  if (!unit.empty() && (unit.back() == 'B' || unit.back() == 'b')) unit.pop_back();
+  if (unit.size() == 2 && (unit[1] == 'i' || unit[1] == 'I')) unit.pop_back();
+  const std::string units = "KMGT";
+  const auto u =
+      unit.empty()
+          ? std::string::npos
+          : units.find(static_cast<char>(std::toupper(static_cast<unsigned char>(unit[0]))));
+  if (used == 0 || !(v > 0) || unit.size() > 1 || (!unit.empty() && u == std::string::npos))
+    throw std::invalid_argument("--worker-memory '" + text +
+                                "': expected a size such as 4G or 512M, or 0 / none for no limit");
+  const double bytes = v * std::pow(1024.0, unit.empty() ? 0.0 : static_cast<double>(u + 1));
+  if (bytes < double(uint64_t{64} << 20) || bytes > 1e18)
+    throw std::invalid_argument("--worker-memory '" + text +
+                                "': out of range (at least 64M; 0 or none for no limit)");
+  return static_cast<uint64_t>(bytes);
 }
 
 std::string first_line(const std::string& s, size_t max = 400) {
@@ -239,7 +276,7 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
       return 2;
     }
   }
-  std::vector<nlohmann::json> results(cases.size());
+  std::vector<Result> results(cases.size());
   Summary summary;
   Progress progress(cases.size());
   std::optional<nlohmann::json> hello;
@@ -262,32 +299,33 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
   };
   auto record = [&](size_t i, const Result& r) {
     summary.add(r);
-    nlohmann::json j = r.to_json();
-    if (jsonl) jsonl->append(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+    if (jsonl)
+      jsonl->append(r.to_json().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
     if (r.failing()) {
       progress.clear();
       std::cout << (r.verdict == Verdict::error ? "ERROR " : "FAIL  ") << r.id << "\n      "
                 << first_line(r.message) << "\n      repro: " << r.repro << "\n"
                 << std::flush;
     }
-    results[i] = std::move(j);
+    results[i] = r;
     progress.update(++done, summary.failures, cases[i].id);
   };
 
   if (a.in_process) {
-    WorkerConfig cfg{paths.cases, paths.golden,      kernels,  a.arch,
-                     repro_dir,   path_flags(paths), a.repeat, a.allow_missing_goldens,
-                     a.stress};
+    WorkerConfig cfg{"",        paths.golden,      kernels,  a.arch,
+                     repro_dir, path_flags(paths), a.repeat, a.allow_missing_goldens,
+                     a.stress,  a.import_timeout_s};
     std::unique_ptr<CaseContext> ctx;
     try {
-      ctx = make_context(cfg);
+      ctx = make_context_within_limit(
+          cfg, [](const std::string& why) { std::cerr << "attncheck: " << why << std::endl; });
     } catch (const std::exception& e) {
       std::cerr << "attncheck: " << e.what() << "\n";
       return 2;
     }
     announce(context_hello(*ctx));
     try {
-      for (size_t i = 0; i < cases.size(); ++i) record(i, run_case_id(*ctx, cases[i].id));
+      for (size_t i = 0; i < cases.size(); ++i) record(i, run_case(*ctx, cases[i]));
     } catch (const std::exception& e) {  // a results file that cannot be written
       progress.clear();
       std::cerr << "attncheck: " << e.what() << "\n";
@@ -297,14 +335,14 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
     WorkerSpec spec;
     spec.jobs = a.jobs;
     spec.case_timeout_s = a.timeout_s;
-    spec.start_timeout_s = std::max(120.0, a.timeout_s);
+    try {
+      spec.memory_limit = worker_memory_limit(a.worker_memory, a.jobs);
+    } catch (const std::invalid_argument& e) {
+      std::cerr << "attncheck: " << e.what() << "\n";
+      return 2;
+    }
     if (!a.out.empty()) spec.log_path = (fs::path(a.out) / "worker.log").string();
-    spec.args = {"--cases",
-                 fs::absolute(paths.cases).string(),
-                 "--golden",
-                 fs::absolute(paths.golden).string(),
-                 "worker",
-                 "--repeat",
+    spec.args = {"--golden", fs::absolute(paths.golden).string(), "worker", "--repeat",
                  std::to_string(a.repeat)};
     if (!kernels.empty()) spec.args.insert(spec.args.end(), {"--kernels", kernels});
     if (!a.arch.empty()) spec.args.insert(spec.args.end(), {"--arch", a.arch});
@@ -322,8 +360,13 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
         return 2;
       }
     }
-    std::vector<std::string> ids;
-    for (const auto& c : cases) ids.push_back(c.id);
+    // The worker enforces the import limit itself and names what hung; the pool's start limit is
+    // the backstop (a sanitizer slows everything, the import included).
+    const double import_limit = a.import_timeout_s * (a.sanitizer.empty() ? 1.0 : 5.0);
+    spec.args.insert(spec.args.end(), {"--import-timeout", std::to_string(import_limit)});
+    spec.start_timeout_s = import_limit > 0 ? import_limit + 60 : 7 * 24 * 3600.0;
+    std::vector<PoolTask> tasks;
+    for (const auto& c : cases) tasks.push_back({c.id, case_to_json(c)});
     RunOptions lost_opt;
     lost_opt.kernels_path = kernels;
     lost_opt.repro_extra = path_flags(paths);
@@ -362,7 +405,7 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
       record(i, lost_case_result(cases[i], mode, lost_opt, what));
     };
     try {
-      run_in_workers(spec, ids, cb);
+      run_in_workers(spec, tasks, cb);
     } catch (const std::exception& e) {
       progress.clear();
       std::cerr << "attncheck: " << e.what() << "\n";
@@ -380,18 +423,17 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
               << (hello ? hello->value("no_device", "") : "") << ")\n";
   if (summary.failures > 0) {
     std::cout << "\n" << summary.failures << " failing case(s); rerun one with:\n";
-    for (const auto& j : results)
-      if (j.value("failing", false)) std::cout << "  " << j.value("repro", "") << "\n";
+    for (const auto& r : results)
+      if (r.failing()) std::cout << "  " << r.repro << "\n";
   }
   if (summary.compared == 0)
     std::cout << "\nNOTHING COMPARED: no case compared a kernel output or a golden\n";
   // Never a silently looser default: passes that needed the kernel's declared contract are
   // counted per contract (each result names it; docs/verification.md "Arithmetic contracts").
   std::map<std::string, int64_t> under_contract;
-  for (const auto& j : results)
-    if (j.is_object() && j.value("verdict", "") == "passed" &&
-        j.value("contract", std::string(kDefaultContractName)) != kDefaultContractName)
-      ++under_contract[j.value("contract", "")];
+  for (const auto& r : results)
+    if (r.verdict == Verdict::passed && !r.contract.empty() && r.contract != kDefaultContractName)
+      ++under_contract[r.contract];
   if (!under_contract.empty()) {
     std::cout << "\npassed only under the kernel's declared arithmetic contract (the default "
               << kDefaultContractName << " budgets fail):\n";
@@ -406,7 +448,9 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
     try {
       write_file_atomic((out / "run.json").string(),
                         run_json(hello, &summary, wall_s).dump(2) + "\n");
-      write_file_atomic((out / "junit.xml").string(), junit_xml(results, "attncheck " + a.tier));
+      std::vector<nlohmann::json> records;  // junit_xml reads the records results.jsonl holds
+      for (const auto& r : results) records.push_back(r.to_json());
+      write_file_atomic((out / "junit.xml").string(), junit_xml(records, "attncheck " + a.tier));
     } catch (const std::exception& e) {
       std::cerr << "attncheck: " << e.what() << "\n";
       return 2;

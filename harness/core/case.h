@@ -53,7 +53,9 @@ struct Problem {
   Params kernel_params = Params::object();  // scalars for the kernel (JSON object)
   std::string kernel;                       // the kernel entry to launch (Op::make sets it)
   std::string expect_refusal;  // non-empty: invalid configuration, the kernel must refuse (reason)
-  std::any params;   // the op's typed parameters (ops/typed_op.h), for reference() and checks()
+  std::any params;  // the op's typed parameters (ops/typed_op.h), for reference() and checks()
+  // What the kernel library may learn of the case (the ABI's case_context): set by Op::problem.
+  nlohmann::json case_context;
   double flops = 0;  // useful work, for bench
   double bytes = 0;  // minimum bytes moved, for bench
 

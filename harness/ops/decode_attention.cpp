@@ -30,7 +30,7 @@ double to_f32(double v) {
 }
 
 // Why the kernel must refuse this configuration ("" when valid).
-std::string invalid_reason(int64_t hq, int64_t hkv, int64_t lk, int64_t lv, bool is_mla) {
+std::string config_refusal(int64_t hq, int64_t hkv, int64_t lk, int64_t lv, bool is_mla) {
   if (hkv < 1 || hq % hkv != 0)
     return "heads " + std::to_string(hq) + " is not a multiple of kv_heads " + std::to_string(hkv);
   if (is_mla && lv >= lk)
@@ -165,7 +165,7 @@ class DecodeAttentionOp final : public ContractDependentOp {
       throw std::invalid_argument("decode_attention: offset_log2 needs the contiguous layout");
 
     Problem prob;
-    prob.expect_refusal = invalid_reason(hq, hkv, lk, lv, mla);
+    prob.expect_refusal = config_refusal(hq, hkv, lk, lv, mla);
     const auto pl = paged_layout(c.id, B, param_int(p, "max_ctx"), P, layout == "strided", seed,
                                  /*min_len=*/1);  // L = 0 is undefined upstream (0 / 0)
     // Large offsets: the pages in use are ids [first_page, first_page + num_blocks), the first
@@ -259,7 +259,7 @@ class DecodeAttentionOp final : public ContractDependentOp {
 
   TensorMap reference(const Problem& p) const override {
     const Tensor &q = p.arg("q"), &k = p.arg("k_buffer"), &v = p.arg("v_buffer");
-    const std::string why = invalid_reason(q.size(1), k.size(-2), q.size(2), v.size(-1),
+    const std::string why = config_refusal(q.size(1), k.size(-2), q.size(2), v.size(-1),
                                            p.kernel_params.at("is_mla").get<bool>());
     if (!why.empty()) throw InvalidConfig(why);
     auto r = ref::decode_attention(inputs_of(p));

@@ -37,8 +37,46 @@ std::vector<const Op*> all_ops() {
   return v;
 }
 
+namespace {
+const char* field_type_name(FieldType t) {
+  switch (t) {
+    case FieldType::integer:
+      return "integer";
+    case FieldType::real:
+      return "real";
+    case FieldType::boolean:
+      return "boolean";
+    case FieldType::text:
+      return "text";
+    case FieldType::dtype:
+      return "dtype";
+    case FieldType::choice:
+      return "choice";
+  }
+  return "integer";
+}
+}  // namespace
+
+nlohmann::json Op::field_list() const {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& a : axes())
+    out.push_back({{"name", a.name},
+                   {"type", field_type_name(a.type)},
+                   {"default", a.default_value},
+                   {"allowed", a.allowed},
+                   {"min", a.min},
+                   {"max", a.max}});
+  return out;
+}
+
 Problem Op::problem(const Case& c) const {
   Problem p = make(c);
+  p.case_context = {
+      {"op", name()},
+      {"id", c.id},
+      {"params", c.params},
+      {"invalid", p.expect_refusal.empty() ? nlohmann::json() : nlohmann::json(p.expect_refusal)},
+      {"fields", field_list()}};
   if (p.kernel.empty()) p.kernel = name();
   const auto entries = kernel_entries();
   if (std::find(entries.begin(), entries.end(), p.kernel) == entries.end())

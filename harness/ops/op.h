@@ -2,6 +2,7 @@
 // deterministically from the case id), the reference outputs, and how each output is checked.
 // Adding an op touches reference/, kernels_under_test/, harness/ops/ and cases/ once each.
 #pragma once
+#include <any>
 #include <map>
 #include <memory>
 #include <optional>
@@ -73,11 +74,19 @@ class Op {
     (void)params;
     return std::nullopt;
   }
+  // The op's typed parameters (Problem::params) bound from axis values; empty for untyped ops.
+  virtual std::any bind_any(const Params& params) const {
+    (void)params;
+    return {};
+  }
   // Why these (completed) parameters describe no case at all (a case-file error), or nothing.
   virtual std::optional<std::string> case_error(const Params& params) const {
     (void)params;
     return std::nullopt;
   }
+
+  // The axes as the ABI's case_context lists them: name, type, default, allowed, min, max.
+  nlohmann::json field_list() const;
 
   // make() with the kernel entry filled in and checked against kernel_entries().
   Problem problem(const Case& c) const;

@@ -194,6 +194,7 @@ class TypedOp : public Op {
   std::optional<std::string> invalid_reason(const attncheck::Params& params) const final {
     return invalid(bind(params));
   }
+  std::any bind_any(const attncheck::Params& params) const final { return bind(params); }
   std::optional<std::string> case_error(const attncheck::Params& params) const final {
     return unbuildable(bind(params));
   }

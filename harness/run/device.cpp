@@ -338,6 +338,41 @@ DeviceOutcome DeviceRunner::run(const Problem& p, const LaunchConditions& when) 
   }
 }
 
+namespace {
+// The ABI's case_context, when the library wants it: false (msg filled) when it fails.
+bool send_case_context(const KernelLibrary& lib, const Problem& p, char* msg) {
+  // A problem made by hand (tests) has none: "null" then, so no earlier case's context lingers.
+  if (!ATTNCHECK_EXT_HAS(lib.extension(), case_context)) return true;
+  const std::string context = p.case_context.dump();
+  return lib.extension()->case_context(context.c_str(), msg, kMsg) == ATTNCHECK_OK;
+}
+
+// The library reads $ATTNCHECK_SMEM_POISON at every launch (docs/abi.md): a launch's own setting
+// holds for that launch only.
+class SmemPoisonFor {
+ public:
+  explicit SmemPoisonFor(const std::string& value) : set_(!value.empty()) {
+    if (!set_) return;
+    if (const char* v = std::getenv(kName)) old_ = v;
+    ::setenv(kName, value.c_str(), 1);
+  }
+  ~SmemPoisonFor() {
+    if (!set_) return;
+    if (old_)
+      ::setenv(kName, old_->c_str(), 1);
+    else
+      ::unsetenv(kName);
+  }
+  SmemPoisonFor(const SmemPoisonFor&) = delete;
+  SmemPoisonFor& operator=(const SmemPoisonFor&) = delete;
+
+ private:
+  static constexpr const char* kName = "ATTNCHECK_SMEM_POISON";
+  bool set_;
+  std::optional<std::string> old_;
+};
+}  // namespace
+
 DeviceOutcome DeviceRunner::run_unguarded(const Problem& p, const LaunchConditions& when) const {
   const auto& api = lib_.api();
   DeviceOutcome out;
@@ -348,6 +383,12 @@ DeviceOutcome DeviceRunner::run_unguarded(const Problem& p, const LaunchConditio
   const std::string params = p.kernel_params.dump();
   const std::string kernel = p.kernel;
   char msg[kMsg] = {0};
+  if (!send_case_context(lib_, p, msg)) {
+    out.status = ATTNCHECK_HOST_ERROR;
+    out.message = std::string("the library did not take the case context: ") + msg;
+    return out;
+  }
+  const SmemPoisonFor poison(when.smem_poison);
   const auto t0 = std::chrono::steady_clock::now();
   out.status = api.run(kernel.c_str(), params.c_str(), m.args.data(),
                        static_cast<int>(m.args.size()), msg, kMsg);
@@ -430,6 +471,10 @@ double DeviceRunner::time(const Problem& p, int warmup, int iters, std::string* 
   const std::string params = p.kernel_params.dump();
   char msg[kMsg] = {0};
   double ms = -1;
+  if (!send_case_context(lib_, p, msg)) {
+    if (err) *err = std::string("the library did not take the case context: ") + msg;
+    return -1;
+  }
   if (api.time(p.kernel.c_str(), params.c_str(), m.args.data(), static_cast<int>(m.args.size()),
                warmup, iters, &ms, msg, kMsg) != ATTNCHECK_OK) {
     if (err) *err = msg;

@@ -63,6 +63,9 @@ struct LaunchConditions {
   bool flush_l2 = false;       // overwrite a 512 MiB scratch buffer between the uploads and the
                                // launch, so the kernel starts with its inputs evicted from L2
   uint32_t background_us = 0;  // concurrent work on another stream during the launch
+  // The shared-memory poison the library applies in this launch ($ATTNCHECK_SMEM_POISON's
+  // values, docs/abi.md: "0x7FFF7FFF", "off", ...); empty: the run's setting.
+  std::string smem_poison;
 };
 
 class DeviceRunner {

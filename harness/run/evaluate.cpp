@@ -97,26 +97,6 @@ void launch_failed(Result& r, const DeviceOutcome& o, const std::string& launch)
 // bf16 and f16 (two kinds), and none at all, which leaves what the previous launch wrote.
 constexpr const char* kStressPoisons[] = {"0x7FFF7FFF", "0xFFFFFFFF", "0x7FC07FC0", "off"};
 
-// Restores an environment variable on scope exit (the stress mode varies the library's switch).
-class EnvRestore {
- public:
-  explicit EnvRestore(const char* name) : name_(name) {
-    if (const char* v = std::getenv(name)) old_ = v;
-  }
-  ~EnvRestore() {
-    if (old_)
-      ::setenv(name_, old_->c_str(), 1);
-    else
-      ::unsetenv(name_);
-  }
-  EnvRestore(const EnvRestore&) = delete;
-  EnvRestore& operator=(const EnvRestore&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
-
 bool all_passed(const std::vector<CheckResult>& checks) {
   return std::all_of(checks.begin(), checks.end(), [](const CheckResult& c) { return c.passed; });
 }
@@ -195,10 +175,9 @@ void stress_launches(Result& r, const Op& op, const Problem& p, const TensorMap&
                               : ", no concurrent work (library)");
   std::string first_failure;
   {
-    EnvRestore restore("ATTNCHECK_SMEM_POISON");
     for (int i = 0; i < launches; ++i) {
-      ::setenv("ATTNCHECK_SMEM_POISON", kStressPoisons[i % 4], 1);
       LaunchConditions when;
+      when.smem_poison = kStressPoisons[i % 4];
       when.flush_l2 = flush && i % 2 == 1;
       when.background_us = background && i % 3 == 2 ? 200 : 0;
       const std::string which = "stress launch " + std::to_string(i + 1) + " (poison " +

@@ -1,16 +1,22 @@
 #include "pool.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <sstream>
 #include <stdexcept>
 
 namespace attncheck {
@@ -19,24 +25,32 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr size_t kTailBytes = 4096;
+// Each check reads /proc/<pid>/stat of every process (a few ms on a busy host).
+constexpr auto kMemoryCheckEvery = std::chrono::milliseconds(250);
 
 struct Worker {
-  pid_t pid = -1;
+  pid_t pid = -1;  // also its process group
   int in = -1, out = -1, err = -1;
   std::string out_buf, err_tail;
   bool ready = false;
   bool out_eof = false;
   bool retiring = false;  // said it exits after its last result: gets no further case
-  long busy = -1;         // case index being run
+  long busy = -1;         // task index being run
+  uint64_t seq = 0;       // the request number of `busy`
+  std::string sent_id;    // its id as the request carried it (invalid UTF-8 replaced)
   Clock::time_point deadline;
   int serial = -1;    // spawn number ("{worker}" in the wrapper's arguments)
-  long pending = -1;  // one_case_per_worker: case whose result waits for the exit
+  long pending = -1;  // one_case_per_worker: task whose result waits for the exit
   nlohmann::json pending_result;
 };
 
 void close_fd(int& fd) {
   if (fd >= 0) ::close(fd);
   fd = -1;
+}
+
+std::chrono::milliseconds ms(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1e3));
 }
 
 Worker spawn(const WorkerSpec& spec, int serial) {
@@ -57,10 +71,15 @@ Worker spawn(const WorkerSpec& spec, int serial) {
   for (auto& s : store) argv.push_back(s.data());
   argv.push_back(nullptr);
   const std::string exec_failed = "attncheck: cannot exec " + program + "\n";
+  const pid_t parent = ::getpid();
 
   const pid_t pid = ::fork();
   if (pid < 0) throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
   if (pid == 0) {
+    // Its own process group, killed as a whole; and killed if the run dies (kill -9 included).
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);
     ::dup2(pin[0], 0);
     ::dup2(pout[1], 1);
     ::dup2(perr[1], 2);
@@ -69,6 +88,7 @@ Worker spawn(const WorkerSpec& spec, int serial) {
     [[maybe_unused]] auto n = ::write(2, exec_failed.data(), exec_failed.size());
     ::_exit(127);
   }
+  ::setpgid(pid, pid);  // also here: no window in which a kill of the group misses it
   ::close(pin[0]);
   ::close(pout[1]);
   ::close(perr[1]);
@@ -80,8 +100,7 @@ Worker spawn(const WorkerSpec& spec, int serial) {
   w.err = perr[0];
   ::fcntl(w.out, F_SETFL, ::fcntl(w.out, F_GETFL) | O_NONBLOCK);
   ::fcntl(w.err, F_SETFL, ::fcntl(w.err, F_GETFL) | O_NONBLOCK);
-  w.deadline =
-      Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(spec.start_timeout_s * 1e3));
+  w.deadline = Clock::now() + ms(spec.start_timeout_s);
   return w;
 }
 
@@ -109,24 +128,126 @@ std::string last_lines(const std::string& tail) {
   for (int lines = 0; lines < 12 && pos != std::string::npos && pos > 0; ++lines)
     pos = t.rfind('\n', pos - 1);
   if (pos != std::string::npos && pos > 0) t = t.substr(pos + 1);
-  return "\n  worker stderr (last lines):\n    " + [&] {
+  return "\n  worker output (last lines):\n    " + [&] {
     std::string s;
     for (char c : t) s += c == '\n' ? std::string("\n    ") : std::string(1, c);
     return s;
   }();
 }
 
-void reap(Worker& w, int& status, bool kill_first) {
-  if (kill_first) ::kill(w.pid, SIGKILL);
+// True once the worker has exited (not yet reaped), waiting at most until `until`.
+bool exited_by(pid_t pid, Clock::time_point until) {
+  while (true) {
+    siginfo_t info{};
+    if (::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+        info.si_pid == pid)
+      return true;
+    if (Clock::now() >= until) return false;
+    ::usleep(10000);
+  }
+}
+
+// Kills the worker's process group (the worker and whatever it started), then reaps the worker.
+// The group is killed before the reap: until then the worker's pid (the group's id) cannot be
+// reused, so the signal reaches nothing else. Without kill_worker the worker is given `grace` to
+// exit on its own first; false when it had to be killed.
+bool reap(Worker& w, int& status, bool kill_worker,
+          std::chrono::milliseconds grace = std::chrono::seconds(10)) {
   close_fd(w.in);
   close_fd(w.out);
   close_fd(w.err);
+  const bool exited = !kill_worker && exited_by(w.pid, Clock::now() + grace);
+  ::kill(-w.pid, SIGKILL);
   while (::waitpid(w.pid, &status, 0) < 0 && errno == EINTR) {
   }
   w.pid = -1;
+  return exited;
+}
+
+std::string excerpt(const std::string& line, size_t max = 300) {
+  return line.size() > max ? line.substr(0, max) + " ..." : line;
+}
+
+// Why `j` is not the answer to request `seq` for `id`; "" when it is.
+std::string answer_mismatch(const nlohmann::json& j, uint64_t seq, const std::string& id) {
+  if (!j.is_object() || !j.contains("result") || !j["result"].is_object())
+    return "it is not a result";
+  if (!j.contains("seq") || !j["seq"].is_number_unsigned() || j["seq"].get<uint64_t>() != seq)
+    return "its seq is not " + std::to_string(seq) + " (the request's)";
+  if (!j.contains("id") || !j["id"].is_string() || j["id"].get<std::string>() != id)
+    return "it answers for another case";
+  if (!j["result"].contains("id") || j["result"]["id"] != id) return "its result is another case's";
+  return "";
+}
+
+struct ProcStat {
+  pid_t pid = 0, pgrp = 0;
+  char state = '?';
+  uint64_t rss_pages = 0;
+};
+
+template <class F>
+void for_each_process(F&& f) {
+  DIR* d = ::opendir("/proc");
+  if (!d) return;
+  while (const dirent* e = ::readdir(d)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    char path[300], buf[1024];
+    std::snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+    const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    const ssize_t n = ::read(fd, buf, sizeof buf - 1);
+    ::close(fd);
+    if (n <= 0) continue;
+    const std::string text(buf, static_cast<size_t>(n));
+    const auto close = text.rfind(')');  // the command name may hold anything, ')' included
+    if (close == std::string::npos) continue;
+    std::istringstream fields(text.substr(close + 1));
+    ProcStat s;
+    s.pid = static_cast<pid_t>(std::atol(e->d_name));
+    long ppid = 0, pgrp = 0;
+    fields >> s.state >> ppid >> pgrp;
+    s.pgrp = static_cast<pid_t>(pgrp);
+    std::string skip;
+    for (int i = 0; i < 18 && fields; ++i) fields >> skip;  // session .. vsize (fields 6-23)
+    fields >> s.rss_pages;                                  // field 24
+    if (fields) f(s);
+  }
+  ::closedir(d);
+}
+
+// pgid -> resident bytes of its live processes, for the groups asked.
+std::map<pid_t, uint64_t> group_rss(const std::vector<pid_t>& groups) {
+  std::map<pid_t, uint64_t> rss;
+  for (pid_t g : groups) rss[g] = 0;
+  const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  for_each_process([&](const ProcStat& s) {
+    const auto it = rss.find(s.pgrp);
+    if (it != rss.end() && s.state != 'Z') it->second += s.rss_pages * page;
+  });
+  return rss;
+}
+
+// The worker side's descriptors; -1 once closed (in a forked child).
+int g_request_fd = -1, g_answer_fd = -1;
+pid_t g_owner = -1;
+
+void close_channel_in_child() {
+  // After fork in the child: only async-signal-safe calls.
+  if (g_request_fd >= 0) ::close(g_request_fd);
+  if (g_answer_fd >= 0) ::close(g_answer_fd);
+  g_request_fd = g_answer_fd = -1;
 }
 
 }  // namespace
+
+std::vector<pid_t> live_group_members(pid_t pgid, pid_t exclude) {
+  std::vector<pid_t> out;
+  for_each_process([&](const ProcStat& s) {
+    if (s.pgrp == pgid && s.pid != exclude && s.state != 'Z') out.push_back(s.pid);
+  });
+  return out;
+}
 
 std::string describe_wait_status(int status) {
   if (WIFEXITED(status)) return "exit status " + std::to_string(WEXITSTATUS(status));
@@ -146,39 +267,116 @@ std::string describe_wait_status(int status) {
   return "status " + std::to_string(status);
 }
 
-FILE* claim_protocol_stdout() {
-  std::fflush(stdout);
-  const int fd = ::dup(1);
-  ::dup2(2, 1);
-  FILE* f = ::fdopen(fd, "w");
-  if (!f) throw std::runtime_error("cannot open the worker protocol stream");
-  return f;
+std::string describe_bytes(uint64_t bytes) {
+  const uint64_t mib = bytes >> 20;
+  if (mib >= 1024 && mib % 1024 == 0) return std::to_string(mib >> 10) + " GiB";
+  return std::to_string(mib) + " MiB";
 }
 
-void run_in_workers(const WorkerSpec& spec, const std::vector<std::string>& ids,
+WorkerChannel& WorkerChannel::claim() {
+  static WorkerChannel* channel = [] {
+    std::fflush(stdout);
+    g_request_fd = ::fcntl(0, F_DUPFD_CLOEXEC, 3);
+    g_answer_fd = ::fcntl(1, F_DUPFD_CLOEXEC, 3);
+    if (g_request_fd < 0 || g_answer_fd < 0)
+      throw std::runtime_error("cannot move the worker protocol channel to private descriptors");
+    const int null = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (null >= 0) {
+      ::dup2(null, 0);
+      ::close(null);
+    }
+    ::dup2(2, 1);
+    g_owner = ::getpid();
+    ::pthread_atfork(nullptr, nullptr, close_channel_in_child);
+    return new WorkerChannel();
+  }();
+  return *channel;
+}
+
+bool WorkerChannel::forked_copy() const {
+  return ::getpid() != g_owner;
+}
+
+bool WorkerChannel::read_line(std::string& line) {
+  while (true) {
+    if (forked_copy() || g_request_fd < 0) return false;
+    const auto nl = buf_.find('\n');
+    if (nl != std::string::npos) {
+      line = buf_.substr(0, nl);
+      buf_.erase(0, nl + 1);
+      return true;
+    }
+    char chunk[65536];
+    const ssize_t n = ::read(g_request_fd, chunk, sizeof chunk);
+    if (n > 0) {
+      buf_.append(chunk, static_cast<size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    return false;
+  }
+}
+
+void WorkerChannel::write_line(const std::string& line) {
+  if (forked_copy() || g_answer_fd < 0) return;
+  const std::string s = line + "\n";
+  size_t at = 0;
+  while (at < s.size()) {
+    const ssize_t n = ::write(g_answer_fd, s.data() + at, s.size() - at);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // the parent is gone
+    at += static_cast<size_t>(n);
+  }
+}
+
+void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
                     const PoolCallbacks& cb) {
   ::signal(SIGPIPE, SIG_IGN);  // a worker that died must not take the parent with it
   std::ofstream log;
   if (!spec.log_path.empty()) log.open(spec.log_path, std::ios::app);
-  const int jobs = std::max(1, std::min<int>(spec.jobs, static_cast<int>(ids.size())));
+  const int jobs = std::max(1, std::min<int>(spec.jobs, static_cast<int>(tasks.size())));
   std::vector<Worker> workers(static_cast<size_t>(jobs));
   size_t next = 0, done = 0;
+  uint64_t seq = 0;
   int start_failures = 0, spawned = 0;
-  const auto case_timeout =
-      std::chrono::milliseconds(static_cast<int64_t>(spec.case_timeout_s * 1e3));
+  auto next_memory_check = Clock::now();
+  const std::string worker_name =
+      "the worker process (" + spec.exe + (spec.args.empty() ? "" : " " + spec.args[0]) + ")";
 
-  auto lose_or_fail_start = [&](Worker& w, const std::string& what) {
+  auto lose_or_fail_start = [&](Worker& w, const std::string& what, bool fatal_at_start) {
     if (w.busy >= 0) {
       const auto idx = static_cast<size_t>(w.busy);
       w.busy = -1;
       ++done;
       cb.on_lost(idx, what + last_lines(w.err_tail));
     } else if (!w.ready) {
+      if (fatal_at_start)
+        throw std::runtime_error(worker_name + " did not start: " + what + last_lines(w.err_tail));
       if (++start_failures >= 3)
-        throw std::runtime_error("the worker process (" + spec.exe + " " +
-                                 (spec.args.empty() ? "" : spec.args[0]) +
-                                 ") failed to start three times: " + what + last_lines(w.err_tail));
+        throw std::runtime_error(worker_name + " failed to start three times: " + what +
+                                 last_lines(w.err_tail));
     }
+  };
+  // A line the parent did not ask for, or an answer that is not the request's: the channel of
+  // this worker is not trustworthy any more.
+  auto reject = [&](Worker& w, const std::string& line, const std::string& why) {
+    if (log.is_open())
+      log << "[attncheck] worker " << w.pid << ": rejected protocol line (" << why
+          << "): " << excerpt(line) << "\n"
+          << std::flush;
+    int status = 0;
+    reap(w, status, true);
+    const std::string what = "the worker's protocol line was rejected (" + why +
+                             "): " + excerpt(line) +
+                             "; the worker was killed (did the kernel or an adapter write to "
+                             "the protocol channel?)";
+    if (w.pending >= 0) {  // a one-case worker's answer is not trusted after that either
+      ++done;
+      cb.on_lost(static_cast<size_t>(w.pending), what + last_lines(w.err_tail));
+    } else if (w.busy >= 0 || !w.ready) {
+      lose_or_fail_start(w, what, false);
+    }
+    w = Worker{};
   };
 
   // A one-case worker has exited (or been killed after answering): its case's result counts now.
@@ -189,20 +387,79 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<std::string>& ids,
     cb.on_result(idx, w.pending_result);
   };
 
-  while (done < ids.size()) {
+  // One protocol line from `w`; false when the worker was killed for it.
+  auto on_line = [&](Worker& w, const std::string& line) {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const std::exception&) {
+      reject(w, line, "not JSON");
+      return false;
+    }
+    if (!w.ready) {
+      if (j.is_object() && j.contains("fatal") && j["fatal"].is_string())
+        throw std::runtime_error(j["fatal"].get<std::string>());
+      if (!j.is_object() || !j.contains("hello")) {
+        reject(w, line, "expected the hello line");
+        return false;
+      }
+      w.ready = true;
+      start_failures = 0;
+      if (cb.on_hello) cb.on_hello(j["hello"]);
+      return true;
+    }
+    if (w.busy < 0) {
+      reject(w, line, "no request was outstanding");
+      return false;
+    }
+    const auto idx = static_cast<size_t>(w.busy);
+    if (const std::string why = answer_mismatch(j, w.seq, w.sent_id); !why.empty()) {
+      reject(
+          w, line,
+          why + "; the request was seq " + std::to_string(w.seq) + " for '" + tasks[idx].id + "'");
+      return false;
+    }
+    w.busy = -1;
+    if (spec.one_case_per_worker) {
+      // Delivered (and counted done) once the worker and its wrapper have exited.
+      w.pending = static_cast<long>(idx);
+      w.pending_result = j["result"];
+      w.retiring = true;
+      w.deadline = Clock::now() + ms(spec.case_timeout_s);
+      close_fd(w.in);
+      return true;
+    }
+    ++done;
+    if (j.value("retire", false)) {
+      w.retiring = true;
+      w.deadline = Clock::now() + std::chrono::seconds(30);  // to exit
+      close_fd(w.in);
+    }
+    cb.on_result(idx, j["result"]);
+    return true;
+  };
+
+  while (done < tasks.size()) {
     const auto now = Clock::now();
     for (auto& w : workers) {
-      if (w.pid < 0 && next < ids.size()) w = spawn(spec, spawned++);
-      if (w.pid >= 0 && w.ready && !w.retiring && w.busy < 0 && next < ids.size()) {
-        const std::string line = ids[next] + "\n";
-        if (::write(w.in, line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
-          // The worker is gone; its end of file arrives through poll below.
-          w.busy = static_cast<long>(next++);
-          w.deadline = now + case_timeout;
-          continue;
-        }
+      if (w.pid < 0 && next < tasks.size()) w = spawn(spec, spawned++);
+      if (w.pid >= 0 && w.ready && !w.retiring && w.busy < 0 && next < tasks.size()) {
+        w.seq = ++seq;
+        const std::string line =
+            nlohmann::json{{"seq", w.seq}, {"id", tasks[next].id}, {"case", tasks[next].payload}}
+                .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
+            "\n";
+        w.sent_id = nlohmann::json::parse(line)["id"].get<std::string>();
         w.busy = static_cast<long>(next++);
-        w.deadline = now + case_timeout;
+        w.deadline = now + ms(spec.case_timeout_s);
+        // A failed or short write: the worker is gone, and its end of file arrives through poll.
+        size_t at = 0;
+        while (at < line.size()) {
+          const ssize_t n = ::write(w.in, line.data() + at, line.size() - at);
+          if (n < 0 && errno == EINTR) continue;
+          if (n <= 0) break;
+          at += static_cast<size_t>(n);
+        }
       }
     }
 
@@ -214,6 +471,7 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<std::string>& ids,
       if (w.err >= 0) fds.push_back({w.err, POLLIN, 0});
       if (w.busy >= 0 || !w.ready || w.retiring) earliest = std::min(earliest, w.deadline);
     }
+    if (spec.memory_limit > 0) earliest = std::min(earliest, next_memory_check);
     int wait_ms = 1000;
     if (earliest != Clock::time_point::max())
       wait_ms = static_cast<int>(std::clamp<int64_t>(
@@ -222,6 +480,15 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<std::string>& ids,
           0, 1000));
     if (::poll(fds.data(), fds.size(), wait_ms) < 0 && errno != EINTR)
       throw std::runtime_error(std::string("poll failed: ") + std::strerror(errno));
+
+    std::map<pid_t, uint64_t> rss;
+    if (spec.memory_limit > 0 && Clock::now() >= next_memory_check) {
+      next_memory_check = Clock::now() + kMemoryCheckEvery;
+      std::vector<pid_t> groups;
+      for (const auto& w : workers)
+        if (w.pid >= 0) groups.push_back(w.pid);
+      rss = group_rss(groups);
+    }
 
     for (auto& w : workers) {
       if (w.pid < 0) continue;
@@ -237,56 +504,47 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<std::string>& ids,
       }
       if (w.out >= 0) {
         const bool open = drain(w.out, w.out_buf);
+        bool killed = false;
         size_t nl;
-        while ((nl = w.out_buf.find('\n')) != std::string::npos) {
+        while (!killed && (nl = w.out_buf.find('\n')) != std::string::npos) {
           const std::string line = w.out_buf.substr(0, nl);
           w.out_buf.erase(0, nl + 1);
-          if (line.empty()) continue;
-          nlohmann::json j;
-          try {
-            j = nlohmann::json::parse(line);
-          } catch (const std::exception&) {
-            if (log.is_open()) log << "[worker " << w.pid << " stdout] " << line << "\n";
-            continue;
-          }
-          if (j.contains("fatal")) throw std::runtime_error(j["fatal"].get<std::string>());
-          if (j.contains("hello")) {
-            w.ready = true;
-            start_failures = 0;
-            if (cb.on_hello) cb.on_hello(j["hello"]);
-          } else if (w.busy >= 0 && j.contains("result")) {
-            const auto idx = static_cast<size_t>(w.busy);
-            w.busy = -1;
-            if (spec.one_case_per_worker) {
-              // Delivered (and counted done) once the worker and its wrapper have exited.
-              w.pending = static_cast<long>(idx);
-              w.pending_result = j["result"];
-              w.retiring = true;
-              w.deadline = Clock::now() + case_timeout;
-              close_fd(w.in);
-              continue;
-            }
-            ++done;
-            if (j.value("retire", false)) {
-              w.retiring = true;
-              w.deadline = Clock::now() + std::chrono::seconds(30);  // to exit
-              close_fd(w.in);
-            }
-            cb.on_result(idx, j["result"]);
-          }
+          if (!line.empty()) killed = !on_line(w, line);
         }
+        if (killed) continue;
         if (!open) w.out_eof = true;
       }
       if (w.out_eof) {
         int status = 0;
-        reap(w, status, false);
+        const bool exited = reap(w, status, false);
         if (w.retiring && w.busy < 0) {  // left as announced, owing nothing
           if (w.pending >= 0) deliver_pending(w);
           w = Worker{};
           continue;
         }
-        lose_or_fail_start(w, "worker process died with " + describe_wait_status(status) +
-                                  (w.busy >= 0 ? " while running this case" : ""));
+        lose_or_fail_start(w,
+                           exited ? "worker process died with " + describe_wait_status(status) +
+                                        (w.busy >= 0 ? " while running this case" : "")
+                                  : std::string("the worker closed its protocol channel (did "
+                                                "the kernel or an adapter close descriptors?) "
+                                                "and was killed"),
+                           false);
+        w = Worker{};
+        continue;
+      }
+      if (const auto it = rss.find(w.pid); it != rss.end() && it->second > spec.memory_limit) {
+        int status = 0;
+        reap(w, status, true);
+        if (w.pending >= 0) {
+          deliver_pending(w);
+        } else {
+          lose_or_fail_start(w,
+                             "the worker's processes held " + describe_bytes(it->second) +
+                                 " of memory, over the limit of " +
+                                 describe_bytes(spec.memory_limit) + " (" + spec.memory_limit_flag +
+                                 "); the worker was killed",
+                             false);
+        }
         w = Worker{};
         continue;
       }
@@ -298,9 +556,20 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<std::string>& ids,
           w = Worker{};
           continue;
         }
-        const double limit = w.ready ? spec.case_timeout_s : spec.start_timeout_s;
-        lose_or_fail_start(w, "timed out after " + std::to_string(static_cast<int64_t>(limit)) +
-                                  " s (hung, or slower than --timeout); the worker was killed");
+        if (w.ready || w.busy >= 0) {
+          lose_or_fail_start(w,
+                             "timed out after " +
+                                 std::to_string(static_cast<int64_t>(spec.case_timeout_s)) +
+                                 " s (hung, or slower than --timeout); the worker was killed "
+                                 "with every process it started",
+                             false);
+        } else {  // a start that hangs hangs again: no retries
+          lose_or_fail_start(w,
+                             "no hello within " +
+                                 std::to_string(static_cast<int64_t>(spec.start_timeout_s)) +
+                                 " s; the worker was killed",
+                             true);
+        }
         w = Worker{};
       }
     }
@@ -311,9 +580,9 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<std::string>& ids,
   for (auto& w : workers) {
     if (w.pid < 0) continue;
     int status = 0;
-    while (Clock::now() < grace && ::waitpid(w.pid, &status, WNOHANG) == 0) ::usleep(10000);
-    if (::waitpid(w.pid, &status, WNOHANG) == 0) ::kill(w.pid, SIGKILL);
-    reap(w, status, false);
+    reap(w, status, false,
+         std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::max(grace - Clock::now(), Clock::duration::zero())));
   }
 }
 

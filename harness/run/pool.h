@@ -1,10 +1,21 @@
 // Crash and hang isolation: cases run in worker processes (`attncheck worker`, started by fork +
 // exec of /proc/self/exe, so nothing of the parent's state — and never an initialized GPU
-// runtime — is inherited). The parent writes one case id per line to a worker's stdin and reads one
-// JSON result per line from its stdout. A worker that dies (segfault, abort, GPU fault) or exceeds
-// the per-case time limit is killed if need be, the case is reported with what happened and the
-// worker's last stderr lines, and a fresh worker takes the next case.
+// runtime — is inherited). Each worker is the leader of its own process group, so a timeout, a
+// memory overrun or the end of the run kills it together with every process its kernels or
+// adapters started.
+//
+// Protocol (docs/verification.md "Worker isolation"): the parent writes one request per line,
+// {"seq": n, "id": "<case id>", "case": <Case JSON>}, and reads one answer per line,
+// {"seq": n, "id": "<case id>", "result": <Result JSON>, "retire": bool}; before any request the
+// worker says {"hello": {...}} once, or {"fatal": "..."} when it cannot start. The channel reaches
+// the worker on its stdin/stdout, and the worker moves it at once to private close-on-exec
+// descriptors that a forked child loses too (WorkerChannel): what adapters print, on stdout or
+// stderr, goes to the worker log. An answer whose seq or id is not the request's, or any line the
+// parent did not ask for, is rejected: the case fails naming the line and the worker is killed.
 #pragma once
+#include <sys/types.h>
+
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -15,11 +26,13 @@ namespace attncheck {
 
 struct WorkerSpec {
   std::string exe = "/proc/self/exe";
-  std::vector<std::string> args;  // after argv[0], e.g. {"worker", "--cases", "cases"}
+  std::vector<std::string> args;  // after argv[0], e.g. {"worker", "--kernels", "x.so"}
   int jobs = 1;                   // workers running at once
-  double case_timeout_s = 120;    // per case, from the moment its id is sent
-  double start_timeout_s = 120;   // from exec to the worker's hello line
-  std::string log_path;           // workers' stderr is appended here ("" = discarded)
+  double case_timeout_s = 120;    // per case, from the moment its request is sent
+  // From exec to the hello line. The worker enforces its own, shorter import limit and names
+  // what hung (worker.h); this is the backstop for a worker that cannot even say that.
+  double start_timeout_s = 180;
+  std::string log_path;  // workers' stdout and stderr are appended here ("" = discarded)
   // A program the workers run under, with its arguments, e.g. {"/usr/local/cuda/bin/
   // compute-sanitizer", "--tool", "memcheck", ...}: the worker is exec'd as wrapper + exe + args.
   // "{worker}" in a wrapper argument becomes the worker's serial number (0, 1, ... per spawn).
@@ -27,32 +40,65 @@ struct WorkerSpec {
   // Each worker runs one case and exits; its result is delivered only after it has exited,
   // through PoolCallbacks::on_worker_exit first (a wrapper's report is complete only then).
   bool one_case_per_worker = false;
+  // Resident memory (bytes) one worker's process group may hold, the worker and every process it
+  // started together; 0 = no limit. Measured from /proc every 250 ms: over it, the group is
+  // killed and the case fails naming the limit (why RSS and not an rlimit: docs/verification.md).
+  uint64_t memory_limit = 0;
+  std::string memory_limit_flag = "--worker-memory";  // named in that message
+};
+
+// One case for a worker: its id (checked against the answer) and the request's "case" payload.
+struct PoolTask {
+  std::string id;
+  nlohmann::json payload;
 };
 
 struct PoolCallbacks {
   // A worker's first line: {"hello": {...}} (device, arch, library, ...).
   std::function<void(const nlohmann::json& hello)> on_hello;
-  // The result of case `index` (the "result" member of the worker's line).
+  // The result of task `index` (the "result" member of the worker's answer), whose id is the
+  // task's: checked before this is called.
   std::function<void(size_t index, const nlohmann::json& result)> on_result;
-  // Case `index` produced no result: `what` says why (signal, exit status, timeout) and ends with
-  // the worker's last stderr lines.
+  // Task `index` produced no acceptable result: `what` says why (signal, exit status, timeout,
+  // memory, a rejected line) and ends with the worker's last output lines.
   std::function<void(size_t index, const std::string& what)> on_lost;
-  // one_case_per_worker: the worker with this serial ran case `index` and has exited; the
+  // one_case_per_worker: the worker with this serial ran task `index` and has exited; the
   // callback may amend its result before on_result receives it.
   std::function<void(int serial, size_t index, nlohmann::json& result)> on_worker_exit;
 };
 
-// Runs every id. Throws std::runtime_error when workers cannot start (exec failure, a worker that
-// exits before its hello three times in a row: the message carries its stderr).
-void run_in_workers(const WorkerSpec& spec, const std::vector<std::string>& ids,
+// Runs every task, each exactly once. Throws std::runtime_error when workers cannot start: a
+// {"fatal"} line (its message), a start that exceeds start_timeout_s, or three workers in a row
+// that die before their hello (the message carries their output).
+void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
                     const PoolCallbacks& cb);
 
-// The worker side of the protocol: keeps the protocol stream on a private descriptor and points
-// fd 1 at stderr, so stray prints (kernel printf, runtime logs) cannot corrupt it. Returns a FILE*
-// for protocol lines.
-FILE* claim_protocol_stdout();
+// The worker's end of the protocol. claim() moves the channel off stdin/stdout to private
+// close-on-exec descriptors (so no program an adapter execs inherits them), points stdin at
+// /dev/null and stdout at stderr (prints go to the worker log), and registers a fork handler
+// that closes the channel in any child forked from this process: only this process can answer.
+class WorkerChannel {
+ public:
+  static WorkerChannel& claim();
+  // The next request line (without the newline); false at end of input, or in a forked child.
+  bool read_line(std::string& line);
+  // Writes one line (a newline is added); nothing in a forked child.
+  void write_line(const std::string& line);
+  // True in a process forked from the worker (an adapter's fork that returned into the harness).
+  bool forked_copy() const;
+
+ private:
+  WorkerChannel() = default;
+  std::string buf_;
+};
+
+// Processes (not zombies) of process group `pgid`, except `exclude`.
+std::vector<pid_t> live_group_members(pid_t pgid, pid_t exclude);
 
 // "SIGSEGV (segmentation fault)" for a wait status, or "exit status 3".
 std::string describe_wait_status(int status);
+
+// "4 GiB" / "512 MiB" for a byte count.
+std::string describe_bytes(uint64_t bytes);
 
 }  // namespace attncheck

@@ -1,10 +1,16 @@
 #include "run/worker.h"
 
+#include <signal.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <filesystem>
 #include <iostream>
+#include <mutex>
+#include <thread>
 
 #include "run/pool.h"
 #include "run/results.h"
@@ -15,7 +21,7 @@ namespace fs = std::filesystem;
 
 std::unique_ptr<CaseContext> make_context(const WorkerConfig& cfg) {
   auto ctx = std::make_unique<CaseContext>();
-  ctx->files = load_case_dir(cfg.cases_dir);
+  if (!cfg.cases_dir.empty()) ctx->files = load_case_dir(cfg.cases_dir);
   ctx->repro_dir = cfg.repro_dir;
   if (fs::is_directory(cfg.golden_dir))
     ctx->goldens = std::make_unique<GoldenStore>(cfg.golden_dir);
@@ -84,6 +90,21 @@ std::vector<std::string> nearest_case_ids(const std::vector<CaseFile>& files, co
   return out;
 }
 
+Result run_case(CaseContext& ctx, const Case& c) {
+  CaseArtifacts artifacts;
+  Result r = evaluate(c, ctx.eval, &artifacts);
+  if (r.failing() && artifacts.present && !ctx.repro_dir.empty()) {
+    const std::string path = (fs::path(ctx.repro_dir) / (id_to_filename(c.id) + ".h5")).string();
+    try {
+      write_repro_bundle(path, r, artifacts, context_hello(ctx));
+      r.bundle = path;
+    } catch (const std::exception& e) {
+      r.message += "; the repro bundle could not be written: " + std::string(e.what());
+    }
+  }
+  return r;
+}
+
 Result run_case_id(CaseContext& ctx, const std::string& id) {
   const auto c = find_case(ctx.files, id);
   if (!c) {
@@ -99,18 +120,7 @@ Result run_case_id(CaseContext& ctx, const std::string& id) {
     }
     return r;
   }
-  CaseArtifacts artifacts;
-  Result r = evaluate(*c, ctx.eval, &artifacts);
-  if (r.failing() && artifacts.present && !ctx.repro_dir.empty()) {
-    const std::string path = (fs::path(ctx.repro_dir) / (id_to_filename(id) + ".h5")).string();
-    try {
-      write_repro_bundle(path, r, artifacts, context_hello(ctx));
-      r.bundle = path;
-    } catch (const std::exception& e) {
-      r.message += "; the repro bundle could not be written: " + std::string(e.what());
-    }
-  }
-  return r;
+  return run_case(ctx, *c);
 }
 
 nlohmann::json context_hello(const CaseContext& ctx) {
@@ -125,30 +135,160 @@ nlohmann::json context_hello(const CaseContext& ctx) {
           {"no_device", ctx.eval.no_kernel_reason}};
 }
 
+nlohmann::json case_to_json(const Case& c) {
+  nlohmann::json known = nullptr;
+  if (c.known_bug) known = {{"reason", c.known_bug->reason}, {"arch", c.known_bug->arch}};
+  return {{"op", c.op},       {"params", c.params}, {"id", c.id},
+          {"tiers", c.tiers}, {"known_bug", known}, {"source", c.source}};
+}
+
+Case case_from_json(const nlohmann::json& j) {
+  auto field = [&](const char* name, nlohmann::json::value_t type) -> const nlohmann::json& {
+    if (!j.is_object() || !j.contains(name) || j[name].type() != type)
+      throw std::invalid_argument(std::string("case JSON: '") + name + "' is missing or of the " +
+                                  "wrong type");
+    return j[name];
+  };
+  using T = nlohmann::json::value_t;
+  Case c;
+  c.op = field("op", T::string).get<std::string>();
+  c.params = field("params", T::object);
+  c.id = field("id", T::string).get<std::string>();
+  for (const auto& t : field("tiers", T::array)) {
+    if (!t.is_string()) throw std::invalid_argument("case JSON: a tier is not a string");
+    c.tiers.push_back(t.get<std::string>());
+  }
+  c.source = field("source", T::string).get<std::string>();
+  if (j.contains("known_bug") && !j["known_bug"].is_null()) {
+    const auto& k = j["known_bug"];
+    if (!k.is_object() || !k.contains("reason") || !k["reason"].is_string() ||
+        !k.contains("arch") || !k["arch"].is_string())
+      throw std::invalid_argument("case JSON: 'known_bug' is not {reason, arch}");
+    c.known_bug = KnownBug{k["reason"].get<std::string>(), k["arch"].get<std::string>()};
+  }
+  return c;
+}
+
+namespace {
+
+// What make_context loads that may hang, for the import limit's message.
+std::string import_timeout_message(const WorkerConfig& cfg) {
+  const std::string n = std::to_string(static_cast<int64_t>(cfg.import_timeout_s));
+  const std::string how = " (--import-timeout; the import, or the device query after it, hangs)";
+  if (cfg.kernels.rfind("py:", 0) == 0)
+    return "adapter " + cfg.kernels.substr(3) + " did not finish importing within " + n + " s" +
+           how;
+  if (!cfg.kernels.empty())
+    return "kernel library " + cfg.kernels + " did not finish loading within " + n + " s" + how;
+  return "the worker did not finish loading the goldens within " + n + " s (--import-timeout)";
+}
+
+// The request's error Result: the case could not even be read.
+Result unreadable_request(const std::string& id, const std::string& why) {
+  Result r;
+  r.id = id;
+  r.op = id.substr(0, id.find('/'));
+  r.verdict = Verdict::error;
+  r.message = "the worker could not read the request: " + why;
+  return r;
+}
+
+// Processes started during a case that still run after it (the worker's own process group,
+// without the worker and a wrapper that started it); none when the worker is not a group leader
+// (run by hand from a shell).
+std::vector<pid_t> leftover_processes() {
+  const pid_t group = ::getpgrp();
+  if (group != ::getpid() && group != ::getppid()) return {};
+  auto pids = live_group_members(group, ::getpid());
+  std::erase(pids, ::getppid());
+  return pids;
+}
+
+}  // namespace
+
+std::unique_ptr<CaseContext> make_context_within_limit(
+    const WorkerConfig& cfg, const std::function<void(const std::string&)>& report) {
+  if (!(cfg.import_timeout_s > 0)) return make_context(cfg);
+  std::mutex m;
+  std::condition_variable cv;
+  bool finished = false;
+  const std::string message = import_timeout_message(cfg);
+  std::thread watchdog([&] {
+    std::unique_lock<std::mutex> lock(m);
+    const auto limit = std::chrono::duration<double>(cfg.import_timeout_s);
+    if (cv.wait_for(lock, limit, [&] { return finished; })) return;
+    report(message);
+    ::_exit(2);  // the hung import holds its thread; nothing can unwind it
+  });
+  auto stop = [&] {
+    {
+      std::lock_guard<std::mutex> lock(m);
+      finished = true;
+    }
+    cv.notify_all();
+    watchdog.join();
+  };
+  try {
+    auto ctx = make_context(cfg);
+    stop();
+    return ctx;
+  } catch (...) {
+    stop();
+    throw;
+  }
+}
+
 int worker_main(const WorkerConfig& cfg) {
-  FILE* proto = claim_protocol_stdout();
+  WorkerChannel& channel = WorkerChannel::claim();
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // a wrapper between the run and this worker dies with it
   auto emit = [&](const nlohmann::json& j) {
-    const std::string s = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-    std::fwrite(s.data(), 1, s.size(), proto);
-    std::fflush(proto);
+    channel.write_line(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   };
   std::unique_ptr<CaseContext> ctx;
   try {
-    ctx = make_context(cfg);
+    ctx = make_context_within_limit(cfg, [&](const std::string& why) { emit({{"fatal", why}}); });
   } catch (const std::exception& e) {
     emit({{"fatal", e.what()}});
     return 2;
   }
   emit({{"hello", context_hello(*ctx)}});
-  std::string id;
-  while (std::getline(std::cin, id)) {
-    while (!id.empty() && (id.back() == '\r' || id.back() == ' ')) id.pop_back();
-    if (id.empty()) continue;
-    const Result r = run_case_id(*ctx, id);
-    emit({{"result", r.to_json()}, {"retire", r.device_error}});
+  std::string line;
+  while (channel.read_line(line)) {
+    if (line.empty()) continue;
+    nlohmann::json seq = nullptr;
+    std::string id;
+    Result r;
+    try {
+      const auto request = nlohmann::json::parse(line);
+      seq = request.at("seq");
+      id = request.at("id").get<std::string>();
+      const Case c = case_from_json(request.at("case"));
+      if (c.id != id) throw std::invalid_argument("its case is '" + c.id + "', not '" + id + "'");
+      r = run_case(*ctx, c);
+    } catch (const std::exception& e) {
+      r = unreadable_request(id, e.what());
+    }
+    // A copy of this process forked by a kernel or an adapter that returned into the harness:
+    // it must neither answer (its channel is closed) nor take the next request.
+    if (channel.forked_copy()) ::_exit(0);
+    const auto leftovers = leftover_processes();
+    if (!leftovers.empty()) {
+      std::cerr << "attncheck worker: " << leftovers.size() << " process(es) started during case "
+                << id << " still run (pid";
+      for (pid_t p : leftovers) std::cerr << " " << p;
+      std::cerr << "); this worker retires and they are killed with its process group, so that "
+                   "they cannot touch the next case\n"
+                << std::flush;
+    }
+    const bool retire = r.device_error || !leftovers.empty();
+    emit({{"seq", seq}, {"id", id}, {"result", r.to_json()}, {"retire", retire}});
     // A GPU fault can leave the context unusable for every later launch: this worker ends, and
-    // the parent, told so above, gives the next case to a fresh one.
-    if (r.device_error) return 0;
+    // the parent, told so above, gives the next case to a fresh one. Nothing is left to clean up
+    // (the parent writes the results), and threads an adapter left running must not delay it.
+    if (retire) {
+      std::fflush(nullptr);
+      ::_exit(0);
+    }
   }
   return 0;
 }

@@ -7,6 +7,7 @@
 // left the GPU context unusable; the worker exits after this line and the parent hands the next
 // case to a fresh worker (never to this one).
 #pragma once
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -24,6 +25,9 @@ struct WorkerConfig {
   // Run without goldens where they are missing (reference vs nothing), instead of an error.
   bool allow_missing_goldens = false;
   int stress = 0;  // RunOptions::stress
+  // Loading the kernel library (a Python adapter's import, a library's constructors) and the
+  // device may take this long; past it the process reports what hung and exits. 0: no limit.
+  double import_timeout_s = 120;
 };
 
 struct CaseContext {
@@ -36,10 +40,21 @@ struct CaseContext {
   std::string repro_dir;
 };
 
-// Loads case files, goldens, the kernel library and the device. Throws std::runtime_error with one
-// clear line: a bad case file, a golden directory that does not exist (unless allowed), a kernel
-// library that cannot be loaded, or --kernels given with no usable GPU.
+// Loads the case files (only when cfg.cases_dir is set: run_case_id needs them), the goldens, the
+// kernel library and the device. Throws std::runtime_error with one clear line: a bad case file,
+// a golden directory that does not exist (unless allowed), a kernel library that cannot be
+// loaded, or --kernels given with no usable GPU.
 std::unique_ptr<CaseContext> make_context(const WorkerConfig& cfg);
+
+// make_context within cfg.import_timeout_s: past it, `report` gets "adapter <name> did not finish
+// importing within N s ..." (or the kernel library's path) and the process exits with status 2,
+// since a hung import cannot be interrupted.
+std::unique_ptr<CaseContext> make_context_within_limit(
+    const WorkerConfig& cfg, const std::function<void(const std::string&)>& report);
+
+// The case's Result; a repro bundle is written (and named in the Result) for a failing case when
+// the context has a repro directory.
+Result run_case(CaseContext& ctx, const Case& c);
 
 // The case's Result; a repro bundle is written (and named in the Result) for a failing case when
 // the context has a repro directory. An unknown id is an error Result naming the nearest ids.
@@ -49,7 +64,12 @@ Result run_case_id(CaseContext& ctx, const std::string& id);
 // no_device.
 nlohmann::json context_hello(const CaseContext& ctx);
 
-// `attncheck worker`: hello, then one result line per case id read from stdin, until EOF.
+// A Case as the worker protocol carries it, and back: op, params, id, tiers, known_bug (null or
+// {reason, arch}), source. case_from_json throws std::invalid_argument naming the bad field.
+nlohmann::json case_to_json(const Case& c);
+Case case_from_json(const nlohmann::json& j);
+
+// `attncheck worker`: hello, then one answer per request, until the end of the requests.
 int worker_main(const WorkerConfig& cfg);
 
 // The ids of `files` closest to `id` by edit distance (at most `n`), for "did you mean".

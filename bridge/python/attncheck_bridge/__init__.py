@@ -66,6 +66,9 @@ __all__ = [
     "CONTRACT_PARTS",
     "DEFAULT_CONTRACT",
     "contract_name",
+    "current_case",
+    "invalid",
+    "refuse_if_invalid",
 ]
 
 DEVICES = ("cpu", "cuda")
@@ -138,6 +141,40 @@ class Refuse(Exception):
 def require(cond, why: str) -> None:
     """Refuse(why) unless cond."""
     if not cond:
+        raise Refuse(why)
+
+
+# --------------------------------------------------------------------------------------------
+# The case being run (the ABI's case_context, set by the bridge before each case's launches).
+# attncheck decides an op's validity once (its invalid(), docs/verification.md); adapters ask it
+# here instead of re-coding the op's rules, and decline only what their upstream kernel does not
+# serve.
+
+_current_case = None
+
+
+def _set_case(case) -> None:
+    global _current_case
+    _current_case = case
+
+
+def current_case():
+    """The case whose launches are running: a dict with "op", "id", "params" (axis values),
+    "invalid" (the op's refusal reason, or None) and "fields" (each axis's name, type, default,
+    allowed values and bounds); None outside attncheck (e.g. an adapter called from a test)."""
+    return _current_case
+
+
+def invalid():
+    """The op's refusal reason for the running case, or None (also outside attncheck)."""
+    return None if _current_case is None else _current_case.get("invalid")
+
+
+def refuse_if_invalid() -> None:
+    """Refuse with the op's reason when the running case is invalid by the op's contract: for
+    upstream kernels that do not check their arguments themselves."""
+    why = invalid()
+    if why:
         raise Refuse(why)
 
 

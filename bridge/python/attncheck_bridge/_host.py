@@ -247,8 +247,49 @@ def _sync(adapter: Adapter):
         torch.cuda.synchronize()
 
 
+def _python_threads() -> set:
+    """Idents of every thread that runs Python code (threading's and _thread's alike)."""
+    return set(sys._current_frames())
+
+
+def _still_running(before: set, grace_s: float = 0.2) -> list:
+    """Threads started since `before` that are still alive after a short grace: names."""
+    deadline = _time.monotonic() + grace_s
+    while True:
+        left = _python_threads() - before
+        if not left or _time.monotonic() >= deadline:
+            break
+        _time.sleep(0.01)
+    import threading
+
+    names = {t.ident: t.name for t in threading.enumerate()}
+    return sorted(names.get(i, f"thread {i}") for i in left)
+
+
+def _leftover_threads(spec: str, op: str, before: set):
+    """(ERROR, message) when the entry returned while threads it started still run: its outputs
+    may change after the harness read them, and such a thread could write into the next case's
+    memory. ERROR makes the worker retire (a fresh process takes the next case)."""
+    left = _still_running(before)
+    if not left:
+        return None
+    return ERROR, (
+        f"py adapter '{spec}': entry '{op}' returned while {len(left)} thread(s) it started still "
+        f"run ({', '.join(left)}): its outputs may change after it returned; the worker retires so "
+        "that they cannot write into the next case's memory"
+    )
+
+
 def _call(adapter: Adapter, spec: str, op: str, fn, tensors: dict, params: dict):
     """One synchronized call; (status, message)."""
+    before = _python_threads()
+    status, msg = _call_once(adapter, spec, op, fn, tensors, params)
+    if status != ERROR:
+        return _leftover_threads(spec, op, before) or (status, msg)
+    return status, msg
+
+
+def _call_once(adapter: Adapter, spec: str, op: str, fn, tensors: dict, params: dict):
     try:
         fn(tensors, params)
     except BaseException as e:  # noqa: BLE001 - SystemExit and KeyboardInterrupt are failures too
@@ -284,6 +325,13 @@ def _entry(adapter: Adapter, spec: str, op: str):
             UNKNOWN_OP,
         )
     return fn
+
+
+def set_case(case_json: str) -> None:
+    """The ABI's case_context: the case whose launches follow (attncheck_bridge.current_case)."""
+    from . import _set_case
+
+    _set_case(json.loads(case_json))
 
 
 def run(adapter: Adapter, spec: str, op: str, args, params_json: str):

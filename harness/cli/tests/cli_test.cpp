@@ -16,6 +16,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_test_support.h"
+#include "run/cases.h"
+#include "run/worker.h"
 
 namespace {
 
@@ -467,9 +469,21 @@ TEST_F(Cli, KernelsListsEntriesAndChecksThem) {
   EXPECT_TRUE(has(o.text, "MISSING rope_out_of_place          op rope")) << o.text;
 }
 
+// The worker gets whole Cases (it reads no case file: --cases points nowhere) and answers each
+// request with its seq and id.
 TEST_F(Cli, WorkerSpeaksOneJsonLinePerCase) {
-  const Output o = sh("printf 'page_indices/bs1-b5-ctx17-contiguous-s0\\nnope/x\\n' | " + at() +
-                      " worker --kernels " + kFake);
+  const auto files = attncheck::load_case_dir(kData + "/cases");
+  const auto c = attncheck::find_case(files, "page_indices/bs1-b5-ctx17-contiguous-s0");
+  ASSERT_TRUE(c);
+  const fs::path requests = dir("requests.jsonl");
+  {
+    std::ofstream out(requests);
+    out << nlohmann::json{{"seq", 7}, {"id", c->id}, {"case", attncheck::case_to_json(*c)}}.dump()
+        << "\n"
+        << nlohmann::json{{"seq", 8}, {"id", "nope/x"}, {"case", {{"op", "nope"}}}}.dump() << "\n";
+  }
+  const Output o = sh(kBin + " --cases " + dir("no_cases").string() + " --golden " + golden_ +
+                      " worker --kernels " + kFake + " < " + requests.string());
   EXPECT_EQ(o.status, 0) << o.text;
   std::istringstream lines(o.text);
   std::string hello, first, second;
@@ -477,10 +491,16 @@ TEST_F(Cli, WorkerSpeaksOneJsonLinePerCase) {
   std::getline(lines, first);
   std::getline(lines, second);
   EXPECT_EQ(nlohmann::json::parse(hello)["hello"]["arch"], "fake-cpu") << o.text;
-  EXPECT_EQ(nlohmann::json::parse(first)["result"]["verdict"], "passed") << o.text;
-  EXPECT_EQ(nlohmann::json::parse(first)["retire"], false) << o.text;
-  EXPECT_EQ(nlohmann::json::parse(second)["result"]["verdict"], "error") << o.text;
-  EXPECT_TRUE(has(second, "no case with id 'nope/x'")) << o.text;
+  const auto a = nlohmann::json::parse(first), b = nlohmann::json::parse(second);
+  EXPECT_EQ(a["seq"], 7) << o.text;
+  EXPECT_EQ(a["id"], c->id) << o.text;
+  EXPECT_EQ(a["result"]["id"], c->id) << o.text;
+  EXPECT_EQ(a["result"]["verdict"], "passed") << o.text;
+  EXPECT_EQ(a["retire"], false) << o.text;
+  EXPECT_EQ(b["seq"], 8) << o.text;
+  EXPECT_EQ(b["result"]["id"], "nope/x") << o.text;
+  EXPECT_EQ(b["result"]["verdict"], "error") << o.text;
+  EXPECT_TRUE(has(second, "the worker could not read the request: case JSON: 'params'")) << o.text;
 }
 
 TEST_F(Cli, BadArgumentsAndBadCaseFilesFailClearly) {

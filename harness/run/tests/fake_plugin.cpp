@@ -15,6 +15,10 @@
 //   error           report a device error (ATTNCHECK_ERROR: the worker retires)
 //   host_error      report an exception in the entry's host code (ATTNCHECK_HOST_ERROR)
 //   abort, segfault, hang   crash or never return (for the worker-isolation tests)
+//   fork            fork(); both copies return from the launch (the child into the harness)
+//   spawn_and_hang  start `sleep 300` (its pid appended to $ATTNCHECK_FAKE_PID_FILE), then hang
+//   forge           write forged worker-protocol lines to fd 1 and to every pipe or socket
+//                   descriptor of the process
 //   beyond_default   (ops whose budgets depend on the arithmetic contract) move element 0 of the
 //                    first output halfway between the default budget's limit and the limit of
 //                    the contract $ATTNCHECK_FAKE_FAULT_CONTRACT (default: the declared one)
@@ -67,12 +71,30 @@ void put(char* dst, size_t n, const std::string& s) {
 }
 
 std::mutex g_mutex;
+Params g_case_params = Params::object();  // the last case context (guarded by g_mutex)
 std::map<std::byte*, size_t> g_allocs;  // base -> bytes
 int g_calls = 0;
 
 std::string env(const char* name) {
   const char* v = std::getenv(name);
   return v ? v : "";
+}
+
+// Forged answers ({"fatal"}, a result for another id) on fd 1 and every pipe or socket.
+void forge_protocol_lines() {
+  const std::string lines =
+      "{\"fatal\": \"forged by the fake library\"}\n"
+      "{\"seq\": 1, \"id\": \"page_indices/forged\", \"result\": {\"id\": "
+      "\"page_indices/forged\", \"verdict\": \"passed\"}, \"retire\": false}\n";
+  for (int fd = 1; fd < 64; ++fd) {
+    char link[64], target[256];
+    std::snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    const ssize_t n = ::readlink(link, target, sizeof target - 1);
+    if (n <= 0) continue;
+    const std::string t(target, static_cast<size_t>(n));
+    if (fd == 1 || t.rfind("pipe:", 0) == 0 || t.rfind("socket:", 0) == 0) [[maybe_unused]]
+      auto w = ::write(fd, lines.data(), lines.size());
+  }
 }
 
 // The injected fault for this launch, or "".
@@ -159,6 +181,20 @@ int run_impl(const char* op_name, const char* params_json, const attncheck_arg* 
   if (fault == "segfault") ::raise(SIGSEGV);
   if (fault == "hang")
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  if (fault == "fork") ::fork();
+  if (fault == "spawn_and_hang") {
+    if (const pid_t child = ::fork(); child == 0) {
+      ::execlp("sleep", "sleep", "300", static_cast<char*>(nullptr));
+      ::_exit(127);
+    } else if (const std::string file = env("ATTNCHECK_FAKE_PID_FILE"); !file.empty()) {
+      if (FILE* f = std::fopen(file.c_str(), "a")) {
+        std::fprintf(f, "%d\n", static_cast<int>(child));
+        std::fclose(f);
+      }
+    }
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+  if (fault == "forge") forge_protocol_lines();
   if (fault == "error") {
     put(msg, msg_len, "fake kernel error (injected)");
     return ATTNCHECK_ERROR;
@@ -178,6 +214,10 @@ int run_impl(const char* op_name, const char* params_json, const attncheck_arg* 
   Problem p;
   p.kernel_params = params;
   p.kernel = op_name;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    p.params = op->bind_any(g_case_params);
+  }
   for (int i = 0; i < n_args; ++i) {
     const DLTensor& t = args[i].tensor;
     const bool raw_bytes =
@@ -452,9 +492,23 @@ const char* contract(const char* op) {
   return name.empty() ? nullptr : name.c_str();
 }
 
-// Neither fill nor background work: only the contract.
+// The case context (the ABI's case_context): the fake rebuilds a problem from the wire, and the
+// op's typed parameters of that problem come from the case's axis values.
+int case_context(const char* case_json, char* msg, size_t msg_len) {
+  try {
+    auto j = nlohmann::json::parse(case_json ? case_json : "null");
+    std::lock_guard<std::mutex> lock(g_mutex);
+    g_case_params = j.is_object() ? j.value("params", Params::object()) : Params::object();
+    return ATTNCHECK_OK;
+  } catch (const std::exception& e) {
+    put(msg, msg_len, std::string("fake library: bad case context: ") + e.what());
+    return ATTNCHECK_HOST_ERROR;
+  }
+}
+
+// Neither fill nor background work: the contract and the case context.
 const attncheck_plugin_ext_v1 kExtension = {sizeof(attncheck_plugin_ext_v1), nullptr, nullptr,
-                                            contract};
+                                            contract, case_context};
 
 }  // namespace
 

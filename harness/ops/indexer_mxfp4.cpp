@@ -1,0 +1,338 @@
+// The indexer with MXFP4 keys and queries (docs/ops/indexer_mxfp4.md), in the paged cache layout
+// of AITER's paged MXFP4 MQA-logits kernel (vLLM indexer_kv_dtype = "mxfp4"):
+// indexer_mxfp4_k_cache (bf16 K -> packed e2m1 + e8m0 scales in the slot's page; bitwise) and
+// indexer_mxfp4_logits_decode (paged MQA logits of MXFP4 q against the cache; derived budget).
+// What they guard against: scales rounded the wrong way, nibble order swapped, the scale slice of
+// another block, the e8m0 byte 0 (2^-127) read as zero, NaN scales of unread slots leaking in.
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <vector>
+
+#include "core/fp4.h"
+#include "core/numeric.h"
+#include "core/policy.h"
+#include "core/rng.h"
+#include "ops/typed_op.h"
+#include "reference/indexer_mxfp4.h"
+
+namespace attncheck {
+namespace {
+
+namespace mx = ref::mxfp4;
+
+enum class Layout { natural, shuffle16, shuffle32 };
+const std::vector<std::pair<Layout, std::string>> kLayoutNames = {{Layout::natural, "natural"},
+                                                                  {Layout::shuffle16, "shuffle16"},
+                                                                  {Layout::shuffle32, "shuffle32"}};
+constexpr const char* kLayoutHelp =
+    "page order: token order, or AITER's preshuffle with n_per_tile 16 / 32 (scale mode 1)";
+
+int64_t n_per_tile_of(Layout layout) {
+  return layout == Layout::shuffle16 ? 16 : (layout == Layout::shuffle32 ? 32 : 0);
+}
+
+// The geometry of a case, or why it describes no cache (an error in the case file).
+std::optional<std::string> geometry_problem(const mx::CacheGeometry& g) {
+  try {
+    mx::check_geometry(g);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return std::nullopt;
+}
+
+// A u8 cache of `pages` pages, each padded by `pad` bytes: every byte `fill`, or random bytes
+// from `random` when given.
+Tensor make_cache(const mx::CacheGeometry& g, int64_t pages, int64_t pad, std::byte fill,
+                  const Rng* random = nullptr) {
+  const int64_t stride = g.page_bytes() + pad;
+  Tensor storage = Tensor::filled_bytes(DType::u8, {pages * stride}, fill);
+  if (random) fill_uniform_int(storage, *random, 0, 255);
+  return storage.as_strided({pages, g.page_size, g.entry_bytes()}, {stride, g.entry_bytes(), 1}, 0);
+}
+
+// bf16 rows with non-power-of-two magnitudes per row and per 32-element block.
+void fill_rows(const Tensor& t, const Rng& rng) {
+  const int64_t rows = t.size(0), D = t.size(1);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < D / 32; ++b) {
+      const double factor = std::exp(rng.normal_at(static_cast<uint64_t>(1000000 + r * 64 + b)));
+      for (int64_t d = b * 32; d < b * 32 + 32; ++d)
+        t.set({r, d}, factor * rng.normal_at(static_cast<uint64_t>(r * D + d)));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+enum class Values { model, extreme };
+
+struct KCacheParams {
+  int64_t block_size = 64;
+  int64_t head_dim = 128;
+  Layout layout = Layout::natural;
+  int64_t tokens = 41;
+  fp4::MxScaleRule scale_rule = fp4::MxScaleRule::ceil;
+  Values values = Values::model;
+  int64_t pad = 0;
+  int64_t seed = 0;
+  mx::CacheGeometry geometry() const { return {head_dim, block_size, n_per_tile_of(layout)}; }
+};
+
+class IndexerMxfp4KCacheOp final : public TypedOp<KCacheParams> {
+ public:
+  using P = KCacheParams;
+  std::string name() const override { return "indexer_mxfp4_k_cache"; }
+  Fields<P> fields() const override {
+    return Fields<P>()
+        .add("block_size", "bs", &P::block_size, "entries per cache page")
+        .only({1, 16, 64})
+        .add("head_dim", "d", &P::head_dim, "index head dim D")
+        .only({32, 64, 128})
+        .choice("layout", "", &P::layout, kLayoutNames, kLayoutHelp)
+        .add("tokens", "t", &P::tokens,
+             "slot_mapping entries (k has 3 more rows); odd counts leave a partial page")
+        .bounds(0, 4096)
+        .choice("scale_rule", "", &P::scale_rule,
+                {{fp4::MxScaleRule::ceil, "ceil"},
+                 {fp4::MxScaleRule::ocp_floor, "ocp_floor"},
+                 {fp4::MxScaleRule::even, "even"}},
+                "e8m0 scale rule (docs/formats.md)")
+        .choice("values", "", &P::values, {{Values::model, "model"}, {Values::extreme, "extreme"}},
+                "extreme: zero rows, rows at 1e-38 and 3e38 (scale bytes 0 and 253), blocks whose "
+                "amax sits on the rules' boundaries (6, 6.5, 7 times a power of two)")
+        .add("pad", "pad", &P::pad, "bytes after each page (page stride = page + pad)")
+        .bounds(0, 4096)
+        .add("seed", "s", &P::seed, "input seed");
+  }
+
+  std::optional<std::string> unbuildable(const P& p) const override {
+    return geometry_problem(p.geometry());
+  }
+
+  Problem make(const Case& c, const P& prm) const override {
+    const mx::CacheGeometry g = prm.geometry();
+    const int64_t T = prm.tokens, seed = prm.seed;
+    const int64_t D = g.head_dim, pages = (T + g.page_size - 1) / g.page_size + 2;
+    Tensor k = Tensor::empty(DType::bf16, {T + 3, D});
+    fill_rows(k, Rng(c.id, "k", static_cast<uint64_t>(seed)));
+    if (prm.values == Values::extreme) plant_extremes(k);
+    Rng rng(c.id, "slots", static_cast<uint64_t>(seed));
+    const std::vector<int64_t> order = permutation(pages * g.page_size, rng);
+    Tensor slots = Tensor::empty(DType::i64, {T});
+    for (int64_t i = 0; i < T; ++i) slots.at<int64_t>({i}) = i % 7 == 3 ? -1 : order[i];
+    const Rng bytes(c.id, "cache", static_cast<uint64_t>(seed));
+    Tensor cache = make_cache(g, pages, prm.pad, std::byte{0}, &bytes);
+    Problem p;
+    p.args = {{"k", k, Role::input},
+              {"slot_mapping", slots, Role::input},
+              {"kv_cache", cache, Role::inout}};
+    p.bytes = static_cast<double>(T) * static_cast<double>(2 * D + g.entry_bytes() + 8);
+    return p;
+  }
+
+  nlohmann::json kernel_params(const P& p, const Problem&) const override {
+    return {{"n_per_tile", n_per_tile_of(p.layout)},
+            {"scale_rule", std::string(fp4::scale_rule_name(p.scale_rule))}};
+  }
+
+  TensorMap reference(const Problem& prob, const P& p) const override {
+    return {{"kv_cache", mx::write_k_cache(prob.arg("kv_cache"), prob.arg("k"),
+                                           prob.arg("slot_mapping"), p.geometry(), p.scale_rule)}};
+  }
+
+  std::vector<OutputCheck> checks(const Problem&, const P&, const TensorMap&) const override {
+    return {{"kv_cache", exact_budget("quantized bytes and untouched bytes: bitwise"), {}, {}}};
+  }
+
+ private:
+  // Row 0 zeros (scale 127), row 1 tiny (clamped to byte 0), row 2 huge (byte 253), row 4 with
+  // block amax 6, 6.5 and 7 times powers of two (where the rules part).
+  static void plant_extremes(const Tensor& k) {
+    const int64_t rows = k.size(0), D = k.size(1);
+    for (int64_t d = 0; d < D; ++d) {
+      if (rows > 0) k.set({0, d}, 0.0);
+      if (rows > 1) k.set({1, d}, static_cast<double>(d % 3 - 1) * 1e-38);
+      if (rows > 2) k.set({2, d}, (d % 2 ? -3e38 : 1e38));
+    }
+    const double boundary[] = {6.0, 6.5, 7.0, 0.75};
+    for (int64_t b = 0; rows > 4 && b < D / 32; ++b)
+      k.set({4, b * 32 + 5}, boundary[b % 4] * std::ldexp(1.0, static_cast<int>(b) * 3 - 4));
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+enum class Scales { model, extreme };
+
+struct LogitsParams {
+  int64_t heads = 32;
+  int64_t head_dim = 128;
+  int64_t block_size = 64;
+  Layout layout = Layout::natural;
+  int64_t batch = 3;
+  int64_t next_n = 1;
+  int64_t max_ctx = 200;
+  Scales scales = Scales::model;
+  int64_t seed = 0;
+  mx::CacheGeometry geometry() const { return {head_dim, block_size, n_per_tile_of(layout)}; }
+};
+
+class IndexerMxfp4LogitsDecodeOp final : public TypedOp<LogitsParams> {
+ public:
+  using P = LogitsParams;
+  std::string name() const override { return "indexer_mxfp4_logits_decode"; }
+  Fields<P> fields() const override {
+    return Fields<P>()
+        .add("heads", "h", &P::heads, "index heads")
+        .bounds(1, 128)
+        .add("head_dim", "d", &P::head_dim, "index head dim D")
+        .only({32, 64, 128})
+        .add("block_size", "bs", &P::block_size, "entries per cache page")
+        .only({1, 16, 64})
+        .choice("layout", "", &P::layout, kLayoutNames, kLayoutHelp)
+        .add("batch", "b", &P::batch, "requests")
+        .bounds(1, 64)
+        .add("next_n", "nn", &P::next_n, "query rows per request")
+        .bounds(1, 16)
+        .add("max_ctx", "ctx", &P::max_ctx, "longest context (request 0); the others ragged")
+        .bounds(1, 65536)
+        .choice("scales", "sc", &P::scales,
+                {{Scales::model, "model"}, {Scales::extreme, "extreme"}},
+                "extreme: K block 0 scale bytes 0..2 against q bytes 250..252, K block 1 bytes "
+                "250..252 against q bytes 0..2 (products stay fp32-normal)")
+        .add("seed", "s", &P::seed, "input seed");
+  }
+
+  std::optional<std::string> unbuildable(const P& p) const override {
+    return geometry_problem(p.geometry());
+  }
+
+  Problem make(const Case& c, const P& prm) const override {
+    const mx::CacheGeometry g = prm.geometry();
+    const int64_t H = prm.heads, B = prm.batch, NN = prm.next_n, max_ctx = prm.max_ctx,
+                  seed = prm.seed, D = g.head_dim, S = g.page_size;
+    const bool extreme = prm.scales == Scales::extreme;
+    Rng rng(c.id, "layout", static_cast<uint64_t>(seed));
+    std::vector<int64_t> lens(static_cast<size_t>(B));
+    for (int64_t b = 0; b < B; ++b)
+      lens[b] = b == 0 ? max_ctx : (b == 1 ? 1 : rng.uniform_int(1, max_ctx));
+    const int64_t W = (max_ctx + S - 1) / S + 1;
+    int64_t used = 0;
+    for (int64_t L : lens) used += (L + S - 1) / S;
+    const int64_t pages = used + 2;  // two pages nobody owns
+    const std::vector<int64_t> order = permutation(pages, rng);
+    // Unread bytes are 0xFF: NaN scales and -6 elements that must never reach a logit.
+    Tensor cache = make_cache(g, pages, 16, std::byte{0xFF});
+    Tensor table = Tensor::empty(DType::i32, {B, W});
+    Tensor context = Tensor::empty(DType::i32, {B});
+    int64_t next_page = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      context.at<int32_t>({b}) = static_cast<int32_t>(lens[b]);
+      for (int64_t j = 0; j < W; ++j)
+        table.at<int32_t>({b, j}) =
+            static_cast<int32_t>(j < (lens[b] + S - 1) / S ? order[next_page++] : order[pages - 1]);
+      write_keys(c, g, cache, table, b, lens[b], extreme, seed);
+    }
+    Tensor qb = Tensor::empty(DType::bf16, {B * NN * H, D});
+    fill_rows(qb, Rng(c.id, "q", static_cast<uint64_t>(seed)));
+    Tensor q = Tensor::empty(DType::u8, {B, NN, H, D / 2});
+    Tensor qs = Tensor::empty(DType::u8, {B, NN, H, D / 32});
+    quantize_rows(qb, reinterpret_cast<uint8_t*>(q.data()), reinterpret_cast<uint8_t*>(qs.data()));
+    if (extreme)
+      for (int64_t i = 0; i < B * NN * H; ++i) {
+        auto* s = reinterpret_cast<uint8_t*>(qs.data()) + i * (D / 32);
+        s[0] = static_cast<uint8_t>(250 + i % 3);
+        if (D >= 64) s[1] = static_cast<uint8_t>(i % 3);
+      }
+    Tensor w = Tensor::empty(DType::f32, {B * NN, H});
+    fill_normal(w, Rng(c.id, "weights", static_cast<uint64_t>(seed)));
+    const int64_t width = max_ctx + 5;  // columns past every context must read -inf
+    Tensor logits_buf = Tensor::empty(DType::f32, {B * NN, width + 16});
+    poison(logits_buf);
+    Problem p;
+    p.args = {{"q", q, Role::input},
+              {"q_scale", qs, Role::input},
+              {"kv_cache", cache, Role::input},
+              {"weights", w, Role::input},
+              {"context_lens", context, Role::input},
+              {"block_table", table, Role::input},
+              {"logits", logits_buf.slice(1, 0, width), Role::output}};
+    double pairs = 0;
+    for (int64_t L : lens) pairs += static_cast<double>(std::min(L, width) * NN);
+    p.flops = 2.0 * static_cast<double>(H * D) * pairs;
+    p.bytes = pairs / static_cast<double>(NN) * static_cast<double>(g.entry_bytes()) +
+              4.0 * static_cast<double>(B * NN * width);
+    return p;
+  }
+
+  nlohmann::json kernel_params(const P& p, const Problem&) const override {
+    return {{"n_per_tile", n_per_tile_of(p.layout)}};
+  }
+
+  TensorMap reference(const Problem& prob, const P& prm) const override {
+    return {
+        {"logits", mx::paged_logits(prob.arg("q"), prob.arg("q_scale"), prob.arg("kv_cache"),
+                                    prm.geometry(), prob.arg("weights"), prob.arg("context_lens"),
+                                    prob.arg("block_table"), prob.arg("logits").size(1))}};
+  }
+
+  std::vector<OutputCheck> checks(const Problem& p, const P& prm, const TensorMap&) const override {
+    const int64_t H = prm.heads, D = prm.head_dim;
+    const double terms = mx::max_logit_terms(
+        p.arg("q"), p.arg("q_scale"), p.arg("kv_cache"), prm.geometry(), p.arg("weights"),
+        p.arg("context_lens"), p.arg("block_table"), p.arg("logits").size(1));
+    const double u = unit_roundoff(DType::f32);
+    return {{"logits",
+             BudgetBuilder("logits")
+                 .absolute(gamma_n(D, u) * terms,
+                           "q.k: " + std::to_string(D) +
+                               " exact e2m1 x e2m1 x 2^k products summed in fp32, any order "
+                               "(gamma_D * max sum_h |w| sum_d |q k|)")
+                 .accumulation(H + 1, DType::f32, terms, Bound::worst_case,
+                               "weight product and " + std::to_string(H) + "-head sum")
+                 .output_rounding(DType::f32)
+                 .build(),
+             {},
+             {}}};
+  }
+
+ private:
+  static void quantize_rows(const Tensor& rows, uint8_t* packed, uint8_t* scales) {
+    const int64_t n = rows.size(0), D = rows.size(1);
+    std::vector<double> x(static_cast<size_t>(D));
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t d = 0; d < D; ++d) x[d] = rows.get({r, d});
+      fp4::mxfp4_quantize(x, fp4::MxScaleRule::ceil, fp4::E2m1Rounding::nearest_even,
+                          fp4::NibbleOrder::low_first,
+                          std::span(packed + r * D / 2, static_cast<size_t>(D / 2)),
+                          std::span(scales + r * D / 32, static_cast<size_t>(D / 32)));
+    }
+  }
+
+  // Request b's keys: generated bf16, quantized (ceil rule), written in the page order of g.
+  static void write_keys(const Case& c, const mx::CacheGeometry& g, const Tensor& cache,
+                         const Tensor& table, int64_t b, int64_t len, bool extreme, int64_t seed) {
+    const int64_t D = g.head_dim;
+    Tensor kb = Tensor::empty(DType::bf16, {len, D});
+    fill_rows(kb, Rng(c.id, "k" + std::to_string(b), static_cast<uint64_t>(seed)));
+    std::vector<uint8_t> packed(static_cast<size_t>(len * D / 2)),
+        scales(static_cast<size_t>(len * D / 32));
+    quantize_rows(kb, packed.data(), scales.data());
+    for (int64_t p = 0; p < len; ++p) {
+      uint8_t* s = scales.data() + p * (D / 32);
+      if (extreme) {
+        s[0] = static_cast<uint8_t>(p % 3);
+        if (D >= 64) s[1] = static_cast<uint8_t>(250 + p % 3);
+      }
+      const int64_t page = table.at<int32_t>({b, p / g.page_size}), t = p % g.page_size;
+      auto* base = reinterpret_cast<uint8_t*>(cache.element_ptr(Index{page, 0, 0}));
+      for (int64_t i = 0; i < D / 2; ++i) base[mx::value_offset(g, t, i)] = packed[p * D / 2 + i];
+      for (int64_t i = 0; i < D / 32; ++i) base[mx::scale_offset(g, t, i)] = s[i];
+    }
+  }
+};
+
+const OpRegistrar kRegisterKCache(std::make_unique<IndexerMxfp4KCacheOp>());
+const OpRegistrar kRegisterLogits(std::make_unique<IndexerMxfp4LogitsDecodeOp>());
+
+}  // namespace
+}  // namespace attncheck
