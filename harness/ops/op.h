@@ -117,11 +117,4 @@ struct OpRegistrar {
   explicit OpRegistrar(std::unique_ptr<Op> op) { register_op(std::move(op)); }
 };
 
-// Small helpers for op implementations.
-int64_t param_int(const Params& p, const char* key);
-double param_double(const Params& p, const char* key);
-std::string param_str(const Params& p, const char* key);
-bool param_bool(const Params& p, const char* key);
-DType param_dtype(const Params& p, const char* key);
-
 }  // namespace attncheck
