@@ -194,10 +194,17 @@ struct LogitsArgs {
 };
 
 AC_DEVICE uint32_t nibble(uint8_t byte, int index) {
-#if defined(AC_MUTANT_MXFP4_NIBBLE_SWAP)
-  index ^= 1;  // seed: element 2i read from the high nibble
-#endif
   return index == 0 ? (byte & 15u) : (byte >> 4);
+}
+
+// A cache byte's element 2i + index. Its own function: swapping the nibbles of q and K alike
+// leaves every dot product unchanged, so the bug that matters is a reader whose cache order
+// differs from the query's (and the writer's).
+AC_DEVICE uint32_t cache_nibble(uint8_t byte, int index) {
+#if defined(AC_MUTANT_MXFP4_NIBBLE_SWAP)
+  index ^= 1;  // seed: cache element 2i read from the high nibble, the query's from the low one
+#endif
+  return nibble(byte, index);
 }
 
 // sum * 2^(sq - 127) * 2^(sk - 127), exact while the result is an fp32 number; NaN for 0xFF.
@@ -244,8 +251,8 @@ __global__ void mxfp4_paged_logits(LogitsArgs a) {
       float block = 0.0f;  // exact: multiples of 1/4 up to 32 * 36
       for (int c = s * kBlock / 2; c < (s + 1) * kBlock / 2; ++c) {
         const uint8_t qb = qh[c], kb = base[value_offset(a.g, t, c)];
-        block += e2m1_value(nibble(qb, 0)) * e2m1_value(nibble(kb, 0));
-        block += e2m1_value(nibble(qb, 1)) * e2m1_value(nibble(kb, 1));
+        block += e2m1_value(nibble(qb, 0)) * e2m1_value(cache_nibble(kb, 0));
+        block += e2m1_value(nibble(qb, 1)) * e2m1_value(cache_nibble(kb, 1));
       }
       dot += scaled(block, qsh[s], base[scale_offset(a.g, t, s)]);
     }

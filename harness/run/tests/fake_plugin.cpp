@@ -37,8 +37,8 @@
 // The kernel rebuilds the op's Problem from the arguments it is handed: dtypes from DLPack, where
 // uint8 is an fp8 format ("fp8_format" parameter, else the op's default case) unless the op's
 // default case has a raw uint8 buffer of that name; roles from the op's default case. It refuses
-// exactly when the reference throws InvalidConfig on those bytes and parameters (references that
-// decide validity from Problem::expect_refusal alone are not refused here).
+// what the op calls invalid (the ABI's case context) and what the reference rejects on those
+// bytes and parameters.
 #include <signal.h>
 #include <unistd.h>
 
@@ -72,6 +72,7 @@ void put(char* dst, size_t n, const std::string& s) {
 
 std::mutex g_mutex;
 Params g_case_params = Params::object();  // the last case context (guarded by g_mutex)
+std::string g_case_invalid;               // its "invalid": the op's refusal reason, or empty
 std::map<std::byte*, size_t> g_allocs;  // base -> bytes
 int g_calls = 0;
 
@@ -269,6 +270,18 @@ int run_impl(const char* op_name, const char* params_json, const attncheck_arg* 
   std::vector<std::vector<std::byte>> initial;
   for (const auto& m : mirrors) initial.push_back(m.host->bytes);
 
+  // The op decides validity (the case context's "invalid"), as a wrapped kernel that checks
+  // nothing itself would ask it (docs/bridge.md "Validity").
+  std::string invalid;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    invalid = g_case_invalid;
+  }
+  if (!invalid.empty()) {
+    if (fault == "run_invalid") return ATTNCHECK_OK;
+    put(msg, msg_len, "fake kernel refuses: " + invalid);
+    return ATTNCHECK_REFUSED;
+  }
   TensorMap expected;
   try {
     expected = op->reference(p);
@@ -499,6 +512,9 @@ int case_context(const char* case_json, char* msg, size_t msg_len) {
     auto j = nlohmann::json::parse(case_json ? case_json : "null");
     std::lock_guard<std::mutex> lock(g_mutex);
     g_case_params = j.is_object() ? j.value("params", Params::object()) : Params::object();
+    g_case_invalid = j.is_object() && j.contains("invalid") && j.at("invalid").is_string()
+                         ? j.at("invalid").get<std::string>()
+                         : std::string();
     return ATTNCHECK_OK;
   } catch (const std::exception& e) {
     put(msg, msg_len, std::string("fake library: bad case context: ") + e.what());
