@@ -15,6 +15,8 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "core/safe_output.h"
+#include "run/golden.h"
 #include "run/cases.h"
 #include "run/evaluate.h"
 #include "run/pool.h"
@@ -214,11 +216,37 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
                 << "`, or --allow-missing-goldens to run without it)\n";
     if (!missing.empty()) return 2;
   }
+  // One verdict per golden file for the whole run: a file that fails, crashes or hangs its reader
+  // is read once, here; its cases (moved behind the `runnable` others) fail at once, naming it.
+  size_t runnable = cases.size();
+  std::map<std::string, std::string> unreadable_goldens;
+  try {
+    if (fs::is_directory(paths.golden))
+      unreadable_goldens = set_aside_unreadable_goldens(paths.golden, cases, runnable);
+  } catch (const std::exception& e) {
+    std::cerr << "attncheck: " << e.what() << "\n";
+    return 2;
+  }
+  // --out is this run's alone: locked until the run ends, so a second run into it is refused
+  // instead of interleaving or replacing results.
+  std::optional<DirHandle> out_lock;
+  std::optional<OutputStream> worker_log;
   std::string repro_dir;
   if (!a.out.empty()) {
-    fs::create_directories(a.out);
-    repro_dir = fs::absolute(fs::path(a.out) / "repro").string();
-    fs::create_directories(repro_dir);
+    try {
+      out_lock.emplace(DirHandle::open(a.out));
+      if (!out_lock->try_lock_exclusive())
+        throw std::runtime_error("--out '" + a.out +
+                                 "' is in use by another attncheck run (it holds the directory's "
+                                 "lock); wait for it to finish or choose another --out");
+      repro_dir = fs::absolute(fs::path(a.out) / "repro").string();
+      DirHandle::open(repro_dir);
+      if (!a.in_process)  // opened safely here; the pool appends through /proc/self/fd
+        worker_log.emplace(fs::path(a.out) / "worker.log", OutputStream::Mode::append);
+    } catch (const std::exception& e) {
+      std::cerr << "attncheck: " << e.what() << "\n";
+      return 2;
+    }
   }
   const std::string kernels = a.kernels.empty() || a.kernels.rfind("py:", 0) == 0
                                   ? a.kernels
@@ -325,7 +353,7 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
     }
     announce(context_hello(*ctx));
     try {
-      for (size_t i = 0; i < cases.size(); ++i) record(i, run_case(*ctx, cases[i]));
+      for (size_t i = 0; i < runnable; ++i) record(i, run_case(*ctx, cases[i]));
     } catch (const std::exception& e) {  // a results file that cannot be written
       progress.clear();
       std::cerr << "attncheck: " << e.what() << "\n";
@@ -341,7 +369,7 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
       std::cerr << "attncheck: " << e.what() << "\n";
       return 2;
     }
-    if (!a.out.empty()) spec.log_path = (fs::path(a.out) / "worker.log").string();
+    if (worker_log) spec.log_path = "/proc/self/fd/" + std::to_string(worker_log->fd());
     spec.args = {"--golden", fs::absolute(paths.golden).string(), "worker", "--repeat",
                  std::to_string(a.repeat)};
     if (!kernels.empty()) spec.args.insert(spec.args.end(), {"--kernels", kernels});
@@ -366,7 +394,7 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
     spec.args.insert(spec.args.end(), {"--import-timeout", std::to_string(import_limit)});
     spec.start_timeout_s = import_limit > 0 ? import_limit + 60 : 7 * 24 * 3600.0;
     std::vector<PoolTask> tasks;
-    for (const auto& c : cases) tasks.push_back({c.id, case_to_json(c)});
+    for (size_t i = 0; i < runnable; ++i) tasks.push_back({cases[i].id, case_to_json(cases[i])});
     RunOptions lost_opt;
     lost_opt.kernels_path = kernels;
     lost_opt.repro_extra = path_flags(paths);
@@ -411,6 +439,19 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
       std::cerr << "attncheck: " << e.what() << "\n";
       return 2;
     }
+  }
+  RunOptions set_aside_opt;
+  set_aside_opt.arch = hello ? hello->value("arch", "") : a.arch;
+  set_aside_opt.kernels_path = kernels;
+  set_aside_opt.repro_extra = path_flags(paths);
+  try {
+    for (size_t i = runnable; i < cases.size(); ++i)
+      record(i, lost_case_result(cases[i], Mode::none, set_aside_opt,
+                                 "not run: " + unreadable_goldens.at(cases[i].op)));
+  } catch (const std::exception& e) {  // a results file that cannot be written
+    progress.clear();
+    std::cerr << "attncheck: " << e.what() << "\n";
+    return 2;
   }
   progress.clear();
   const double wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
