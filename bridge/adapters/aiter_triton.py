@@ -44,6 +44,10 @@ Off ROCm, the AMD backend's launch options ``waves_per_eu``, ``matrix_instr_nonk
 the launches of the wrapper modules' kernels, named once per kernel on stderr. Nothing else of a
 launch or a kernel changes.
 
+Every entry first asks the op whether the case is invalid (``ab.refuse_if_invalid()``: the MLA
+16-head rule, the indexer heads, chunk_q and cache rules; docs/bridge.md "Validity") and refuses
+with its reason; the rules are not re-coded here (nor in the rocm_aiter checks this module shares).
+
 A file that cannot be found or fails to import declines every case of its entries with one line
 naming the file and the error; a kernel that fails to compile on this GPU fails its cases with
 Triton's error. Neither hides another entry.
@@ -402,6 +406,7 @@ def mla_decode(t, p):
     no qlen: every query token becomes its own entry over its causal prefix (b_seq_len / kv_indptr
     = kv_len - qlen + i + 1) with its request's pages; fewer than 16 heads run as they are (the
     kernels mask head tiles with BLOCK_H; nothing to pad)."""
+    ab.refuse_if_invalid()
     ra = _ra()
     f = ra._mla_common(t, p)
     req, causal, qlens = _mla_metadata(t, f)
@@ -519,6 +524,7 @@ def sparse_mla(t, p):
     """docs/ops/sparse_mla.md. Every token is its own request (cu_seqlens_q = 0..T, max_seqlen_q 1,
     as AITER's op test feeds decode); its top-k converted to global slots (the kernel's note:
     "topk_indices index the KV cache, not block_table"), -1 where invalid."""
+    ab.refuse_if_invalid()
     f, r, local, slots = _sparse_common(t, p)
     if f["fmt"] is not None:
         raise Unsupported("an fp8 cache: unified_attention_sparse_mla takes no kv scale (KV bfloat16)")
@@ -575,6 +581,7 @@ HEAD_DIM, TOKEN_BYTES = 128, 132
 def indexer_logits_prefill(t, p):
     """docs/ops/indexer.md through fp8_mqa_logits (its logits, allocated by it, copied into the
     harness's view)."""
+    ab.refuse_if_invalid()
     q, kf, ks, w, ks_, ke, logits = (t[n] for n in ("q", "k_fp8", "k_scale", "weights", "cu_seqlen_ks", "cu_seqlen_ke", "logits"))
     fmt = p.get("fp8_format")
     if fmt not in ("e4m3fn", "e4m3fnuz"):
@@ -584,8 +591,6 @@ def indexer_logits_prefill(t, p):
     ab.expect_ndim(q, 3)
     M, H, D = q.shape
     N = kf.shape[0]
-    if not 1 <= H <= 128:
-        raise Refuse(f"H = {H} outside [1, 128]")
     if D != HEAD_DIM or kf.shape != (N, D) or ks.shape != (N,) or w.shape != (M, H) or logits.shape != (M, N):
         raise Refuse(f"q {q.shape}, k_fp8 {kf.shape}, k_scale {ks.shape}, weights {w.shape}, logits {logits.shape} disagree")
     if N > 1 and kf.strides[0] % 4:
@@ -614,6 +619,7 @@ def indexer_logits_decode(t, p):
     """docs/ops/indexer.md through deepgemm_fp8_paged_mqa_logits as vLLM's ROCm path calls it
     (ChunkK 256, ChunkQ = the head count, KVBlockSize = the block size), written into the harness's
     logits."""
+    ab.refuse_if_invalid()
     torch = _torch()
     q, cache, w, lens, table, logits = (t[n] for n in ("q", "kv_cache", "weights", "context_lens", "block_table", "logits"))
     fmt = p.get("fp8_format")
@@ -622,14 +628,7 @@ def indexer_logits_decode(t, p):
     ab.expect_dtype(q, "u8")
     ab.expect_ndim(q, 4)
     B, nn, H, D = q.shape
-    if not 1 <= H <= 128:
-        raise Refuse(f"H = {H} outside [1, 128]")
-    cq = int(p.get("chunk_q", 64))
-    if cq < 1:
-        raise Refuse(f"chunk_q = {cq} < 1")
-    chunk = min(cq, H)
-    if H % chunk:
-        raise Refuse(f"H = {H} is not a multiple of ChunkQ = {chunk}")
+    chunk = min(int(p.get("chunk_q", 64)), H)
     ra = _ra()
     nb, bs = ra._indexer_cache(cache)
     if D != HEAD_DIM or w.shape != (B * nn, H) or lens.shape != (B,) or table.shape[0] != B or logits.ndim != 2 or logits.shape[0] != B * nn:

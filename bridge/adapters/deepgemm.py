@@ -21,8 +21,10 @@ than 64, non-contiguous q / k / weights, TMA-misaligned buffers, and the cache l
 block-size-64 pages are SHUFFLE (MFMA-preshuffled, docs/ops/indexer.md "Cache pages") while
 DeepGEMM reads row-major pages. ``ATTNCHECK_DEEPGEMM_UNSHUFFLE=1`` re-lays such pages out row-major
 into a scratch cache before the call (then the run checks DeepGEMM's paged read, not its handling
-of the harness's layout; the library string says so). Configurations the op contract calls
-invalid are refused (``Refuse``) before anything else.
+of the harness's layout; the library string says so). Configurations the op calls invalid (heads
+outside [1, 128], the cache's block size and page stride rules, chunk_q) are the op's answer, asked
+first (``ab.refuse_if_invalid()``, docs/bridge.md "Validity") and refused with its reason; malformed
+arguments are refused (``Refuse``) with theirs.
 
 The mapping (``plan_prefill``, ``plan_decode``, ``decode_row_ends``, ``normal_from_shuffle``) is
 plain Python/NumPy and runs without torch; only ``_execute_*`` import torch and ``deep_gemm``.
@@ -41,7 +43,6 @@ ADAPTER = ab.Adapter(name="deepgemm+unshuffle" if UNSHUFFLE else "deepgemm", dev
 
 HEAD_DIM = 128
 TOKEN_BYTES = HEAD_DIM + 4  # fp8 values + one fp32 scale per token (block-flat pages)
-MAX_HEADS = 128  # the op contract's range (docs/ops/indexer.md, Kernel ABI)
 SM90_HEADS = (32, 64)  # csrc/apis/attention.hpp: fp8 q on arch 9 takes 32 or 64 heads
 SM90_BLOCK_KV = 64  # csrc/apis/attention.hpp: paged cache on arch 9 has block_kv 64
 SM90_NEXT_N = (1, 2)  # csrc/jit_kernels/impls/sm90_fp8_mqa_logits.hpp (paged)
@@ -58,11 +59,6 @@ def _fp8_format(p):
     if fmt not in ("e4m3fn", "e4m3fnuz"):
         raise Refuse(f"fp8_format must be e4m3fn or e4m3fnuz, got {fmt!r}")
     return fmt
-
-
-def _heads_problem(H):
-    if not 1 <= H <= MAX_HEADS:
-        raise Refuse(f"heads {H} outside [1, {MAX_HEADS}]")
 
 
 def _shape(x, *want):
@@ -99,6 +95,7 @@ def _decline_heads(H):
 
 def plan_prefill(t, p):
     """Validate an indexer_logits_prefill call; returns {M, H, N} or raises Refuse/Unsupported."""
+    ab.refuse_if_invalid()
     names = ("q", "k_fp8", "k_scale", "weights", "cu_seqlen_ks", "cu_seqlen_ke", "logits")
     q, k, ks, w, lo, hi, out = (_arg(t, n) for n in names)
     fmt = _fp8_format(p)
@@ -106,7 +103,6 @@ def plan_prefill(t, p):
         ab.expect_dtype(x, dt)
     ab.expect_ndim(q, 3)
     M, H, D = q.shape
-    _heads_problem(H)
     if D != HEAD_DIM:
         raise Refuse(f"'q' head dim {D}, expected {HEAD_DIM}")
     ab.expect_ndim(k, 2)
@@ -172,14 +168,10 @@ def _execute_prefill(t, plan):
 # indexer_logits_decode
 
 
-def _block_size_problem(bs):
-    if bs != 1 and bs % 16:
-        raise Refuse(f"block size {bs}: pages are NORMAL at block size 1 and SHUFFLE at multiples of 16")
-
-
 def plan_decode(t, p, unshuffle=None):
     """Validate an indexer_logits_decode call; returns {B, next_n, H, NB, BS, W, page_bytes,
     max_model_len, unshuffle} or raises Refuse/Unsupported."""
+    ab.refuse_if_invalid()
     unshuffle = UNSHUFFLE if unshuffle is None else unshuffle
     names = ("q", "kv_cache", "weights", "context_lens", "block_table", "logits")
     q, cache, w, lens, table, out = (_arg(t, n) for n in names)
@@ -190,16 +182,7 @@ def plan_decode(t, p, unshuffle=None):
     B, next_n, H, D = q.shape
     ab.expect_ndim(cache, 3)
     NB, BS, width = cache.shape
-    _block_size_problem(BS)
-    _heads_problem(H)
-    cq = int(p.get("chunk_q", 0))
-    if cq < 1:
-        raise Refuse(f"chunk_q {cq} < 1")
-    if H % min(cq, H):
-        raise Refuse(f"heads {H} not a multiple of chunk_q {cq}")
     page_bytes = cache.strides[0]
-    if NB > 1 and page_bytes % 4:
-        raise Refuse("page stride is not a multiple of 4")
     if D != HEAD_DIM or width != TOKEN_BYTES:
         raise Refuse(f"q head dim {D} / cache row {width}: expected {HEAD_DIM} / {TOKEN_BYTES}")
     if cache.strides[1:] != (TOKEN_BYTES, 1) or (NB > 1 and page_bytes < BS * TOKEN_BYTES):

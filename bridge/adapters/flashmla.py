@@ -24,7 +24,9 @@ Everything else the kernels do not serve is declined (``Unsupported``): fp8 cach
 (SM90 dense decode is 16-bit only), f16 in sparse_mla, head dims other than 576/512 and 512, page
 sizes other than 64 (dense), ragged query lengths (dense), block tables with a column stride,
 TMA-misaligned q views, more than 128 heads (sparse), devices other than sm_90. Configurations the
-op contract calls invalid (the 16-head rule, dtypes, shapes, metadata) are refused (``Refuse``).
+op calls invalid (the 16-head rule) are the op's answer, asked first (``ab.refuse_if_invalid()``,
+docs/bridge.md "Validity") and refused with its reason; malformed arguments (dtypes, shapes,
+metadata) are refused (``Refuse``) with theirs.
 
 The mapping (``plan_dense``, ``plan_sparse``, ``convert_topk``, ``padded_heads``) is plain
 Python/NumPy and runs without torch; only ``_execute_*`` import torch and ``flash_mla``, which
@@ -52,23 +54,14 @@ _flash_mla = None
 _arg = ab.arg
 
 
-def heads_valid(n):
-    """The op's 16-head rule (docs/ops/mla_decode.md): multiples of 16 or divisors of 16."""
-    return n >= 1 and (n % 16 == 0 if n >= 16 else 16 % n == 0)
-
-
 def _common(t, p):
-    """Contract checks shared by both entries; returns (T, N, Lk, Lv, nb, P, cache_is_fp8)."""
+    """Argument checks shared by both entries, after asking the op whether the case is invalid
+    (the 16-head rule); returns (T, N, Lk, Lv, nb, P, cache_is_fp8)."""
+    ab.refuse_if_invalid()
     q, cache, table, out, lse = (_arg(t, n) for n in ("q", "kv_cache", "block_table", "out", "lse"))
     ab.expect_dtype(q, "bf16", "f16")
     ab.expect_ndim(q, 3)
     T, N, Lk = q.shape
-    if not heads_valid(N):
-        raise Refuse(
-            "op contract (docs/ops/mla_decode.md): "
-            f"Aiter MLA requires that num_heads be multiples or divisors of 16, but provided {N} number of heads.\n"
-            "Try adjusting tensor_parallel_size value."
-        )
     Lv = int(p.get("lv", -1))
     if Lk % 16 or Lv % 16 or Lv < 16 or Lv > Lk or Lk > 576 or Lv > 512:
         raise Refuse(f"head dims Lk {Lk}, Lv {Lv}: need multiples of 16, Lv <= Lk <= 576, Lv <= 512")

@@ -1,8 +1,9 @@
 """numpy_reference: a NumPy adapter for attncheck's Python bridge (device "cpu").
 
 Written from the op contracts (docs/abi.md "page_indices: the worked example", docs/ops/kv_gather.md,
-docs/ops/rope.md, docs/ops/decode_attention.md), not from reference/*.cpp. It refuses
-(attncheck_bridge.Refuse) exactly the configurations those documents call invalid and declines
+docs/ops/rope.md, docs/ops/decode_attention.md), not from reference/*.cpp. Which configurations are
+invalid is the op's answer (attncheck_bridge.refuse_if_invalid(), docs/bridge.md "Validity"); the
+entries refuse (attncheck_bridge.Refuse) arguments those documents call malformed and decline
 (Unsupported) what they leave undefined.
 Every output is written in place through the harness's strided views.
 
@@ -90,6 +91,7 @@ def _to_bits(values_f32_or_f64, dtype_name):
 
 @ADAPTER.entry("kv_gather")
 def kv_gather(t, p):
+    ab.refuse_if_invalid()
     names = ("key_cache", "value_cache", "block_tables", "cu_seqlens_kv", "token_to_batch", "seq_starts", "k_scale", "v_scale", "key", "value")
     kc, vc, bt, cu, t2b, starts, ks, vs, key, value = (_arg(t, n) for n in names)
     layout = p.get("kv_cache_layout")
@@ -195,6 +197,7 @@ def _decode(x, dtype_name):
 
 
 def _rope_prepare(t, p, out_names):
+    ab.refuse_if_invalid()
     pos_t, cache_t, q_t, k_t = (_arg(t, n) for n in ("positions", "cos_sin_cache", "q", "k"))
     if "is_neox" not in p:
         raise Unsupported("parameter is_neox is missing")
@@ -304,7 +307,9 @@ def _round_products(prod_f32, dtype_name):
 
 
 def _decode_attention_arguments(t, p):
-    """The validated views and parameters; Refuse for what the op contract calls invalid."""
+    """The validated views and parameters. The op decides validity (heads not a multiple of
+    kv_heads, is_mla with Lv >= Lk): asked, not re-coded; Refuse here is argument validation."""
+    ab.refuse_if_invalid()
     names = ("q", "k_buffer", "v_buffer", "req_to_token", "b_seq_len", "o", "lse")
     q, k, v, table, lens, o, lse = (_arg(t, n) for n in names)
     ab.expect_dtype(q, *_MODEL)
@@ -335,7 +340,8 @@ def _decode_attention_arguments(t, p):
     if int(p.get("page_size", -1)) != P:
         raise Refuse(f"page_size {p.get('page_size')} differs from the cache's page size {P}")
     if Hkv < 1 or Hq % Hkv:
-        raise Refuse(f"heads {Hq} is not a multiple of kv_heads {Hkv}")
+        # Outside attncheck (no case context): head h reads kv head h // (Hq / Hkv), undefined here.
+        raise Unsupported(f"heads {Hq} do not form groups over kv_heads {Hkv} (the op refuses such cases)")
     if k.shape[-1] != Lk or v.shape[:-1] != k.shape[:-1]:
         raise Refuse(f"k_buffer {k.shape} and v_buffer {v.shape} do not fit q {q.shape}")
     if o.shape != (B, Hq, Lv) or lse.shape != (B, Hq) or table.shape[0] != B or lens.shape != (B,):
@@ -347,8 +353,6 @@ def _decode_attention_arguments(t, p):
     if not fp8 and (k_scale != 1.0 or v_scale != 1.0):
         raise Refuse(f"a 16-bit cache takes no scales, got k_scale {k_scale}, v_scale {v_scale}")
     if bool(p.get("is_mla", False)):
-        if Lv >= Lk:
-            raise Refuse(f"is_mla needs Lv < Lk (V is the latent prefix of K), got {Lk}/{Lv}")
         if v.ptr != k.ptr or v.strides != k.strides:
             raise Refuse("is_mla: v_buffer must be k_buffer[..., :Lv] (same pointer and strides)")
         if v_scale != k_scale:

@@ -23,8 +23,11 @@ that runs a plan on a backend:
   stand-in ``aiter`` package, which must come first on PYTHONPATH (the backend insists on its
   ``STANDIN`` marker).
 
-A plan refuses (Refuse) what attncheck's op contract calls invalid and declines (Unsupported), with
-AITER's reason, what AITER cannot serve; outputs that AITER returns in tensors of its own (the MLA
+Which configurations are invalid is the op's answer: ``plan()`` asks it first
+(``ab.refuse_if_invalid()``: the MLA 16-head rule, the indexer cache's block size and page stride,
+the indexer heads and chunk_q; docs/bridge.md "Validity") and refuses with its reason; the plans do
+not re-code those rules. A plan refuses (Refuse) malformed arguments and declines (Unsupported),
+with AITER's reason, what AITER cannot serve; outputs that AITER returns in tensors of its own (the MLA
 LSE, the prefill logits) or that vLLM un-pads (fewer than 16 MLA heads) are copied into the
 harness's views, and nothing else is copied.
 
@@ -51,11 +54,6 @@ if BACKEND not in ("torch", "numpy"):
 ADAPTER = ab.Adapter(
     name="rocm_aiter" if BACKEND == "torch" else "rocm_aiter (numpy stand-in)",
     device="cuda" if BACKEND == "torch" else "cpu",
-)
-
-MLA_HEADS_MESSAGE = (
-    "Aiter MLA requires that num_heads be multiples or divisors of 16, but provided {n} number of heads.\n"
-    "Try adjusting tensor_parallel_size value."
 )
 
 
@@ -263,10 +261,6 @@ def _platform_format(fmt, arch, who):
         raise Unsupported(f"fp8_format {fmt}: {who} uses {arch}'s fp8, {want} (aiter.dtypes.fp8 / opus::fp8_t)")
 
 
-def _mla_heads_valid(n):
-    return n >= 1 and (n % 16 == 0 if n >= 16 else 16 % n == 0)
-
-
 def _mla_path(arch, kv_kind, heads, qlen):
     """How mla_decode_fwd can serve (kv dtype, padded heads, qlen) *with* an LSE on ``arch``:
     "split" (split-KV ASM stage 1 + Triton stage 2, which returns the LSE), "persistent"
@@ -302,13 +296,12 @@ def _mla_path(arch, kv_kind, heads, qlen):
 
 
 def _mla_common(t, p):
-    """The refusals docs/ops/mla_decode.md and sparse_mla.md share; returns the facts the plans
-    need (AITER's declines come after the metadata checks, in _mla_declines)."""
+    """The argument checks docs/ops/mla_decode.md and sparse_mla.md share ("Refusals"; the head
+    count is the op's answer, asked in plan()); returns the facts the plans need (AITER's declines
+    come after the metadata checks, in _mla_declines)."""
     q, kv, out, lse, bt = (_need(t, n) for n in ("q", "kv_cache", "out", "lse", "block_table"))
     ab.expect_ndim(q, 3)
     T, N, Lk = q.shape
-    if not _mla_heads_valid(N):
-        raise Refuse(MLA_HEADS_MESSAGE.format(n=N))
     ab.expect_dtype(q, "bf16", "f16")
     if q.ndim == 3 and q.shape[2] > 1 and q.strides[2] != 1:
         raise Refuse("'q' must have a unit stride in its last dim")
@@ -393,6 +386,10 @@ def _mla_steps(f, path, heads, qo_indptr, kv_indptr, kv_indices, max_seqlen_q, b
     N, T, Lk, Lv = f["N"], f["T"], f["Lk"], f["Lv"]
     steps = []
     r = heads // N
+    if N < 16 and heads % N:
+        # Outside attncheck only (the op refuses such head counts first): vLLM's padding repeats
+        # each head 16 / N times.
+        raise Unsupported(f"{N} heads: vLLM pads fewer than 16 heads by repeating each 16 / N times")
     if N < 16:
         steps.append(RepeatHeads("q_pad", arg("q"), r))
         steps.append(Alloc("o_pad", (T, heads, Lv), "bf16"))
@@ -761,10 +758,8 @@ def _indexer_cache(c):
     nb, bs, tb = c.shape
     if tb != TOKEN_BYTES or c.strides[2] != 1 or c.strides[1] != TOKEN_BYTES:
         raise Refuse(f"'{c.name}' {c.shape} strides {c.strides}: pages of block_size x {TOKEN_BYTES} contiguous bytes")
-    if not (bs == 1 or bs % 16 == 0):
-        raise Refuse(f"block size {bs}: 1 (NORMAL) or a multiple of 16 (SHUFFLE)")
-    if nb > 1 and (c.strides[0] < bs * TOKEN_BYTES or c.strides[0] % 4):
-        raise Refuse(f"page stride {c.strides[0]} is below {bs * TOKEN_BYTES} or not a multiple of 4")
+    if nb > 1 and c.strides[0] < bs * TOKEN_BYTES:
+        raise Refuse(f"page stride {c.strides[0]} is below {bs * TOKEN_BYTES}")
     return nb, bs
 
 
@@ -836,8 +831,6 @@ def plan_indexer_logits_prefill(t, p, host, arch):
     ab.expect_ndim(q, 3)
     M, H, D = q.shape
     N = kf.shape[0]
-    if not 1 <= H <= 128:
-        raise Refuse(f"H = {H} outside [1, 128]")
     if D != HEAD_DIM or kf.shape != (N, D) or ks.shape != (N,) or w.shape != (M, H) or logits.shape != (M, N):
         raise Refuse(f"q {q.shape}, k_fp8 {kf.shape}, k_scale {ks.shape}, weights {w.shape}, logits {logits.shape} disagree")
     if N > 1 and kf.strides[0] % 4:
@@ -858,14 +851,7 @@ def plan_indexer_logits_decode(t, p, host, arch):
     ab.expect_dtype(q, "u8")
     ab.expect_ndim(q, 4)
     B, nn, H, D = q.shape
-    if not 1 <= H <= 128:
-        raise Refuse(f"H = {H} outside [1, 128]")
-    cq = int(p.get("chunk_q", 64))
-    if cq < 1:
-        raise Refuse(f"chunk_q = {cq} < 1")
-    chunk = min(cq, H)
-    if H % chunk:
-        raise Refuse(f"H = {H} is not a multiple of ChunkQ = {chunk}")
+    chunk = min(int(p.get("chunk_q", 64)), H)
     nb, bs = _indexer_cache(cache)
     if D != HEAD_DIM or w.shape != (B * nn, H) or lens.shape != (B,) or table.shape[0] != B or logits.ndim != 2 or logits.shape[0] != B * nn:
         raise Refuse(f"q {q.shape}, weights {w.shape}, context_lens {lens.shape}, block_table {table.shape}, logits {logits.shape} disagree")
@@ -1160,10 +1146,15 @@ def gfx(be):
     return (getattr(chip, "get_gfx_runtime", None) or chip.get_gfx)()
 
 
+def plan(op, t, p, host, arch):
+    """The plan of entry ``op``, after asking the op whether the case is invalid."""
+    ab.refuse_if_invalid()
+    return PLANS[op](t, p, host, arch)
+
+
 def _run(op, t, p):
     be = backend()
-    plan = PLANS[op](t, p, lambda name: be.host_array(t[name]), gfx(be))
-    execute(plan, t, be)
+    execute(plan(op, t, p, lambda name: be.host_array(t[name]), gfx(be)), t, be)
 
 
 def _entry(op):

@@ -15,9 +15,11 @@ indexer_k_cache    ``indexer_k_quant_and_cache_triton`` (v1/attention/ops/rocm_a
 indexer_gather     ``cp_gather_indexer_k_quant_cache_triton`` (same file)
 =================  ==================================================================================
 
-What each entry declines (``Unsupported``: the function does not serve that configuration) and
-refuses (``Refuse``: the configuration is invalid under the op's contract, docs/ops/*.md) is said at
-the entry. Declines never mean "the kernel got it wrong": a function that accepts a configuration
+Every entry first asks the op whether the case is invalid (``ab.refuse_if_invalid()``: heads not
+a multiple of kv_heads, the indexer cache's block size and page stride rules, ...; docs/bridge.md
+"Validity") and refuses with the op's reason; the adapter does not re-code those rules. What each
+entry declines (``Unsupported``: the function does not serve that configuration) and refuses
+(``Refuse``: arguments malformed under docs/ops/*.md "Refusals") is said at the entry. Declines never mean "the kernel got it wrong": a function that accepts a configuration
 through its interface and computes it wrongly is called, and attncheck reports what it computed.
 
 Where vLLM comes from (``_load``), first match wins:
@@ -586,6 +588,7 @@ def kv_cache_write(t, p):
     packed caches), a value cache with other block/page strides than the key cache's (it addresses
     both with the key cache's), key/value rows whose heads and dims are not one run, and an fp8
     format other than the platform's."""
+    ab.refuse_if_invalid()
     a = ab.kv_cache_write_args(t, p)
     key, value, kc, vc, slots = a.key, a.value, a.key_cache, a.value_cache, a.slot_mapping
     ks, vs, kv_dtype = a.k_scale, a.v_scale, a.kv_dtype
@@ -639,6 +642,7 @@ def kv_cache_write_pertoken_quant(t, p):
     """vLLM has no Triton per-token-quant writer: the variant is AITER's
     ``reshape_and_cache_with_pertoken_quant`` (py:rocm_aiter). Declared so that a run over the
     kv_cache_write family reports these cases as not served instead of as a missing entry."""
+    ab.refuse_if_invalid()
     raise Unsupported(
         "vLLM's Triton writers quantize with one scale per tensor; the per-token-quant writer is "
         "AITER's reshape_and_cache_with_pertoken_quant (py:rocm_aiter)"
@@ -663,8 +667,9 @@ DECODE_CONTRACT = "qk-products-in-input-type+p-in-input-type"
 
 
 def _decode_checks(t, p):
-    """The refusals of docs/ops/decode_attention.md that concern the inputs; returns the pieces
-    the call needs."""
+    """The argument checks of docs/ops/decode_attention.md ("Refusals"); returns the pieces the
+    call needs. Which configurations are invalid (heads not a multiple of kv_heads, is_mla with
+    Lv >= Lk) the op answers: decode_attention asks it first."""
     names = ("q", "k_buffer", "v_buffer", "req_to_token", "b_seq_len", "o", "lse")
     q, kb, vb, table, lens, o, lse = (_arg(t, n) for n in names)
     S = int(_param(p, "num_kv_splits"))
@@ -704,8 +709,6 @@ def _decode_checks(t, p):
     cache_p = kb.shape[1] if kb.ndim == 4 else 1
     if P != cache_p:
         raise Refuse(f"page_size {P} is not the cache's {cache_p}")
-    if Hkv < 1 or Hq % Hkv:
-        raise Refuse(f"heads {Hq} is not a multiple of kv_heads {Hkv}")
     if o.shape != (B, Hq, Lv) or lse.shape != (B, Hq):
         raise Refuse(f"'o' {o.shape} / 'lse' {lse.shape} are not [B={B}, Hq={Hq}, Lv={Lv}] / [B, Hq]")
     if table.shape[0] != B or lens.shape != (B,):
@@ -713,8 +716,6 @@ def _decode_checks(t, p):
     if not 1 <= S <= 65535:
         raise Refuse(f"num_kv_splits must be in [1, 65535], got {S}")
     if is_mla:
-        if Lv >= Lk:
-            raise Refuse(f"is_mla needs Lv < Lk (V is the latent prefix of K), got {Lk}/{Lv}")
         if vb.ptr != kb.ptr or vb.strides != kb.strides:
             raise Refuse("is_mla needs v_buffer == k_buffer[..., :Lv] (same pointer and strides)")
         if v_scale != k_scale:
@@ -735,6 +736,7 @@ def decode_attention(t, p):
     the revision addresses pages as PAGE_SIZE x token stride (no ``_page_stride``: cross-layer
     views), fp8 caches when the revision takes no k_scale/v_scale, an fp8 format other than the
     platform's, and is_mla when the revision has no is_mla."""
+    ab.refuse_if_invalid()
     c = _decode_checks(t, p)
     q, kb, vb, table, lens, o, lse = (c[n] for n in ("q", "kb", "vb", "table", "lens", "o", "lse"))
     if table.strides[1] != 1:
@@ -845,6 +847,7 @@ def kv_gather(t, p):
     (the SHUFFLE path dequantizes with 1.0, as vLLM's SHUFFLE writer quantizes); head sizes the
     backend does not list (the kernel tiles a head with tl.arange(0, head_size)); and an fp8 format
     other than the platform's."""
+    ab.refuse_if_invalid()
     c = _kv_gather_checks(t, p)
     bt, key, value = c["bt"], c["key"], c["value"]
     Hkv, D, P, nb = c["Hkv"], c["D"], c["P"], c["nb"]
@@ -922,15 +925,13 @@ _HEAD_DIM, _TOKEN_BYTES = 128, 132  # fp8 values, then one fp32 scale
 
 
 def _indexer_cache_checks(cache):
+    """The cache's dtype, rank and row width; its block size and page stride rules are the op's
+    (asked by the entries before this)."""
     ab.expect_dtype(cache, "u8")
     ab.expect_ndim(cache, 3)
     nb, bs, width = cache.shape
     if width != _TOKEN_BYTES:
         raise Refuse(f"'kv_cache' rows are {width} bytes, expected {_TOKEN_BYTES} (128 fp8 + fp32 scale)")
-    if not (bs == 1 or (bs > 1 and bs % 16 == 0)):
-        raise Refuse(f"block size {bs} is neither 1 (NORMAL) nor a multiple of 16 (SHUFFLE)")
-    if nb > 1 and cache.strides[0] % 4:
-        raise Refuse(f"page stride {cache.strides[0]} is not a multiple of 4 (fp32 scales would be misaligned)")
     if cache.strides[1:] != (_TOKEN_BYTES, 1) or (nb > 1 and cache.strides[0] < bs * _TOKEN_BYTES):
         raise Unsupported(
             f"'kv_cache' strides {cache.strides}: the function views each page as one run of "
@@ -949,6 +950,7 @@ def indexer_k_cache(t, p):
     k + t * head_dim; vLLM hands it k_norm's contiguous output), a non-contiguous slot_mapping,
     quant_max other than the kernel's divisor (448 for e4m3fn, 224 for e4m3fnuz: 240 is AITER's HIP
     writer), and an fp8 format other than the platform's."""
+    ab.refuse_if_invalid()
     k, slots, cache = _arg(t, "k"), _arg(t, "slot_mapping"), _arg(t, "kv_cache")
     fmt = _fp8_format(p, required=True)
     qmax = float(_param(p, "quant_max"))
@@ -989,6 +991,7 @@ def indexer_gather(t, p):
     Declines: a block table with strided columns (the kernel reads b * stride(0) + column),
     non-contiguous cu_seq_lens / k_scale, and k_fp8 rows that are not contiguous (written at
     t * 128)."""
+    ab.refuse_if_invalid()
     cache, table, cu = _arg(t, "kv_cache"), _arg(t, "block_table"), _arg(t, "cu_seq_lens")
     k_fp8, k_scale = _arg(t, "k_fp8"), _arg(t, "k_scale")
     _indexer_cache_checks(cache)

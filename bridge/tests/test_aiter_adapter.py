@@ -64,8 +64,29 @@ def gfx(monkeypatch):
     return use
 
 
+@pytest.fixture()
+def invalid_case():
+    """Sets what attncheck sends before a case's launches (the ABI's case_context): the op and its
+    invalid() reason; no case again after the test."""
+
+    def set_case(op, reason):
+        ab._set_case({"op": op, "id": f"{op}/test", "params": {}, "invalid": reason, "fields": []})
+
+    yield set_case
+    ab._set_case(None)
+
+
+# The op's reason for an invalid MLA head count (reference/mla_decode.cpp, mla_num_heads_message).
+MLA_HEADS = ("Aiter MLA requires that num_heads be multiples or divisors of 16, but provided {n} number of heads.\n"
+             "Try adjusting tensor_parallel_size value.")
+
+
+def host_of(t):
+    return lambda name: np.array(ab.as_numpy(t[name]))
+
+
 def run(op, t, p, arch):
-    plan = ra.PLANS[op](t, p, lambda name: np.array(ab.as_numpy(t[name])), arch)
+    plan = ra.plan(op, t, p, host_of(t), arch)
     ra.execute(plan, t, ra.NumpyBackend())
     return plan
 
@@ -286,12 +307,22 @@ def test_mla_declines_exactly_what_aiters_dispatch_cannot_serve(arch, kv):
 
 
 @pytest.mark.parametrize("N", [3, 5, 12, 24, 40])
-def test_mla_invalid_head_counts_are_refused_with_aiters_text(N):
-    for Lk, Lv in ((96, 64), (576, 512)):
-        t, p = mla_problem(N=N, Lk=Lk, Lv=Lv)
+@pytest.mark.parametrize("op", ["mla_decode", "sparse_mla"])
+def test_mla_invalid_head_counts_are_refused_with_the_ops_reason(invalid_case, op, N):
+    """The op's reason (mla_inputs.h's invalid()); without a case (outside attncheck) the rule is not
+    re-coded: the head count meets AITER's kernel table or vLLM's padding, which decline it."""
+    if op == "mla_decode":
+        problems = [mla_problem(N=N, Lk=Lk, Lv=Lv) for Lk, Lv in ((96, 64), (576, 512))]
+    else:
+        problems = [sparse_problem(N=N)]
+    for t, p in problems:
+        with pytest.raises(ab.Unsupported):
+            ra.plan(op, t, p, host_of(t), "gfx942")
+    invalid_case(op, MLA_HEADS.format(n=N))
+    for t, p in problems:
         with pytest.raises(ab.Refuse) as e:
-            ra.plan_mla_decode(t, p, lambda n: np.array(ab.as_numpy(t[n])), "gfx942")
-        assert e.value.why == ra.MLA_HEADS_MESSAGE.format(n=N)
+            ra.plan(op, t, p, host_of(t), "gfx942")
+        assert e.value.why == MLA_HEADS.format(n=N)
 
 
 @pytest.mark.parametrize(
@@ -760,10 +791,35 @@ def test_indexer_k_cache_declines(kwargs, why):
         ra.plan_indexer_k_cache(t, p, None, "gfx942")
 
 
-def test_indexer_k_cache_refuses_block_sizes_neither_1_nor_16k():
-    t, p, *_ = k_cache_problem(bs=24)
-    with pytest.raises(ab.Refuse, match="block size 24"):
-        ra.plan_indexer_k_cache(t, p, None, "gfx942")
+@pytest.mark.parametrize("op, kwargs, reason", [
+    ("indexer_k_cache", dict(bs=24), "block size 24 is neither 1 (NORMAL) nor a multiple of 16 (SHUFFLE)"),
+    ("indexer_k_cache", dict(pad=2), "page stride 8450 is not a multiple of 4 (fp32 scales would be misaligned)"),
+])
+def test_indexer_k_cache_asks_the_op_whether_the_case_is_invalid(invalid_case, op, kwargs, reason):
+    """The op's reason (indexer.cpp's invalid()); without a case the rules are not re-coded: a plan
+    is made (block size 24) or AITER's page addressing declines (page stride)."""
+    t, p, *_ = k_cache_problem(**kwargs)
+    try:
+        ra.plan(op, t, p, None, "gfx942")
+    except ab.Unsupported:
+        pass
+    invalid_case(op, reason)
+    with pytest.raises(ab.Refuse) as e:
+        ra.plan(op, t, p, None, "gfx942")
+    assert e.value.why == reason
+
+
+@pytest.mark.parametrize("op, reason", [
+    ("indexer_gather", "page stride is not a multiple of 4"),
+    ("indexer_logits_prefill", "heads 256 outside [1, 128]"),
+    ("indexer_logits_decode", "chunk_q 0 < 1"),
+    ("indexer_logits_decode", "heads 48 not a multiple of chunk_q 32"),
+])
+def test_indexer_entries_ask_the_op_before_reading_any_argument(invalid_case, op, reason):
+    invalid_case(op, reason)
+    with pytest.raises(ab.Refuse) as e:
+        ra.plan(op, {}, {}, None, "gfx942")
+    assert e.value.why == reason
 
 
 @pytest.mark.parametrize("bs", [1, 16])

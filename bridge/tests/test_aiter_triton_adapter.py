@@ -233,12 +233,29 @@ def mla_tensors(heads=12, T=2, lk=96, lv=64):
 
 
 MLA_PARAMS = {"scale": 0.1, "kv_scale": 1.0, "kernel_block_size": 16, "lv": 64}
+# The op's reason for an invalid head count (reference/mla_decode.cpp, mla_num_heads_message).
+MLA_HEADS_12 = ("Aiter MLA requires that num_heads be multiples or divisors of 16, but provided 12 number of heads.\n"
+                "Try adjusting tensor_parallel_size value.")
+
+
+@pytest.fixture()
+def invalid_case():
+    """Sets what attncheck sends before a case's launches (the ABI's case_context): the op and its
+    invalid() reason; no case again after the test."""
+
+    def set_case(op, reason):
+        ab._set_case({"op": op, "id": f"{op}/test", "params": {}, "invalid": reason, "fields": []})
+
+    yield set_case
+    ab._set_case(None)
 
 
 @pytest.mark.parametrize("entry", ["mla_decode", "sparse_mla"])
-def test_mla_head_counts_aiter_refuses_are_refused_with_its_text(entry):
-    with pytest.raises(Refuse, match=r"Aiter MLA requires that num_heads be multiples or divisors of 16, but provided 12"):
+def test_mla_head_counts_the_op_calls_invalid_are_refused_with_its_reason(invalid_case, entry):
+    invalid_case(entry, MLA_HEADS_12)
+    with pytest.raises(Refuse) as refused:
         getattr(at, entry)(mla_tensors(heads=12), MLA_PARAMS)
+    assert refused.value.why == MLA_HEADS_12
 
 
 @pytest.mark.parametrize("change, why", [
@@ -261,10 +278,19 @@ def logits_tensors(heads=8, fmt_rows=4):
     }
 
 
-@pytest.mark.parametrize("params, heads, why", [
-    ({}, 8, "fp8_format must be e4m3fn or e4m3fnuz"),
-    ({"fp8_format": "e4m3fn"}, 256, "H = 256 outside"),
+def test_prefill_logits_refusals():
+    with pytest.raises(Refuse, match="fp8_format must be e4m3fn or e4m3fnuz"):
+        at.indexer_logits_prefill(logits_tensors(heads=8), {})
+
+
+@pytest.mark.parametrize("entry, reason", [
+    ("indexer_logits_prefill", "heads 256 outside [1, 128]"),
+    ("indexer_logits_decode", "heads 48 not a multiple of chunk_q 32"),
+    ("indexer_logits_decode", "block size 24 is neither 1 (NORMAL) nor a multiple of 16 (SHUFFLE)"),
 ])
-def test_prefill_logits_refusals(params, heads, why):
-    with pytest.raises(Refuse, match=why):
-        at.indexer_logits_prefill(logits_tensors(heads=heads), params)
+def test_logits_entries_ask_the_op_whether_the_case_is_invalid(invalid_case, entry, reason):
+    """The op's reason (indexer_scores.cpp's invalid()), before any argument is read."""
+    invalid_case(entry, reason)
+    with pytest.raises(Refuse) as refused:
+        getattr(at, entry)({}, {"fp8_format": "e4m3fn"})
+    assert refused.value.why == reason

@@ -16,6 +16,18 @@ from sm90_test_support import aligned, fake_torch  # noqa: E402
 T_ = ab.Tensor.from_numpy
 
 
+@pytest.fixture()
+def invalid_case():
+    """Sets what attncheck sends before a case's launches (the ABI's case_context): the op and its
+    invalid() reason; no case again after the test."""
+
+    def set_case(op, reason):
+        ab._set_case({"op": op, "id": f"{op}/test", "params": {}, "invalid": reason, "fields": []})
+
+    yield set_case
+    ab._set_case(None)
+
+
 def prefill(M=4, H=32, N=70, fmt="e4m3fn", weights_stride=None, q_offset=0):
     w = aligned((M, weights_stride or H), np.float32)[:, :H]
     t = {
@@ -72,10 +84,16 @@ def test_prefill_declines_what_the_sm90_kernel_does_not_serve(kwargs, why):
 
 
 @pytest.mark.parametrize("H", [0, 256])
-def test_prefill_refuses_head_counts_outside_the_contract(H):
+def test_prefill_asks_the_op_whether_the_case_is_invalid(invalid_case, H):
+    """The op's reason (indexer_scores.cpp's invalid()); without a case (outside attncheck) the
+    head count is DeepGEMM's to decline, not re-coded here."""
     t, p = prefill(H=H)
-    with pytest.raises(ab.Refuse, match=rf"heads {H} outside \[1, 128\]"):
+    with pytest.raises(ab.Unsupported, match="take 32 or 64 heads"):
         deepgemm.plan_prefill(t, p)
+    invalid_case("indexer_logits_prefill", f"heads {H} outside [1, 128]")
+    with pytest.raises(ab.Refuse) as refused:
+        deepgemm.plan_prefill(t, p)
+    assert refused.value.why == f"heads {H} outside [1, 128]"
 
 
 def test_prefill_refuses_an_unknown_fp8_format_and_wrong_shapes():
@@ -138,20 +156,34 @@ def test_decode_declines_what_the_sm90_kernel_does_not_serve(kwargs, why):
         deepgemm.plan_decode(t, p, unshuffle=True)
 
 
-@pytest.mark.parametrize(
-    "kwargs, why",
-    [
-        ({"BS": 24}, "block size 24"),
-        ({"chunk_q": 0}, "chunk_q 0 < 1"),
-        ({"H": 48, "chunk_q": 32}, "heads 48 not a multiple of chunk_q 32"),
-        ({"pad": 2}, "page stride is not a multiple of 4"),
-        ({"H": 256}, r"heads 256 outside \[1, 128\]"),
-    ],
-)
-def test_decode_refuses_what_the_contract_calls_invalid(kwargs, why):
+DECODE_INVALID = [
+    ({"BS": 24}, "block size 24 is neither 1 (NORMAL) nor a multiple of 16 (SHUFFLE)"),
+    ({"chunk_q": 0}, "chunk_q 0 < 1"),
+    ({"H": 48, "chunk_q": 32}, "heads 48 not a multiple of chunk_q 32"),
+    ({"pad": 2}, "page stride is not a multiple of 4"),
+    ({"H": 256}, "heads 256 outside [1, 128]"),
+]
+
+
+@pytest.mark.parametrize("kwargs, reason", DECODE_INVALID)
+def test_decode_asks_the_op_whether_the_case_is_invalid(invalid_case, kwargs, reason):
+    """The op's reason (indexer_scores.cpp's invalid()), before any argument check."""
     t, p = decode(**kwargs)
-    with pytest.raises(ab.Refuse, match=why):
+    invalid_case("indexer_logits_decode", reason)
+    with pytest.raises(ab.Refuse) as refused:
         deepgemm.plan_decode(t, p, unshuffle=True)
+    assert refused.value.why == reason
+
+
+@pytest.mark.parametrize("kwargs, reason", DECODE_INVALID)
+def test_decode_does_not_recode_the_ops_rules(kwargs, reason):
+    """Without a case (outside attncheck) nothing is refused for the op's reasons: DeepGEMM's
+    limits decline, or the plan is made."""
+    t, p = decode(**kwargs)
+    try:
+        deepgemm.plan_decode(t, p, unshuffle=True)
+    except ab.Unsupported:
+        pass
 
 
 def test_decode_row_ends_follow_the_next_n_rule_and_clamp():

@@ -15,6 +15,22 @@ from sm90_test_support import aligned, fake_torch  # noqa: E402
 
 T_ = ab.Tensor.from_numpy
 
+# The op's reason for an invalid head count (reference/mla_decode.cpp, mla_num_heads_message).
+MLA_HEADS = ("Aiter MLA requires that num_heads be multiples or divisors of 16, but provided {n} number of heads.\n"
+             "Try adjusting tensor_parallel_size value.")
+
+
+@pytest.fixture()
+def invalid_case():
+    """Sets what attncheck sends before a case's launches (the ABI's case_context): the op and its
+    invalid() reason; no case again after the test."""
+
+    def set_case(op, reason):
+        ab._set_case({"op": op, "id": f"{op}/test", "params": {}, "invalid": reason, "fields": []})
+
+    yield set_case
+    ab._set_case(None)
+
 
 def token_head_view(layout, T, N, L):
     """q/out views as attncheck lays them out (harness/ops/mla_inputs.h): contiguous, strided
@@ -110,10 +126,15 @@ def test_dense_declines_what_the_sm90_kernel_does_not_serve(kwargs, why):
 
 
 @pytest.mark.parametrize("N", [3, 5, 12, 24, 40])
-def test_dense_refuses_head_counts_of_the_16_head_rule(N):
+def test_dense_asks_the_op_about_the_16_head_rule(invalid_case, N):
+    """The op's reason (mla_inputs.h's invalid()); without a case (outside attncheck) the rule is
+    not re-coded: FlashMLA gets the heads."""
     t, p = dense(N=N)
-    with pytest.raises(ab.Refuse, match=f"multiples or divisors of 16, but provided {N} number"):
+    assert plan_dense(t, p)["N"] == N
+    invalid_case("mla_decode", MLA_HEADS.format(n=N))
+    with pytest.raises(ab.Refuse) as refused:
         plan_dense(t, p)
+    assert refused.value.why == MLA_HEADS.format(n=N)
 
 
 def test_dense_refuses_invalid_metadata_and_parameters():
@@ -168,13 +189,16 @@ def test_sparse_pads_strided_q_instead_of_reading_it():
     assert plan_sparse(t, p)["Npad"] == 64
 
 
-def test_sparse_refuses_requests_outside_the_table_and_invalid_heads():
+def test_sparse_refuses_requests_outside_the_table_and_asks_the_op_about_heads(invalid_case):
     t, p = sparse()
     with pytest.raises(ab.Refuse, match="names request 5 outside"):
         flashmla.plan_sparse(t, p, [0, 1, 5])
     t, p = sparse(N=12)
-    with pytest.raises(ab.Refuse, match="provided 12 number of heads"):
+    assert plan_sparse(t, p)["Npad"] == 64
+    invalid_case("sparse_mla", MLA_HEADS.format(n=12))
+    with pytest.raises(ab.Refuse) as refused:
         plan_sparse(t, p)
+    assert refused.value.why == MLA_HEADS.format(n=12)
 
 
 def test_convert_topk_follows_the_contract():

@@ -10,6 +10,18 @@ import numpy_reference as ref
 T_ = ab.Tensor.from_numpy
 
 
+@pytest.fixture()
+def invalid_case():
+    """Sets what attncheck sends before a case's launches (the ABI's case_context): the op and its
+    invalid() reason; no case again after the test."""
+
+    def set_case(op, reason):
+        ab._set_case({"op": op, "id": f"{op}/test", "params": {}, "invalid": reason, "fields": []})
+
+    yield set_case
+    ab._set_case(None)
+
+
 # ------------------------------------------------------------------------------------------------
 # page_indices
 
@@ -551,7 +563,6 @@ def test_decode_attention_rounds_products_where_fp32_products_would_differ():
     "change, message",
     [
         (lambda t, p: t.update(q=T_(np.zeros((3, 4, 16), np.float32), "q")), "'q' must be bf16 or f16"),
-        (lambda t, p: t.update(q=T_(np.zeros((3, 3, 16), np.uint16), "q", "bf16")), "heads 3 is not a multiple of kv_heads 2"),
         (lambda t, p: p.update(page_size=16), "page_size 16 differs"),
         (lambda t, p: p.update(num_kv_splits=0), "num_kv_splits must be in"),
         (lambda t, p: p.update(k_scale=2.0), "a 16-bit cache takes no scales"),
@@ -562,6 +573,36 @@ def test_decode_attention_refusals(change, message):
     t, p, _, _ = decode_problem(np.random.default_rng(1))
     change(t, p)
     with pytest.raises(ab.Refuse, match=message):
+        ref.decode_attention(t, p)
+
+
+@pytest.mark.parametrize(
+    "kwargs, reason",
+    [
+        (dict(Hq=3, Hkv=2), "heads 3 is not a multiple of kv_heads 2"),
+        (dict(mla=True, Lk=16, Lv=16), "is_mla needs Lv < Lk (V is the latent prefix of K), got 16/16"),
+    ],
+)
+def test_decode_attention_asks_the_op_whether_the_case_is_invalid(invalid_case, monkeypatch, kwargs, reason):
+    """The op's reason (decode_attention.cpp's invalid()), before anything is written, also from
+    numpy_broken's entry; the entries do not re-code the rules."""
+    t, p, o_store, lse_store = decode_problem(np.random.default_rng(1), **kwargs)
+    o_before, lse_before = o_store.copy(), lse_store.copy()
+    invalid_case("decode_attention", reason)
+    monkeypatch.setenv("ATTNCHECK_BROKEN", "decode_attention=wrong_scale")
+    for entry in (ref.decode_attention, numpy_broken.ADAPTER.get("decode_attention")):
+        with pytest.raises(ab.Refuse) as refused:
+            entry(t, p)
+        assert refused.value.why == reason
+    assert np.array_equal(o_store, o_before)
+    assert np.array_equal(lse_store, lse_before, equal_nan=True)
+
+
+def test_decode_attention_without_a_case_declines_heads_it_cannot_group():
+    """Outside attncheck (no case) a head count that does not group onto the kv heads is not
+    refused by a re-coded rule: the entry declines what its head mapping cannot compute."""
+    t, p, _, _ = decode_problem(np.random.default_rng(1), Hq=3, Hkv=2)
+    with pytest.raises(ab.Unsupported, match="heads 3 do not form groups over kv_heads 2"):
         ref.decode_attention(t, p)
 
 

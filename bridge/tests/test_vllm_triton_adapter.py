@@ -17,6 +17,18 @@ import vllm_triton
 T_ = ab.Tensor.from_numpy
 
 
+@pytest.fixture()
+def invalid_case():
+    """Sets what attncheck sends before a case's launches (the ABI's case_context): the op and its
+    invalid() reason; no case again after the test."""
+
+    def set_case(op, reason):
+        ab._set_case({"op": op, "id": f"{op}/test", "params": {}, "invalid": reason, "fields": []})
+
+    yield set_case
+    ab._set_case(None)
+
+
 # ------------------------------------------------------------------------------------------------
 # Isolation: loading vLLM touches sys.modules, sys.meta_path and sys.path.
 
@@ -280,8 +292,6 @@ def decode_problem(lk=576, lv=512, mla=True, hq=16, hkv=1, page=16, splits=4, fp
 @pytest.mark.parametrize(
     "kwargs, change, why",
     [
-        ({"mla": False, "hq": 12, "hkv": 8, "lk": 128, "lv": 128}, {}, "heads 12 is not a multiple of kv_heads 8"),
-        ({"mla": False, "lk": 128, "lv": 128}, {"is_mla": True}, "is_mla needs Lv < Lk"),
         ({}, {"page_size": 64}, "page_size 64 is not the cache's 16"),
         ({}, {"k_scale": 0.5, "v_scale": 0.5}, "must be 1 on a 16-bit cache"),
         ({}, {"num_kv_splits": 0}, r"num_kv_splits must be in \[1, 65535\]"),
@@ -289,10 +299,38 @@ def decode_problem(lk=576, lv=512, mla=True, hq=16, hkv=1, page=16, splits=4, fp
         ({"fp8": True}, {"fp8_format": "e5m2"}, "fp8_format must be e4m3fn or e4m3fnuz"),
     ],
 )
-def test_decode_refuses_what_the_contract_calls_invalid(fresh, kwargs, change, why):
+def test_decode_refuses_malformed_arguments(fresh, kwargs, change, why):
     t, p = decode_problem(**kwargs)
     p.update(change)
     with pytest.raises(ab.Refuse, match=why):
+        vllm_triton.decode_attention(t, p)
+
+
+DECODE_INVALID = [
+    ({"mla": False, "hq": 12, "hkv": 8, "lk": 128, "lv": 128}, {}, "heads 12 is not a multiple of kv_heads 8"),
+    ({"mla": True, "lk": 128, "lv": 128}, {},
+     "is_mla needs Lv < Lk (V is the latent prefix of K), got 128/128"),
+]
+
+
+@pytest.mark.parametrize("kwargs, change, reason", DECODE_INVALID)
+def test_decode_asks_the_op_whether_the_case_is_invalid(fresh, invalid_case, kwargs, change, reason):
+    """The op's reason (decode_attention.cpp's invalid()), before vLLM is even loaded."""
+    t, p = decode_problem(**kwargs)
+    p.update(change)
+    invalid_case("decode_attention", reason)
+    with pytest.raises(ab.Refuse) as refused:
+        vllm_triton.decode_attention(t, p)
+    assert refused.value.why == reason
+
+
+@pytest.mark.parametrize("kwargs, change, reason", DECODE_INVALID)
+def test_decode_does_not_recode_the_ops_rules(fresh, kwargs, change, reason):
+    """Without a case (outside attncheck) the entry goes on to vLLM (absent here: declined)."""
+    _no_installed_vllm()
+    t, p = decode_problem(**kwargs)
+    p.update(change)
+    with pytest.raises(ab.Unsupported, match="vLLM"):
         vllm_triton.decode_attention(t, p)
 
 
@@ -505,12 +543,10 @@ def k_cache_problem(bs=16, pad=0, k_stride=128, fmt="e4m3fn", quant_max=448.0):
 @pytest.mark.parametrize(
     "kwargs, why",
     [
-        ({"bs": 24}, "block size 24 is neither 1 \\(NORMAL\\) nor a multiple of 16"),
-        ({"pad": 2}, "page stride 2114 is not a multiple of 4"),
         ({"quant_max": 500.0}, "quant_max 500.0 outside"),
     ],
 )
-def test_k_cache_refuses_invalid_configurations(fresh, kwargs, why):
+def test_k_cache_refuses_malformed_arguments(fresh, kwargs, why):
     t, p = k_cache_problem(**kwargs)
     with pytest.raises(ab.Refuse, match=why):
         vllm_triton.indexer_k_cache(t, p)
@@ -527,6 +563,42 @@ def test_k_cache_declines_what_the_writer_does_not_serve(fresh, kwargs, why):
     t, p = k_cache_problem(**kwargs)
     with pytest.raises(ab.Unsupported, match=why):
         vllm_triton.indexer_k_cache(t, p)
+
+
+K_CACHE_INVALID = [
+    ({"bs": 24}, "block size 24 is neither 1 (NORMAL) nor a multiple of 16 (SHUFFLE)"),
+    ({"pad": 2}, "page stride 2114 is not a multiple of 4 (fp32 scales would be misaligned)"),
+]
+
+
+@pytest.mark.parametrize("kwargs, reason", K_CACHE_INVALID)
+def test_k_cache_asks_the_op_whether_the_case_is_invalid(fresh, invalid_case, kwargs, reason):
+    """The op's reason (indexer.cpp's invalid()); outside attncheck the writer is called."""
+    t, p = k_cache_problem(**kwargs)
+    invalid_case("indexer_k_cache", reason)
+    with pytest.raises(ab.Refuse) as refused:
+        vllm_triton.indexer_k_cache(t, p)
+    assert refused.value.why == reason
+
+
+@pytest.mark.parametrize("kwargs, reason", K_CACHE_INVALID)
+def test_k_cache_does_not_recode_the_ops_rules(fresh, monkeypatch, fake_torch, kwargs, reason):
+    fn = _fake_function(monkeypatch, "indexer_k_cache", ["k", "kv_cache", "slot_mapping", "quant_block_size", "scale_fmt"])
+    t, p = k_cache_problem(**kwargs)
+    vllm_triton.indexer_k_cache(t, p)
+    assert len(fn.calls) == 1
+
+
+def test_gather_asks_the_op_whether_the_case_is_invalid(fresh, invalid_case):
+    t = {"kv_cache": T_(index_cache(16, pad=2), "kv_cache"),
+         "block_table": T_(np.zeros((3, 4), np.int32), "block_table"),
+         "cu_seq_lens": T_(np.array([0, 1, 2, 3], np.int32), "cu_seq_lens"),
+         "k_fp8": T_(np.zeros((3, 128), np.uint8), "k_fp8"),
+         "k_scale": T_(np.zeros(3, np.float32), "k_scale")}
+    invalid_case("indexer_gather", "page stride is not a multiple of 4")
+    with pytest.raises(ab.Refuse) as refused:
+        vllm_triton.indexer_gather(t, {})
+    assert refused.value.why == "page stride is not a multiple of 4"
 
 
 def test_k_cache_calls_the_writer_with_ue8m0_scales(fresh, monkeypatch, fake_torch):
