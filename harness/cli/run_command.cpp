@@ -175,7 +175,7 @@ class Progress {
 // std::invalid_argument for a bad --gpus.
 PoolPlan pools_for(const RunArgs& a, bool kernel_mode) {
   std::string variable;
-  std::vector<Gpu> gpus;
+  std::vector<VisibleGpu> gpus;
   if (kernel_mode && a.gpus != "none") {
     const auto visible = visible_gpus(&variable);
     if (a.gpus == "auto") {
@@ -184,7 +184,7 @@ PoolPlan pools_for(const RunArgs& a, bool kernel_mode) {
       std::istringstream in(a.gpus);
       for (std::string id; std::getline(in, id, ',');) {
         if (id.empty()) throw std::invalid_argument("--gpus '" + a.gpus + "': an empty id");
-        Gpu g{id, 0};
+        VisibleGpu g{id, 0};
         for (const auto& v : visible)
           if (v.id == id) g = v;
         gpus.push_back(g);

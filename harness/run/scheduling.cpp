@@ -83,8 +83,8 @@ double median_of(std::vector<double> v) {
 
 }  // namespace
 
-std::vector<Gpu> visible_gpus(std::string* variable) {
-  std::vector<Gpu> gpus;
+std::vector<VisibleGpu> visible_gpus(std::string* variable) {
+  std::vector<VisibleGpu> gpus;
   for (const char* var : {"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"}) {
     const char* value = std::getenv(var);
     if (!value) continue;
@@ -94,7 +94,7 @@ std::vector<Gpu> visible_gpus(std::string* variable) {
     const auto amd = nvidia ? std::vector<uint64_t>{} : amd_gpus();
     for (const auto& id : split_commas(value)) {
       if (id == "-1" || id == "none") return {};  // a runtime stops at the first invalid id
-      Gpu g{id, 0};
+      VisibleGpu g{id, 0};
       if (const auto it = memory.find(id); it != memory.end()) g.memory_bytes = it->second;
       const auto index = static_cast<size_t>(std::strtoul(id.c_str(), nullptr, 10));
       if (!nvidia && index < amd.size()) g.memory_bytes = amd[index];
@@ -106,7 +106,7 @@ std::vector<Gpu> visible_gpus(std::string* variable) {
   for (const auto& [id, bytes] : nvidia)
     if (id.find_first_not_of("0123456789") == std::string::npos) gpus.push_back({id, bytes});
   std::sort(gpus.begin(), gpus.end(),
-            [](const Gpu& a, const Gpu& b) { return std::stoi(a.id) < std::stoi(b.id); });
+            [](const VisibleGpu& a, const VisibleGpu& b) { return std::stoi(a.id) < std::stoi(b.id); });
   if (!gpus.empty()) {
     if (variable) *variable = "CUDA_VISIBLE_DEVICES";
     return gpus;
@@ -117,7 +117,18 @@ std::vector<Gpu> visible_gpus(std::string* variable) {
   return gpus;
 }
 
-PoolPlan plan_pools(const std::vector<Gpu>& gpus, int cores, int jobs, int jobs_per_gpu) {
+void use_ctest_gpu() {
+  const char* spec = std::getenv("CTEST_RESOURCE_GROUP_0_GPUS");
+  if (!spec) return;
+  const std::string s = spec;
+  const auto id = s.find("id:");
+  if (id == std::string::npos) return;
+  const std::string gpu = s.substr(id + 3, s.find(',', id) - id - 3);
+  ::setenv("HIP_VISIBLE_DEVICES", gpu.c_str(), 1);
+  ::setenv("CUDA_VISIBLE_DEVICES", gpu.c_str(), 1);
+}
+
+PoolPlan plan_pools(const std::vector<VisibleGpu>& gpus, int cores, int jobs, int jobs_per_gpu) {
   PoolPlan plan;
   cores = std::max(cores, 1);
   if (gpus.empty()) {

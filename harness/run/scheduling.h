@@ -10,7 +10,7 @@
 
 namespace attncheck {
 
-struct Gpu {
+struct VisibleGpu {
   std::string id;             // as the visibility variable takes it ("0", "GPU-<uuid>", ...)
   uint64_t memory_bytes = 0;  // 0: unknown
 };
@@ -19,10 +19,10 @@ struct Gpu {
 // CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES / ROCR_VISIBLE_DEVICES when set, else nvidia-smi's
 // list, else the AMD GPUs in /sys/class/kfd. *variable: the variable that selects one of them
 // for a worker. Empty when there is none.
-std::vector<Gpu> visible_gpus(std::string* variable);
+std::vector<VisibleGpu> visible_gpus(std::string* variable);
 
 struct GpuPool {
-  Gpu gpu;
+  VisibleGpu gpu;
   int jobs = 0;
 };
 
@@ -37,6 +37,11 @@ struct PoolPlan {
   std::vector<std::vector<std::string>> slot_env() const;
 };
 
+// ctest's resource allocation (`ctest --resource-spec-file ci/ctest-resources.json`): when
+// CTEST_RESOURCE_GROUP_0_GPUS is set ("id:3,slots:1"), this process sees only that GPU
+// (HIP_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES). Call before any GPU runtime is initialized.
+void use_ctest_gpu();
+
 // The memory one worker's cases may hold on a GPU at once: the largest problems (sparse caches
 // past 2^31 bytes) need a few GiB, with the runtime's context beside them.
 constexpr uint64_t kGpuMemoryPerWorker = uint64_t{6} << 30;
@@ -46,7 +51,7 @@ constexpr uint64_t kGpuMemoryPerWorker = uint64_t{6} << 30;
 // kGpuMemoryPerWorker), at least 1. No GPU: `jobs` (or `cores`) workers in one pool. Each worker's
 // reference gets cores / workers threads (at least 1), so that workers never oversubscribe the
 // host.
-PoolPlan plan_pools(const std::vector<Gpu>& gpus, int cores, int jobs, int jobs_per_gpu);
+PoolPlan plan_pools(const std::vector<VisibleGpu>& gpus, int cores, int jobs, int jobs_per_gpu);
 
 // ci/case-durations.json: milliseconds per case id, as a run measured them.
 class CaseDurations {

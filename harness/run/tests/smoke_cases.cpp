@@ -14,6 +14,7 @@
 #include <set>
 
 #include "run/provenance.h"
+#include "run/scheduling.h"
 #include "run/worker.h"
 
 namespace attncheck {
@@ -43,18 +44,6 @@ std::vector<Case> smoke_cases() {
     }
   }();
   return cases;
-}
-
-// ctest's resource allocation: "id:3,slots:1" -> this process sees GPU 3 only.
-void use_ctest_gpu() {
-  const char* spec = std::getenv("CTEST_RESOURCE_GROUP_0_GPUS");
-  if (!spec) return;
-  const std::string s = spec;
-  const auto id = s.find("id:");
-  if (id == std::string::npos) return;
-  const std::string gpu = s.substr(id + 3, s.find(',', id) - id - 3);
-  ::setenv("HIP_VISIBLE_DEVICES", gpu.c_str(), 1);
-  ::setenv("CUDA_VISIBLE_DEVICES", gpu.c_str(), 1);
 }
 
 CaseContext& context() {
