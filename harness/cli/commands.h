@@ -76,6 +76,7 @@ struct BenchArgs {
 
 struct WorkerArgs {
   std::string kernels, arch, repro_dir, repro_extra;
+  std::vector<std::string> golden_checked;  // "op=stamp" (GoldenStore::trust_checked)
   int repeat = 2;
   bool allow_missing_goldens = false;
   int stress = 0;

@@ -203,6 +203,7 @@ int main(int argc, char** argv) {
   worker_cmd->add_option("--repro-extra", worker.repro_extra);
   worker_cmd->add_flag("--allow-missing-goldens", worker.allow_missing_goldens);
   worker_cmd->add_option("--import-timeout", worker.import_timeout_s);
+  worker_cmd->add_option("--golden-checked", worker.golden_checked);
 
   KernelsArgs kernels;
   kernels.kernels = env_or("ATTNCHECK_KERNELS", "");

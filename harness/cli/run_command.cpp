@@ -13,11 +13,14 @@
 #include <map>
 #include <numeric>
 #include <optional>
+#include <set>
 #include <sstream>
+#include <thread>
 
 #include "cli/commands.h"
 #include "run/cases.h"
 #include "run/evaluate.h"
+#include "run/golden.h"
 #include "run/pool.h"
 #include "run/provenance.h"
 #include "run/results.h"
@@ -47,6 +50,10 @@ int cmd_worker(const Paths& p, const WorkerArgs& a) {
   cfg.repro_extra = a.repro_extra;
   cfg.allow_missing_goldens = a.allow_missing_goldens;
   cfg.import_timeout_s = a.import_timeout_s;
+  for (const auto& checked : a.golden_checked) {
+    const auto eq = checked.find('=');
+    if (eq != std::string::npos) cfg.golden_checked[checked.substr(0, eq)] = checked.substr(eq + 1);
+  }
   return worker_main(cfg);
 }
 
@@ -169,6 +176,34 @@ class Progress {
   size_t total_;
   bool live_;
 };
+
+// The golden files of these cases' ops, each checked once here (MANIFEST, then a parse in a child
+// process, the files at once) instead of once per worker: "op=stamp" for every file that passed,
+// for the workers' --golden-checked. A file that fails is left to the workers, which report it
+// for each of its cases.
+std::vector<std::string> check_goldens_once(const std::string& dir, const std::vector<Case>& cases) {
+  std::set<std::string> ops;
+  const GoldenStore store(dir);
+  for (const auto& c : cases)
+    if (store.has_op(c.op)) ops.insert(c.op);
+  std::vector<std::string> list(ops.begin(), ops.end());
+  std::vector<std::string> passed(list.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < list.size(); ++i)
+    threads.emplace_back([&, i] {
+      const std::string& op = list[i];
+      const std::string stamp = golden_file_stamp(store.path_of(op));
+      try {
+        if (!stamp.empty() && golden_manifest_problem(dir, op).empty() &&
+            probe_golden_file(dir, op).empty() && golden_file_stamp(store.path_of(op)) == stamp)
+          passed[i] = op + "=" + stamp;
+      } catch (const std::exception&) {  // the workers check it again and say why
+      }
+    });
+  for (auto& t : threads) t.join();
+  std::erase(passed, std::string());
+  return passed;
+}
 
 // The pools of this run: GPUs from --gpus (auto: the visible ones; none in reference mode),
 // sizes from --jobs / --jobs-per-gpu or the cores and each GPU's memory. Throws
@@ -500,7 +535,7 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
   if (a.in_process) {
     WorkerConfig cfg{"",        paths.golden,      kernels,  a.arch,
                      repro_dir, path_flags(paths), a.repeat, a.allow_missing_goldens,
-                     a.stress,  a.import_timeout_s};
+                     a.stress,  a.import_timeout_s, {}};
     std::unique_ptr<CaseContext> ctx;
     try {
       ctx = make_context_within_limit(
@@ -538,6 +573,8 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
       spec.args.insert(spec.args.end(), {"--repro-extra", path_flags(paths)});
     if (a.allow_missing_goldens) spec.args.push_back("--allow-missing-goldens");
     if (a.stress > 0) spec.args.insert(spec.args.end(), {"--stress", std::to_string(a.stress)});
+    for (const auto& checked : check_goldens_once(paths.golden, cases))
+      spec.args.insert(spec.args.end(), {"--golden-checked", checked});
     std::string sanitizer_log;
     if (!a.sanitizer.empty()) {
       try {

@@ -23,9 +23,10 @@ std::unique_ptr<CaseContext> make_context(const WorkerConfig& cfg) {
   auto ctx = std::make_unique<CaseContext>();
   if (!cfg.cases_dir.empty()) ctx->files = load_case_dir(cfg.cases_dir);
   ctx->repro_dir = cfg.repro_dir;
-  if (fs::is_directory(cfg.golden_dir))
+  if (fs::is_directory(cfg.golden_dir)) {
     ctx->goldens = std::make_unique<GoldenStore>(cfg.golden_dir);
-  else if (!cfg.allow_missing_goldens)
+    for (const auto& [op, stamp] : cfg.golden_checked) ctx->goldens->trust_checked(op, stamp);
+  } else if (!cfg.allow_missing_goldens)
     throw std::runtime_error("golden directory '" + cfg.golden_dir +
                              "' does not exist (pass --golden DIR, or --allow-missing-goldens to "
                              "run without goldens)");
