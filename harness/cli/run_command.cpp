@@ -1,5 +1,6 @@
 // `attncheck run` and `attncheck worker`: cases in worker processes, live progress, summary,
 // failures with repro lines, and the results directory.
+#include <sched.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -230,8 +231,13 @@ PoolPlan pools_for(const RunArgs& a, bool kernel_mode) {
         variable = "HIP_VISIBLE_DEVICES";
     }
   }
-  const long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
-  PoolPlan plan = plan_pools(gpus, static_cast<int>(std::max(cores, 1L)), a.jobs, a.jobs_per_gpu);
+  // The cores this process may run on (taskset, cgroups' cpusets), not the host's.
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  const int cores = ::sched_getaffinity(0, sizeof allowed, &allowed) == 0
+                        ? CPU_COUNT(&allowed)
+                        : static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
+  PoolPlan plan = plan_pools(gpus, std::max(cores, 1), a.jobs, a.jobs_per_gpu);
   plan.variable = variable;
   if (const char* threads = std::getenv("OMP_NUM_THREADS"); threads && std::atoi(threads) > 0)
     plan.cpu_threads = std::atoi(threads);  // the user's choice stands
