@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "run/cases.h"
+#include "run/coverage.h"
 #include "run/golden.h"
 #include "run/provenance.h"
 #include "run/results.h"
@@ -405,6 +406,28 @@ int cmd_kernels(const Paths&, const KernelsArgs& a) {
   std::cout << (missing ? std::to_string(missing) + " entries the ops ask for are missing\n"
                         : "every entry the ops ask for is present\n");
   return a.check && missing ? 1 : 0;
+}
+
+int cmd_coverage(const Paths& p, const CoverageArgs& a) {
+  std::vector<CaseFile> files;
+  if (!load(p, files)) return 2;
+  CoverageOptions options;
+  options.tier = a.tier;
+  options.ops = a.ops;
+  CoverageReport report;
+  try {
+    report = audit_coverage(files, options);
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "attncheck: " << e.what() << "\n";
+    return 2;
+  }
+  const nlohmann::json j = coverage_json(report);
+  if (!a.out.empty()) write_file_atomic(a.out, j.dump(1) + "\n");
+  if (a.json)
+    std::cout << j.dump(1) << "\n";
+  else
+    print_coverage(report, std::cout);
+  return report.exit_status();
 }
 
 int cmd_report(const Paths& p, const std::vector<std::string>& args) {

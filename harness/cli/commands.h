@@ -88,6 +88,13 @@ struct KernelsArgs {
   bool check = false;
 };
 
+struct CoverageArgs {
+  std::string tier = "quick";
+  std::vector<std::string> ops;
+  bool json = false;  // the audit as JSON on stdout instead of the listing
+  std::string out;    // also write the JSON here (e.g. <results>/coverage.json)
+};
+
 // Loads <cases>/*.toml and selects `sel`; on a bad case file or selection prints the reason
 // ("attncheck: ...") and returns false.
 bool load_and_select(const Paths& p, const Selection& sel, std::vector<CaseFile>& files,
@@ -103,6 +110,7 @@ int cmd_bench(const Paths& p, const BenchArgs& a);
 int cmd_report(const Paths& p, const std::vector<std::string>& args);
 int cmd_worker(const Paths& p, const WorkerArgs& a);
 int cmd_kernels(const Paths& p, const KernelsArgs& a);
+int cmd_coverage(const Paths& p, const CoverageArgs& a);
 
 // " --cases X --golden Y" when they differ from the defaults, for repro lines.
 std::string path_flags(const Paths& p);

@@ -214,6 +214,18 @@ int main(int argc, char** argv) {
   kernels_cmd->add_flag("--check", kernels.check,
                         "exit 1 when an entry the ops ask for is missing");
 
+  CoverageArgs coverage;
+  auto* coverage_cmd = app.add_subcommand(
+      "coverage",
+      "audit what a tier passes to the kernels: flags arguments never varied, derived from "
+      "others, never at their extremes (docs/coverage.md; no GPU, no reference)");
+  coverage_cmd->add_option("--tier", coverage.tier, "smoke, quick, full or bench")
+      ->check(CLI::IsMember({"smoke", "quick", "full", "bench"}))
+      ->capture_default_str();
+  coverage_cmd->add_option("--op", coverage.ops, "only these ops (repeatable)");
+  coverage_cmd->add_flag("--json", coverage.json, "the audit as JSON on stdout");
+  coverage_cmd->add_option("--out", coverage.out, "also write the audit as JSON to this file");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -221,7 +233,7 @@ int main(int argc, char** argv) {
     if (app.get_subcommands().empty() && !app.remaining().empty() &&
         app.remaining().front().rfind("-", 0) != 0) {
       std::cerr << "attncheck: unknown command '" << app.remaining().front()
-                << "' (commands: list, run, repro, golden, bench, kernels, report)\n";
+                << "' (commands: list, run, repro, golden, bench, kernels, coverage, report)\n";
       return 2;
     }
     return app.exit(e);
@@ -247,6 +259,7 @@ int main(int argc, char** argv) {
     if (*report_cmd) return cmd_report(paths, report_cmd->remaining());
     if (*worker_cmd) return cmd_worker(paths, worker);
     if (*kernels_cmd) return cmd_kernels(paths, kernels);
+    if (*coverage_cmd) return cmd_coverage(paths, coverage);
   } catch (const std::exception& e) {
     std::cerr << "attncheck: " << e.what() << "\n";
     return 2;

@@ -7,50 +7,96 @@
 // (cross-layer views), heads mapped to the wrong KV head, fp8 scales applied twice or not at all,
 // and writes outside o / lse.
 #include <cmath>
-#include <stdexcept>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "core/numeric.h"
 #include "core/policy.h"
 #include "core/rng.h"
-#include "ops/op.h"
 #include "ops/paged.h"
+#include "ops/typed_op.h"
 #include "reference/decode_attention.h"
 
 namespace attncheck {
 namespace {
 
-std::pair<int64_t, int64_t> parse_dims(const std::string& s) {
-  const auto x = s.find('x');
-  if (x == std::string::npos) throw std::invalid_argument("lk_lv must look like 576x512: " + s);
-  return {std::stoll(s.substr(0, x)), std::stoll(s.substr(x + 1))};
-}
+// lk_lv: QK head dim x V head dim; the enum's order is the table's.
+enum class HeadDims { d576x512, d576x128, d320x256, d288x256, d192x128, d128x128 };
+struct HeadDimsEntry {
+  HeadDims dims;
+  const char* name;
+  int64_t lk, lv;
+};
+constexpr HeadDimsEntry kHeadDims[] = {
+    {HeadDims::d576x512, "576x512", 576, 512}, {HeadDims::d576x128, "576x128", 576, 128},
+    {HeadDims::d320x256, "320x256", 320, 256}, {HeadDims::d288x256, "288x256", 288, 256},
+    {HeadDims::d192x128, "192x128", 192, 128}, {HeadDims::d128x128, "128x128", 128, 128},
+};
+
+enum class KvDtype { same, e4m3fn, e4m3fnuz };
+enum class Layout { contiguous, strided, cross_layer };
+enum class Fp8Codes { ordinary, special };
 
 double to_f32(double v) {
   return static_cast<double>(static_cast<float>(v));
 }
 
-// Why the kernel must refuse this configuration ("" when valid).
-std::string config_refusal(int64_t hq, int64_t hkv, int64_t lk, int64_t lv, bool is_mla) {
-  if (hkv < 1 || hq % hkv != 0)
-    return "heads " + std::to_string(hq) + " is not a multiple of kv_heads " + std::to_string(hkv);
-  if (is_mla && lv >= lk)
-    return "is_mla needs Lv < Lk (V is the latent prefix of K), got " + std::to_string(lk) + "/" +
-           std::to_string(lv);
-  return "";
+struct DecodeAttentionParams {
+  HeadDims lk_lv = HeadDims::d576x512;
+  bool is_mla = true;
+  int64_t heads = 16;
+  int64_t kv_heads = 1;
+  int64_t page_size = 16;
+  int64_t splits = 4;
+  int64_t logit_cap = 0;
+  DType dtype = DType::bf16;
+  KvDtype kv_dtype = KvDtype::same;
+  int64_t batch = 4;
+  int64_t max_ctx = 70;
+  Layout layout = Layout::contiguous;
+  int64_t seed = 0;
+  Fp8Codes fp8_codes = Fp8Codes::ordinary;
+  int64_t offset_log2 = 0;
+
+  int64_t lk() const { return kHeadDims[static_cast<size_t>(lk_lv)].lk; }
+  int64_t lv() const { return kHeadDims[static_cast<size_t>(lk_lv)].lv; }
+  DType cache_dtype() const {
+    return kv_dtype == KvDtype::same     ? dtype
+           : kv_dtype == KvDtype::e4m3fn ? DType::e4m3fn
+                                         : DType::e4m3fnuz;
+  }
+  bool fp8() const { return is_fp8(cache_dtype()); }
+  // The caches' standard deviation: fp8 codes span the format like a per-tensor amax scale does.
+  double kv_std() const { return fp8() ? max_finite(cache_dtype()) / 5 : 1.0; }
+  double sm_scale() const { return to_f32(1.0 / std::sqrt(static_cast<double>(lk()))); }
+  double k_scale() const { return fp8() ? to_f32(1.1 / kv_std()) : 1.0; }
+  double v_scale() const { return fp8() ? (is_mla ? k_scale() : to_f32(0.9 / kv_std())) : 1.0; }
+};
+
+// Why the kernel must refuse this configuration, or nothing.
+std::optional<std::string> refusal(const DecodeAttentionParams& p) {
+  if (p.kv_heads < 1 || p.heads % p.kv_heads != 0)
+    return "heads " + std::to_string(p.heads) + " is not a multiple of kv_heads " +
+           std::to_string(p.kv_heads);
+  if (p.is_mla && p.lv() >= p.lk())
+    return "is_mla needs Lv < Lk (V is the latent prefix of K), got " + std::to_string(p.lk()) +
+           "/" + std::to_string(p.lv());
+  return std::nullopt;
 }
 
-ref::DecodeAttentionInputs inputs_of(const Problem& p) {
+ref::DecodeAttentionInputs inputs_of(const Problem& prob, const DecodeAttentionParams& p) {
   ref::DecodeAttentionInputs in;
-  in.q = p.arg("q");
-  in.k_buffer = p.arg("k_buffer");
-  in.v_buffer = p.arg("v_buffer");
-  in.req_to_token = p.arg("req_to_token");
-  in.seq_lens = p.arg("b_seq_len");
-  const auto& kp = p.kernel_params;
-  in.sm_scale = kp.at("sm_scale").get<double>();
-  in.logit_cap = kp.at("logit_cap").get<double>();
-  in.k_scale = kp.at("k_scale").get<double>();
-  in.v_scale = kp.at("v_scale").get<double>();
+  in.q = prob.arg("q");
+  in.k_buffer = prob.arg("k_buffer");
+  in.v_buffer = prob.arg("v_buffer");
+  in.req_to_token = prob.arg("req_to_token");
+  in.seq_lens = prob.arg("b_seq_len");
+  in.sm_scale = p.sm_scale();
+  in.logit_cap = static_cast<double>(p.logit_cap);
+  in.k_scale = p.k_scale();
+  in.v_scale = p.v_scale();
   return in;
 }
 
@@ -95,85 +141,85 @@ void plant_fp8_specials(const Tensor& cache, const PagedLayout& pl, int64_t P, i
   }
 }
 
-class DecodeAttentionOp final : public ContractDependentOp {
+class DecodeAttentionOp final : public ContractDependentTypedOp<DecodeAttentionParams> {
  public:
+  using P = DecodeAttentionParams;
   std::string name() const override { return "decode_attention"; }
-  std::vector<Axis> axes() const override {
-    return {
-        {"lk_lv",
-         "d",
-         "576x512",
-         {"576x512", "576x128", "320x256", "288x256", "192x128", "128x128"},
-         "QK head dim x V head dim"},
-        {"is_mla", "mla", true, {}, "V is the first Lv dims of K (same storage); needs Lv < Lk"},
-        {"heads", "h", 16, {}, "query heads Hq"},
-        {"kv_heads", "hkv", 1, {}, "KV heads Hkv (kv_group_num = Hq / Hkv; 1 = MHA kernel)"},
-        {"page_size", "p", 16, {1, 16, 64}, "tokens per page; 1 uses a 3-D cache + token table"},
-        {"splits", "sp", 4, {}, "num_kv_splits (may exceed the tokens of a request)"},
-        {"logit_cap", "cap", 0, {}, "soft-cap cap * tanh(s / cap); 0 = off"},
-        {"dtype", "", "bf16", {"bf16", "f16"}, "q and o dtype"},
-        {"kv_dtype", "kv", "same", {"same", "e4m3fn", "e4m3fnuz"}, "cache dtype; fp8 has scales"},
-        {"batch", "b", 4, {}, "requests; lengths 1, 1, P-1, P, P+1, 2P+1 first, the last max_ctx"},
-        {"max_ctx", "ctx", 70, {}, "longest request"},
-        {"layout",
-         "",
-         "contiguous",
-         {"contiguous", "strided", "cross_layer"},
-         "strided: q, o, lse and the page table are padded views; cross_layer: pages of two "
-         "layers interleave (page stride 2 P Hkv D') and head rows are padded by 3 elements"},
-        {"seed", "s", 0, {}, "input seed"},
-        {"fp8_codes",
-         "fp8",
-         "ordinary",
-         {"ordinary", "special"},
-         "special: the tokens a request reads hold the saturation codes (+-448 e4m3fn, +-240 "
-         "e4m3fnuz) and, in e4m3fn, -0; every slot no request reads holds the format's NaN codes",
-         false},
-        {"offset_log2",
-         "offlog",
-         0,
-         {0, 31, 32},
-         "31 / 32: every page a request reads lies past byte 2^31 / 2^32 of its cache (block ids "
-         "past 2^31 / page bytes). The device holds the whole extent, NaN-poisoned; the host only "
-         "the pages read (a sparse storage, docs/abi.md). contiguous layout only",
-         false},
-    };
+  Fields<P> fields() const override {
+    std::vector<std::pair<HeadDims, std::string>> dims;
+    for (const auto& d : kHeadDims) dims.emplace_back(d.dims, d.name);
+    return Fields<P>()
+        .choice("lk_lv", "d", &P::lk_lv, dims, "QK head dim x V head dim")
+        .add("is_mla", "mla", &P::is_mla,
+             "V is the first Lv dims of K (same storage); needs Lv < Lk")
+        .add("heads", "h", &P::heads, "query heads Hq")
+        .add("kv_heads", "hkv", &P::kv_heads,
+             "KV heads Hkv (kv_group_num = Hq / Hkv; 1 = MHA kernel)")
+        .add("page_size", "p", &P::page_size, "tokens per page; 1 uses a 3-D cache + token table")
+        .only({1, 16, 64})
+        .add("splits", "sp", &P::splits, "num_kv_splits (may exceed the tokens of a request)")
+        .add("logit_cap", "cap", &P::logit_cap, "soft-cap cap * tanh(s / cap); 0 = off")
+        .add("dtype", "", &P::dtype, "q and o dtype")
+        .only({"bf16", "f16"})
+        .choice(
+            "kv_dtype", "kv", &P::kv_dtype,
+            {{KvDtype::same, "same"}, {KvDtype::e4m3fn, "e4m3fn"}, {KvDtype::e4m3fnuz, "e4m3fnuz"}},
+            "cache dtype; fp8 has scales")
+        .add("batch", "b", &P::batch,
+             "requests; lengths 1, 1, P-1, P, P+1, 2P+1 first, the last max_ctx")
+        .add("max_ctx", "ctx", &P::max_ctx, "longest request")
+        .choice("layout", "", &P::layout,
+                {{Layout::contiguous, "contiguous"},
+                 {Layout::strided, "strided"},
+                 {Layout::cross_layer, "cross_layer"}},
+                "strided: q, o, lse and the page table are padded views; cross_layer: pages of two "
+                "layers interleave (page stride 2 P Hkv D') and head rows are padded by 3 elements")
+        .add("seed", "s", &P::seed, "input seed")
+        .choice(
+            "fp8_codes", "fp8", &P::fp8_codes,
+            {{Fp8Codes::ordinary, "ordinary"}, {Fp8Codes::special, "special"}},
+            "special: the tokens a request reads hold the saturation codes (+-448 e4m3fn, +-240 "
+            "e4m3fnuz) and, in e4m3fn, -0; every slot no request reads holds the format's NaN "
+            "codes")
+        .out_of_id_at_default()
+        .add("offset_log2", "offlog", &P::offset_log2,
+             "31 / 32: every page a request reads lies past byte 2^31 / 2^32 of its cache (block "
+             "ids "
+             "past 2^31 / page bytes). The device holds the whole extent, NaN-poisoned; the host "
+             "only "
+             "the pages read (a sparse storage, docs/abi.md). contiguous layout only")
+        .only({0, 31, 32})
+        .out_of_id_at_default();
   }
 
-  Problem make(const Case& c) const override {
-    const auto& p = c.params;
-    const auto [lk, lv] = parse_dims(param_str(p, "lk_lv"));
-    const bool mla = param_bool(p, "is_mla");
-    const int64_t hq = param_int(p, "heads"), hkv = param_int(p, "kv_heads");
-    const int64_t P = param_int(p, "page_size"), S = param_int(p, "splits");
-    const int64_t cap = param_int(p, "logit_cap"), B = param_int(p, "batch");
-    const int64_t seed = param_int(p, "seed");
-    const std::string layout = param_str(p, "layout"), kv = param_str(p, "kv_dtype");
-    const bool specials = param_str(p, "fp8_codes") == "special";
-    const int64_t offset_log2 = param_int(p, "offset_log2");
-    if (S < 1 || hq < 1 || hkv < 1 || cap < 0 || B < 1)
-      throw std::invalid_argument(
-          "decode_attention: splits, heads, kv_heads, batch must be >= 1 "
-          "and logit_cap >= 0");
-    const DType qt = param_dtype(p, "dtype");
-    const DType kt = kv == "same" ? qt : kv == "e4m3fn" ? DType::e4m3fn : DType::e4m3fnuz;
-    const bool fp8 = is_fp8(kt);
-    const auto u64 = static_cast<uint64_t>(seed);
-    if (specials && !fp8)
-      throw std::invalid_argument("decode_attention: fp8_codes = special needs an fp8 kv_dtype");
-    if (offset_log2 != 0 && layout != "contiguous")
-      throw std::invalid_argument("decode_attention: offset_log2 needs the contiguous layout");
+  std::optional<std::string> unbuildable(const P& p) const override {
+    if (p.splits < 1 || p.heads < 1 || p.kv_heads < 1 || p.logit_cap < 0 || p.batch < 1)
+      return "decode_attention: splits, heads, kv_heads, batch must be >= 1 and logit_cap >= 0";
+    if (p.fp8_codes == Fp8Codes::special && !p.fp8())
+      return "decode_attention: fp8_codes = special needs an fp8 kv_dtype";
+    if (p.offset_log2 != 0 && p.layout != Layout::contiguous)
+      return "decode_attention: offset_log2 needs the contiguous layout";
+    return std::nullopt;
+  }
+
+  std::optional<std::string> invalid(const P& p) const override { return refusal(p); }
+
+  Problem make(const Case& c, const P& p) const override {
+    const int64_t lk = p.lk(), lv = p.lv(), hq = p.heads, hkv = p.kv_heads, page_size = p.page_size;
+    const int64_t B = p.batch;
+    const DType qt = p.dtype, kt = p.cache_dtype();
+    const auto u64 = static_cast<uint64_t>(p.seed);
+    const bool strided = p.layout == Layout::strided;
 
     Problem prob;
-    prob.expect_refusal = config_refusal(hq, hkv, lk, lv, mla);
-    const auto pl = paged_layout(c.id, B, param_int(p, "max_ctx"), P, layout == "strided", seed,
+    const auto pl = paged_layout(c.id, B, p.max_ctx, page_size, strided, p.seed,
                                  /*min_len=*/1);  // L = 0 is undefined upstream (0 / 0)
     // Large offsets: the pages in use are ids [first_page, first_page + num_blocks), the first
     // one starting past byte 2^offset_log2 of the larger cache (K's; V's is no larger).
     int64_t first_page = 0;
-    if (offset_log2 > 0) {
-      const int64_t page_bytes = P * hkv * lk * static_cast<int64_t>(dtype_size(kt));
-      first_page = (int64_t{1} << offset_log2) / page_bytes + 1;
+    if (p.offset_log2 > 0) {
+      const int64_t page_bytes = page_size * hkv * lk * static_cast<int64_t>(dtype_size(kt));
+      first_page = (int64_t{1} << p.offset_log2) / page_bytes + 1;
       for (int64_t b = 0; b < B; ++b)
         for (int64_t j = 0; j < pl.block_table.size(1); ++j) {
           auto& id = pl.block_table.at<int32_t>({b, j});
@@ -184,25 +230,25 @@ class DecodeAttentionOp final : public ContractDependentOp {
 
     // q: N(0, 1); with a soft-cap, scores reach the cap's non-linear range.
     Tensor q;
-    if (layout == "strided") {
+    if (strided) {
       q = Tensor::full(qt, {B, hq, lk + 48}, 3.0).slice(2, 16, 16 + lk);
     } else {
       q = Tensor::empty(qt, {B, hq, lk});
     }
-    fill_normal(q, Rng(c.id, "q", u64), 0.0, cap > 0 ? 4.0 : 1.0);
+    fill_normal(q, Rng(c.id, "q", u64), 0.0, p.logit_cap > 0 ? 4.0 : 1.0);
 
     // Caches: every byte random (spare pages and the other layer too), so a read of the wrong
-    // page, layer or head shows. fp8 codes span the format like a per-tensor amax scale does.
-    const double kv_std = fp8 ? max_finite(kt) / 5 : 1.0;
+    // page, layer or head shows.
+    const double kv_std = p.kv_std();
     auto cache = [&](const char* name, int64_t D) {
-      Shape shape = P == 1 ? Shape{pages, hkv, D} : Shape{pages, P, hkv, D};
+      Shape shape = page_size == 1 ? Shape{pages, hkv, D} : Shape{pages, page_size, hkv, D};
       if (first_page > 0) {
-        const int64_t per_page = P * hkv * D;
+        const int64_t per_page = page_size * hkv * D;
         Tensor t = Tensor::sparse(kt, shape, first_page * per_page, pl.num_blocks * per_page);
         fill_normal(t.slice(0, first_page, pages), Rng(c.id, name, u64), 0.0, kv_std);
         return t;
       }
-      if (layout != "cross_layer") {
+      if (p.layout != Layout::cross_layer) {
         Tensor t = Tensor::empty(kt, shape);
         fill_normal(t, Rng(c.id, name, u64), 0.0, kv_std);
         return t;
@@ -215,17 +261,15 @@ class DecodeAttentionOp final : public ContractDependentOp {
       return storage.select(1, 1).slice(-1, 0, D);
     };
     const Tensor k = cache("k_buffer", lk);
-    const Tensor v = mla ? k.slice(-1, 0, std::min(lv, lk)) : cache("v_buffer", lv);
-    if (specials) {
-      plant_fp8_specials(k, pl, P, first_page);
-      if (!mla) plant_fp8_specials(v, pl, P, first_page);
+    const Tensor v = p.is_mla ? k.slice(-1, 0, std::min(lv, lk)) : cache("v_buffer", lv);
+    if (p.fp8_codes == Fp8Codes::special) {
+      plant_fp8_specials(k, pl, page_size, first_page);
+      if (!p.is_mla) plant_fp8_specials(v, pl, page_size, first_page);
     }
-    const double k_scale = fp8 ? to_f32(1.1 / kv_std) : 1.0;
-    const double v_scale = fp8 ? (mla ? k_scale : to_f32(0.9 / kv_std)) : 1.0;
 
     // Outputs: NaN everywhere in their storages; the gaps of strided views must stay NaN.
     Tensor o, lse;
-    if (layout == "strided") {
+    if (strided) {
       o = Tensor::empty(qt, {B, hq + 2, lv + 24}).slice(1, 1, 1 + hq).slice(2, 8, 8 + lv);
       lse = Tensor::empty(DType::f32, {B, hq + 5}).slice(1, 2, 2 + hq);
     } else {
@@ -242,27 +286,27 @@ class DecodeAttentionOp final : public ContractDependentOp {
                  {"b_seq_len", pl.seq_lens, Role::input},
                  {"o", o, Role::output},
                  {"lse", lse, Role::output}};
-    prob.kernel_params = {
-        {"num_kv_splits", S}, {"sm_scale", to_f32(1.0 / std::sqrt(static_cast<double>(lk)))},
-        {"page_size", P},     {"logit_cap", static_cast<double>(cap)},
-        {"k_scale", k_scale}, {"v_scale", v_scale},
-        {"is_mla", mla}};
-    if (fp8) prob.kernel_params["fp8_format"] = kv;
     int64_t tokens = 0;
     for (int64_t b = 0; b < B; ++b) tokens += pl.seq_lens.at<int32_t>({b});
-    const auto kv_row = static_cast<double>(hkv * (lk + (mla ? 0 : lv)) * dtype_size(kt));
+    const auto kv_row = static_cast<double>(hkv * (lk + (p.is_mla ? 0 : lv)) * dtype_size(kt));
     prob.flops = 2.0 * static_cast<double>(tokens * hq * (lk + lv));
     prob.bytes = static_cast<double>(tokens) * kv_row +
                  static_cast<double>(B * hq * (lk + lv) * dtype_size(qt));
     return prob;
   }
 
-  TensorMap reference(const Problem& p) const override {
-    const Tensor &q = p.arg("q"), &k = p.arg("k_buffer"), &v = p.arg("v_buffer");
-    const std::string why = config_refusal(q.size(1), k.size(-2), q.size(2), v.size(-1),
-                                           p.kernel_params.at("is_mla").get<bool>());
-    if (!why.empty()) throw InvalidConfig(why);
-    auto r = ref::decode_attention(inputs_of(p));
+  nlohmann::json kernel_params(const P& p, const Problem&) const override {
+    nlohmann::json kp = {
+        {"num_kv_splits", p.splits}, {"sm_scale", p.sm_scale()},
+        {"page_size", p.page_size},  {"logit_cap", static_cast<double>(p.logit_cap)},
+        {"k_scale", p.k_scale()},    {"v_scale", p.v_scale()},
+        {"is_mla", p.is_mla}};
+    if (p.fp8()) kp["fp8_format"] = p.kv_dtype == KvDtype::e4m3fn ? "e4m3fn" : "e4m3fnuz";
+    return kp;
+  }
+
+  TensorMap reference(const Problem& prob, const P& p) const override {
+    auto r = ref::decode_attention(inputs_of(prob, p));
     return {{"o", r.o}, {"lse", r.lse}};
   }
 
@@ -280,18 +324,19 @@ class DecodeAttentionOp final : public ContractDependentOp {
   //     weight errors of that size need the exact factor expm1(2d) instead of 2d: the remainder
   //     (expm1(ds + e_x + e_b) - (ds + e_x + e_b)) W2 joins the o term;
   //   p-in-input-type: u_p = u_in in the MHA kernel too (the grouped kernel's model has it).
-  std::vector<OutputCheck> contract_checks(const Problem& p, const TensorMap&,
+  std::vector<OutputCheck> contract_checks(const Problem& prob, const P& p, const TensorMap&,
                                            const Contract& contract) const override {
-    return budgets(p, contract);
+    return budgets(prob, p, contract);
   }
 
  private:
-  static std::vector<OutputCheck> budgets(const Problem& p, const Contract& contract) {
-    const auto in = inputs_of(p);
+  static std::vector<OutputCheck> budgets(const Problem& prob, const P& p,
+                                          const Contract& contract) {
+    const auto in = inputs_of(prob, p);
     const auto t = ref::decode_error_terms(in);
-    const DType qt = p.arg("q").dtype();
-    const int64_t lk = in.q.size(2), hq = in.q.size(1), hkv = in.k_buffer.size(-2);
-    const auto S = static_cast<double>(p.kernel_params.at("num_kv_splits").get<int64_t>());
+    const DType qt = p.dtype;
+    const int64_t lk = p.lk(), hq = p.heads, hkv = p.kv_heads;
+    const auto S = static_cast<double>(p.splits);
     const double u = unit_roundoff(DType::f32);
     // The MHA kernel keeps p in fp32 unless its contract rounds it.
     const double up = hq / hkv > 1 ? unit_roundoff(qt) : probability_rounding(contract, qt);

@@ -1,4 +1,5 @@
-// Inputs, layouts and budgets shared by the two MLA op families (mla_decode, sparse_mla).
+// What the two MLA op families (mla_decode, sparse_mla) share: their parameters' base struct and
+// axes, the inputs their make() builds alike, layouts and budgets.
 //
 // What the generated data is built to expose:
 //   - cache slots no query may read (blocks nobody owns, tails of last blocks) hold NaN: a kernel
@@ -10,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -18,8 +20,8 @@
 #include "core/numeric.h"
 #include "core/policy.h"
 #include "core/rng.h"
-#include "ops/op.h"
 #include "ops/paged.h"
+#include "ops/typed_op.h"
 #include "reference/mla_decode.h"
 
 namespace attncheck::mla {
@@ -27,31 +29,11 @@ namespace attncheck::mla {
 inline const std::vector<nlohmann::json> kHeadValues = {1,  2,   4, 8, 16, 32, 48,
                                                         64, 128, 3, 5, 12, 24, 40};
 
-inline std::pair<int64_t, int64_t> parse_dims(const std::string& dims) {  // "576x512"
-  const auto x = dims.find('x');
-  if (x == std::string::npos) throw std::invalid_argument("dims must be LKxLV, got " + dims);
-  return {std::stoll(dims.substr(0, x)), std::stoll(dims.substr(x + 1))};
-}
-
-// "lk": 1/sqrt(Lk), what aiter's and vLLM's tests use. "yarn": DeepSeek-V3's production scale,
-// qk_head_dim^-0.5 * mscale^2 with qk_head_dim = 192 and mscale = 0.1 ln(40) + 1 (factor 40,
-// mscale_all_dim 1). The kernel receives the scale as a parameter and must not recompute it.
-inline double softmax_scale(const std::string& name, int64_t lk) {
-  if (name == "lk") return 1.0 / std::sqrt(static_cast<double>(lk));
-  if (name == "yarn") {
-    const double mscale = 0.1 * std::log(40.0) + 1.0;
-    return mscale * mscale / std::sqrt(192.0);
-  }
-  throw std::invalid_argument("unknown scale '" + name + "'");
-}
-
-// kv_dtype axis: "auto" = the query dtype (vLLM's cache dtype "auto"), else an fp8 format.
-inline DType cache_dtype(const std::string& kv, DType q_dtype) {
-  if (kv == "auto") return q_dtype;
-  if (kv == "e4m3fn") return DType::e4m3fn;
-  if (kv == "e4m3fnuz") return DType::e4m3fnuz;
-  throw std::invalid_argument("unknown kv dtype '" + kv + "'");
-}
+enum class KvDtype { same_as_query, e4m3fn, e4m3fnuz };  // axis kv_dtype: "auto", fp8 formats
+enum class Layout { contiguous, strided, transposed };
+enum class Dims { d576x512, d96x64 };  // Lk x Lv: DeepSeek's latent + rope, and a small one
+enum class Scale { lk, yarn };
+enum class Fp8Codes { ordinary, special };
 
 // A per-tensor fp8 dequantization scale that is not a power of two (so a kernel that drops or
 // doubles it is caught) and is exactly an fp32 number (the kernel's copy of it is exact). Cache
@@ -60,6 +42,124 @@ inline DType cache_dtype(const std::string& kv, DType q_dtype) {
 inline double fp8_kv_scale(int64_t seed, double code_max = 4.0) {
   const double s = (0.19 + 0.013 * static_cast<double>(seed % 7)) * 4.0 / code_max;
   return static_cast<double>(static_cast<float>(s));
+}
+
+// The axes both MLA ops have (the P base of mla_decode and sparse_mla). Defaults are
+// mla_decode's; sparse_mla's parameters change two of them.
+struct CommonParams {
+  int64_t heads = 16;
+  int64_t block_size = 16;
+  int64_t qlen = 1;
+  DType dtype = DType::bf16;
+  KvDtype kv_dtype = KvDtype::same_as_query;
+  int64_t batch = 3;
+  int64_t ctx = 65;
+  Layout layout = Layout::contiguous;
+  Dims dims = Dims::d576x512;
+  Scale scale = Scale::lk;
+  int64_t seed = 0;
+  Fp8Codes fp8_codes = Fp8Codes::ordinary;
+  int64_t offset_log2 = 0;
+
+  int64_t lk() const { return dims == Dims::d576x512 ? 576 : 96; }
+  int64_t lv() const { return dims == Dims::d576x512 ? 512 : 64; }
+  bool special_codes() const { return fp8_codes == Fp8Codes::special; }
+  // kv_dtype "auto" = the query dtype (vLLM's cache dtype "auto"), else an fp8 format.
+  DType cache_dtype() const {
+    return kv_dtype == KvDtype::same_as_query ? dtype
+           : kv_dtype == KvDtype::e4m3fn      ? DType::e4m3fn
+                                              : DType::e4m3fnuz;
+  }
+  // "lk": 1/sqrt(Lk), what aiter's and vLLM's tests use. "yarn": DeepSeek-V3's production scale,
+  // qk_head_dim^-0.5 * mscale^2 with qk_head_dim = 192 and mscale = 0.1 ln(40) + 1 (factor 40,
+  // mscale_all_dim 1). The kernel receives the scale as a parameter and must not recompute it.
+  double softmax_scale() const {
+    if (scale == Scale::lk) return 1.0 / std::sqrt(static_cast<double>(lk()));
+    const double mscale = 0.1 * std::log(40.0) + 1.0;
+    return mscale * mscale / std::sqrt(192.0);
+  }
+  // The cache's dequantization scale: 1 for 16-bit caches.
+  double kv_scale() const {
+    const DType kv = cache_dtype();
+    if (!is_fp8(kv)) return 1.0;
+    return fp8_kv_scale(seed, special_codes() ? max_finite(kv) : 4.0);
+  }
+};
+
+// What the two ops' shared axes say differently: their help, and the qlen values they serve.
+struct AxisTexts {
+  std::string block_size, qlen, batch, layout, dims, scale, fp8_codes, offset_log2;
+  std::vector<nlohmann::json> qlen_values;
+};
+
+// The shared axes before the op's own (heads .. ctx), in case-id order. P derives from
+// CommonParams (the members are CommonParams', hence the explicit member types).
+template <class P>
+void add_shape_fields(Fields<P>& f, const AxisTexts& t) {
+  f.template add<int64_t>("heads", "h", &P::heads,
+                          "query heads; 3, 5, 12, 24, 40 break the 16-head rule and must be "
+                          "refused")
+      .only(kHeadValues)
+      .template add<int64_t>("block_size", "bs", &P::block_size, t.block_size)
+      .only({1, 16, 64})
+      .template add<int64_t>("qlen", "q", &P::qlen, t.qlen)
+      .only(t.qlen_values)
+      .template add<DType>("dtype", "", &P::dtype, "query and output dtype")
+      .only({"bf16", "f16"})
+      .template choice<KvDtype>("kv_dtype", "kv", &P::kv_dtype,
+                                {{KvDtype::same_as_query, "auto"},
+                                 {KvDtype::e4m3fn, "e4m3fn"},
+                                 {KvDtype::e4m3fnuz, "e4m3fnuz"}},
+                                "cache dtype (auto = dtype)")
+      .template add<int64_t>("batch", "b", &P::batch, t.batch)
+      .template add<int64_t>("ctx", "ctx", &P::ctx,
+                             "longest kv length; others ragged with block-edge lengths");
+}
+
+// The shared axes after the op's own (layout .. offset_log2).
+template <class P>
+void add_input_fields(Fields<P>& f, const AxisTexts& t) {
+  f.template choice<Layout>("layout", "", &P::layout,
+                            {{Layout::contiguous, "contiguous"},
+                             {Layout::strided, "strided"},
+                             {Layout::transposed, "transposed"}},
+                            t.layout)
+      .template choice<Dims>("dims", "d", &P::dims,
+                             {{Dims::d576x512, "576x512"}, {Dims::d96x64, "96x64"}}, t.dims)
+      .template choice<Scale>("scale", "sc", &P::scale, {{Scale::lk, "lk"}, {Scale::yarn, "yarn"}},
+                              t.scale)
+      .template add<int64_t>("seed", "s", &P::seed, "input seed")
+      .template choice<Fp8Codes>("fp8_codes", "fp8", &P::fp8_codes,
+                                 {{Fp8Codes::ordinary, "ordinary"}, {Fp8Codes::special, "special"}},
+                                 t.fp8_codes)
+      .out_of_id_at_default()
+      .template add<int64_t>("offset_log2", "offlog", &P::offset_log2, t.offset_log2)
+      .only({0, 31, 32})
+      .out_of_id_at_default();
+}
+
+// A case file's error shared by both ops (special codes are fp8 codes).
+inline std::optional<std::string> unbuildable(const CommonParams& p) {
+  if (p.special_codes() && !is_fp8(p.cache_dtype()))
+    return "fp8_codes = special needs an fp8 kv_dtype";
+  return std::nullopt;
+}
+
+// Both ops' refusal: aiter's 16-head rule.
+inline std::optional<std::string> invalid(const CommonParams& p) {
+  if (!ref::mla_num_heads_valid(p.heads)) return ref::mla_num_heads_message(p.heads);
+  return std::nullopt;
+}
+
+// The kernel parameters both ops pass (mla_decode adds max_seqlen_q).
+inline nlohmann::json common_kernel_params(const CommonParams& p) {
+  nlohmann::json kp = {{"scale", p.softmax_scale()},
+                       {"kv_scale", p.kv_scale()},
+                       {"kernel_block_size", p.block_size},
+                       {"lv", p.lv()}};
+  if (is_fp8(p.cache_dtype()))
+    kp["fp8_format"] = p.kv_dtype == KvDtype::e4m3fn ? "e4m3fn" : "e4m3fnuz";
+  return kp;
 }
 
 // The latent cache [first_block + num_blocks, P, Lk]: uniform values in [-1, 1] (bf16/f16) or fp8
@@ -101,37 +201,74 @@ inline Tensor make_cache(const std::string& case_id, DType dtype, int64_t num_bl
 //   contiguous: [T + 1, N, L] storage, the view is its first T rows;
 //   strided:    head stride L + 40, token stride N (L + 40) + 24, element offset 3 (not aligned);
 //   transposed: head-major [N, T + 1, L] storage, permuted to [T, N, L].
-inline Tensor make_token_head_view(const std::string& layout, DType dtype, int64_t T, int64_t N,
-                                   int64_t L) {
+inline Tensor make_token_head_view(Layout layout, DType dtype, int64_t T, int64_t N, int64_t L) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
-  if (layout == "contiguous") return Tensor::full(dtype, {T + 1, N, L}, nan).slice(0, 0, T);
-  if (layout == "strided") {
-    const int64_t hs = L + 40, ts = N * hs + 24;
-    return Tensor::full(dtype, {T * ts + 3 + 64}, nan).as_strided({T, N, L}, {ts, hs, 1}, 3);
+  switch (layout) {
+    case Layout::contiguous:
+      return Tensor::full(dtype, {T + 1, N, L}, nan).slice(0, 0, T);
+    case Layout::strided: {
+      const int64_t hs = L + 40, ts = N * hs + 24;
+      return Tensor::full(dtype, {T * ts + 3 + 64}, nan).as_strided({T, N, L}, {ts, hs, 1}, 3);
+    }
+    case Layout::transposed:
+      break;
   }
-  if (layout == "transposed")
-    return Tensor::full(dtype, {N, T + 1, L}, nan).slice(1, 0, T).permute({1, 0, 2});
-  throw std::invalid_argument("unknown layout '" + layout + "'");
+  return Tensor::full(dtype, {N, T + 1, L}, nan).slice(1, 0, T).permute({1, 0, 2});
 }
 
 // lse [T, N] f32 for a layout (same ideas: spare row, wider rows, head-major).
-inline Tensor make_lse_view(const std::string& layout, int64_t T, int64_t N) {
+inline Tensor make_lse_view(Layout layout, int64_t T, int64_t N) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
-  if (layout == "contiguous") return Tensor::full(DType::f32, {T + 1, N}, nan).slice(0, 0, T);
-  if (layout == "strided") return Tensor::full(DType::f32, {T, N + 3}, nan).slice(1, 0, N);
-  if (layout == "transposed")
-    return Tensor::full(DType::f32, {N, T + 1}, nan).slice(1, 0, T).permute({1, 0});
-  throw std::invalid_argument("unknown layout '" + layout + "'");
+  switch (layout) {
+    case Layout::contiguous:
+      return Tensor::full(DType::f32, {T + 1, N}, nan).slice(0, 0, T);
+    case Layout::strided:
+      return Tensor::full(DType::f32, {T, N + 3}, nan).slice(1, 0, N);
+    case Layout::transposed:
+      break;
+  }
+  return Tensor::full(DType::f32, {N, T + 1}, nan).slice(1, 0, T).permute({1, 0});
 }
 
 // Queries: N(0, 3^2) in the query dtype. With cache values in [-1, 1] and scale 1/sqrt(Lk) the
 // scores have a standard deviation near 1.7 (a softmax neither flat nor one-hot); the "yarn"
 // scale makes them about 3x sharper.
-inline Tensor make_query(const std::string& case_id, const std::string& layout, DType dtype,
-                         int64_t T, int64_t N, int64_t lk, int64_t seed) {
+inline Tensor make_query(const std::string& case_id, Layout layout, DType dtype, int64_t T,
+                         int64_t N, int64_t lk, int64_t seed) {
   Tensor q = make_token_head_view(layout, dtype, T, N, lk);
   fill_normal(q, Rng(case_id, "q", static_cast<uint64_t>(seed)), 0.0, 3.0);
   return q;
+}
+
+// What both ops' make() build alike: the paged layout (block ids moved past 2^offset_log2 bytes),
+// the cache whose slots outside every request's context are NaN (or NaN codes), the queries and
+// the poisoned out / lse views.
+struct Inputs {
+  PagedLayout pages;
+  Tensor cache, q, out, lse;
+  int64_t tokens = 0;  // T = batch * qlen query rows
+};
+
+inline Inputs make_inputs(const std::string& case_id, const CommonParams& p) {
+  const int64_t P = p.block_size, lk = p.lk();
+  const DType kvd = p.cache_dtype();
+  Inputs in;
+  in.pages = paged_layout(case_id, p.batch, p.ctx, P, p.layout == Layout::strided, p.seed, p.qlen);
+  in.tokens = p.batch * p.qlen;
+  const PagedLayout& pl = in.pages;
+  std::vector<bool> readable(static_cast<size_t>(pl.num_blocks * P), false);
+  for (int64_t r = 0; r < p.batch; ++r)
+    for (int64_t t = 0; t < pl.seq_lens.at<int32_t>({r}); ++t)
+      readable[static_cast<size_t>(pl.block_table.at<int32_t>({r, t / P}) * P + t % P)] = true;
+  const int64_t first =
+      first_block_past(p.offset_log2, P * lk * static_cast<int64_t>(dtype_size(kvd)));
+  shift_block_ids(pl, first);
+  in.cache =
+      make_cache(case_id, kvd, pl.num_blocks, P, lk, readable, p.seed, first, p.special_codes());
+  in.q = make_query(case_id, p.layout, p.dtype, in.tokens, p.heads, lk, p.seed);
+  in.out = make_token_head_view(p.layout, p.dtype, in.tokens, p.heads, p.lv());
+  in.lse = make_lse_view(p.layout, in.tokens, p.heads);
+  return in;
 }
 
 // Comparison budgets, derived in docs/ops/mla_decode.md. Kernel model: scores accumulated in fp32
@@ -230,18 +367,17 @@ struct RowSlots {
 
 // A = max over query rows t, heads h and the slots row t reads of
 // scale * sum_d |q[t,h,d] kv_scale c[slot,d]|: the largest sum of |products| behind any score.
-inline double max_abs_score_products(const Problem& p, const RowSlots& rows) {
-  const auto& kp = p.kernel_params;
+inline double max_abs_score_products(const Problem& p, const CommonParams& prm,
+                                     const RowSlots& rows) {
   const Tensor& q = p.arg("q");
   const int64_t T = q.size(0), N = q.size(1), lk = q.size(2);
   std::vector<int64_t> distinct = rows.slots;
   std::sort(distinct.begin(), distinct.end());
   distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
   const std::vector<double> c =
-      ref::gather_latent_rows({p.arg("kv_cache"), kp.at("kv_scale").get<double>()}, distinct)
-          .to_vector();
+      ref::gather_latent_rows({p.arg("kv_cache"), prm.kv_scale()}, distinct).to_vector();
   const std::vector<double> qv = q.to_vector();
-  const double scale = std::fabs(kp.at("scale").get<double>());
+  const double scale = std::fabs(prm.softmax_scale());
   double best = 0;
   for (int64_t t = 0; t < T; ++t)
     for (int64_t i = rows.begin[static_cast<size_t>(t)]; i < rows.end[static_cast<size_t>(t)];
@@ -262,16 +398,16 @@ inline double max_abs_score_products(const Problem& p, const RowSlots& rows) {
 
 // The checks of an MLA problem (mla_decode or sparse_mla) under `contract`: budgets from the
 // inputs it reads, i.e. the cache slots of every query row and the longest key list of any row.
-inline std::vector<OutputCheck> problem_checks(const Problem& p, const RowSlots& rows,
-                                               int64_t keys_max, const Contract& contract = {}) {
-  const auto& kp = p.kernel_params;
+inline std::vector<OutputCheck> problem_checks(const Problem& p, const CommonParams& prm,
+                                               const RowSlots& rows, int64_t keys_max,
+                                               const Contract& contract = {}) {
   const Tensor& q = p.arg("q");
-  const auto s = ref::mla_input_scales(q, {p.arg("kv_cache"), kp.at("kv_scale").get<double>()},
-                                       rows.slots, kp.at("lv").get<int64_t>(), keys_max);
+  const auto s =
+      ref::mla_input_scales(q, {p.arg("kv_cache"), prm.kv_scale()}, rows.slots, prm.lv(), keys_max);
   const double abs_score_max =
-      contract.qk_products_in_input_type ? max_abs_score_products(p, rows) : 0.0;
-  return budgets(s, q.dtype(), p.arg("out").dtype(), q.size(2), kp.at("scale").get<double>(),
-                 contract, abs_score_max);
+      contract.qk_products_in_input_type ? max_abs_score_products(p, prm, rows) : 0.0;
+  return budgets(s, q.dtype(), p.arg("out").dtype(), q.size(2), prm.softmax_scale(), contract,
+                 abs_score_max);
 }
 
 }  // namespace attncheck::mla

@@ -9,22 +9,32 @@
 #include <algorithm>
 
 #include "ops/mla_inputs.h"
-#include "ops/op.h"
-#include "ops/paged.h"
 #include "reference/sparse_mla.h"
 
 namespace attncheck {
 namespace {
 
+enum class Pattern { causal, random, holes };
+
+struct SparseMlaParams : mla::CommonParams {
+  int64_t topk = 64;
+  Pattern pattern = Pattern::random;
+  // sparse_mla's defaults where they differ from mla_decode's.
+  SparseMlaParams() {
+    block_size = 64;
+    scale = mla::Scale::yarn;
+  }
+};
+
 // Request-local top-k rows for every token; invalid entries per `pattern` (see the file comment).
-Tensor make_topk(const std::string& case_id, const std::string& pattern, const std::string& layout,
+Tensor make_topk(const std::string& case_id, Pattern pattern, mla::Layout layout,
                  const Tensor& seq_lens, int64_t qlen, int64_t topk, int64_t table_positions,
                  int64_t seed) {
   const int64_t B = seq_lens.size(0), T = B * qlen;
   Tensor view;
-  if (layout == "contiguous")
+  if (layout == mla::Layout::contiguous)
     view = Tensor::full(DType::i32, {T, topk}, -9);
-  else if (layout == "strided")
+  else if (layout == mla::Layout::strided)
     view = Tensor::full(DType::i32, {T, topk + 5}, -9).slice(1, 0, topk);
   else
     view = Tensor::full(DType::i32, {topk, T}, -9).permute({1, 0});
@@ -34,12 +44,12 @@ Tensor make_topk(const std::string& case_id, const std::string& pattern, const s
     const int64_t last = L - qlen + t % qlen;  // the token's own position
     const int64_t n = std::min(topk, last + 1);
     std::vector<int64_t> row(static_cast<size_t>(topk), -1);
-    if (pattern == "causal") {
+    if (pattern == Pattern::causal) {
       for (int64_t j = 0; j < n; ++j) row[static_cast<size_t>(j)] = j;
     } else {
       const auto order = permutation(last + 1, rng);
       for (int64_t j = 0; j < n; ++j) row[static_cast<size_t>(j)] = order[static_cast<size_t>(j)];
-      if (pattern == "holes") {
+      if (pattern == Pattern::holes) {
         // Interior invalid entries: a quarter of the row, or all of token 0's row.
         for (int64_t j = 0; j < topk; ++j) {
           if (t != 0 && rng.uniform() >= 0.25) continue;
@@ -48,8 +58,6 @@ Tensor make_topk(const std::string& case_id, const std::string& pattern, const s
                                         : kind == 1 ? -rng.uniform_int(2, 1000)
                                                     : table_positions + rng.uniform_int(0, 500);
         }
-      } else if (pattern != "random") {
-        throw std::invalid_argument("unknown index pattern '" + pattern + "'");
       }
     }
     for (int64_t j = 0; j < topk; ++j)
@@ -58,114 +66,94 @@ Tensor make_topk(const std::string& case_id, const std::string& pattern, const s
   return view;
 }
 
-class SparseMlaOp final : public ContractDependentOp {
+class SparseMlaOp final : public ContractDependentTypedOp<SparseMlaParams> {
  public:
+  using P = SparseMlaParams;
   std::string name() const override { return "sparse_mla"; }
-  std::vector<Axis> axes() const override {
-    return {
-        {"heads", "h", 16, mla::kHeadValues,
-         "query heads; 3, 5, 12, 24, 40 break the 16-head rule and must be refused"},
-        {"block_size", "bs", 64, {1, 16, 64}, "cache block size"},
-        {"qlen", "q", 1, {1, 2, 3, 4, 8}, "query tokens per request"},
-        {"dtype", "", "bf16", {"bf16", "f16"}, "query and output dtype"},
-        {"kv_dtype", "kv", "auto", {"auto", "e4m3fn", "e4m3fnuz"}, "cache dtype (auto = dtype)"},
-        {"batch", "b", 3, {}, "requests"},
-        {"ctx", "ctx", 65, {}, "longest kv length; others ragged with block-edge lengths"},
-        {"topk", "k", 64, {}, "indices per token (2048 for DeepSeek-V3.2)"},
-        {"pattern", "", "random", {"causal", "random", "holes"}, "index pattern"},
-        {"layout",
-         "",
-         "contiguous",
-         {"contiguous", "strided", "transposed"},
-         "q/out/lse/topk views (as in mla_decode)"},
-        {"dims", "d", "576x512", {"576x512", "96x64"}, "Lk x Lv"},
-        {"scale", "sc", "yarn", {"lk", "yarn"}, "softmax scale"},
-        {"seed", "s", 0, {}, "input seed"},
-        fp8_codes_axis("special: cache codes span the fp8 format; the slots of every request's "
-                       "context hold the saturation codes and, in e4m3fn, -0; every other slot "
-                       "the format's NaN codes (fp8 kv_dtype only)"),
-        offset_log2_axis("31 / 32: every block of every request starts past byte 2^31 / 2^32 "
-                         "of the cache; the host holds only those blocks"),
+  Fields<P> fields() const override {
+    const mla::AxisTexts texts{
+        .block_size = "cache block size",
+        .qlen = "query tokens per request",
+        .batch = "requests",
+        .layout = "q/out/lse/topk views (as in mla_decode)",
+        .dims = "Lk x Lv",
+        .scale = "softmax scale",
+        .fp8_codes =
+            "special: cache codes span the fp8 format; the slots of every request's "
+            "context hold the saturation codes and, in e4m3fn, -0; every other slot "
+            "the format's NaN codes (fp8 kv_dtype only)",
+        .offset_log2 =
+            "31 / 32: every block of every request starts past byte 2^31 / 2^32 "
+            "of the cache; the host holds only those blocks",
+        .qlen_values = {1, 2, 3, 4, 8},
     };
+    Fields<P> f;
+    mla::add_shape_fields(f, texts);
+    f.add("topk", "k", &P::topk, "indices per token (2048 for DeepSeek-V3.2)")
+        .choice(
+            "pattern", "", &P::pattern,
+            {{Pattern::causal, "causal"}, {Pattern::random, "random"}, {Pattern::holes, "holes"}},
+            "index pattern");
+    mla::add_input_fields(f, texts);
+    return f;
   }
 
-  Problem make(const Case& c) const override {
-    const auto& pr = c.params;
-    const int64_t N = param_int(pr, "heads"), P = param_int(pr, "block_size");
-    const int64_t qlen = param_int(pr, "qlen"), B = param_int(pr, "batch");
-    const int64_t topk = param_int(pr, "topk"), seed = param_int(pr, "seed");
-    if (topk < 1) throw std::invalid_argument("topk must be >= 1");
-    const DType qd = param_dtype(pr, "dtype");
-    const DType kvd = mla::cache_dtype(param_str(pr, "kv_dtype"), qd);
-    const auto [lk, lv] = mla::parse_dims(param_str(pr, "dims"));
-    const std::string layout = param_str(pr, "layout");
-    const bool specials = param_str(pr, "fp8_codes") == "special";
-    if (specials && !is_fp8(kvd))
-      throw std::invalid_argument(c.id + ": fp8_codes = special needs an fp8 kv_dtype");
-    const auto pl = paged_layout(c.id, B, param_int(pr, "ctx"), P, layout == "strided", seed, qlen);
-    // Every slot of every request's context may be selected; the rest is NaN.
-    std::vector<bool> readable(static_cast<size_t>(pl.num_blocks * P), false);
-    for (int64_t r = 0; r < B; ++r)
-      for (int64_t t = 0; t < pl.seq_lens.at<int32_t>({r}); ++t)
-        readable[static_cast<size_t>(pl.block_table.at<int32_t>({r, t / P}) * P + t % P)] = true;
-    const int64_t first = first_block_past(param_int(pr, "offset_log2"),
-                                           P * lk * static_cast<int64_t>(dtype_size(kvd)));
-    shift_block_ids(pl, first);
-    const Tensor cache =
-        mla::make_cache(c.id, kvd, pl.num_blocks, P, lk, readable, seed, first, specials);
-    const int64_t T = B * qlen;
+  std::optional<std::string> unbuildable(const P& p) const override {
+    if (p.topk < 1) return "topk must be >= 1";
+    return mla::unbuildable(p);
+  }
+  std::optional<std::string> invalid(const P& p) const override { return mla::invalid(p); }
+
+  Problem make(const Case& c, const P& p) const override {
+    const mla::Inputs in = mla::make_inputs(c.id, p);
+    const int64_t T = in.tokens, lk = p.lk(), lv = p.lv();
     Tensor req = Tensor::empty(DType::i32, {T});
-    for (int64_t t = 0; t < T; ++t) req.at<int32_t>({t}) = static_cast<int32_t>(t / qlen);
+    for (int64_t t = 0; t < T; ++t) req.at<int32_t>({t}) = static_cast<int32_t>(t / p.qlen);
+    const Tensor topk = make_topk(c.id, p.pattern, p.layout, in.pages.seq_lens, p.qlen, p.topk,
+                                  in.pages.block_table.size(1) * p.block_size, p.seed);
 
-    Problem p;
-    p.args = {{"q", mla::make_query(c.id, layout, qd, T, N, lk, seed), Role::input},
-              {"kv_cache", cache, Role::input},
-              {"block_table", pl.block_table, Role::input},
-              {"req_id_per_token", req, Role::input},
-              {"topk_indices",
-               make_topk(c.id, param_str(pr, "pattern"), layout, pl.seq_lens, qlen, topk,
-                         pl.block_table.size(1) * P, seed),
-               Role::input},
-              {"out", mla::make_token_head_view(layout, qd, T, N, lv), Role::output},
-              {"lse", mla::make_lse_view(layout, T, N), Role::output}};
-    const double kv_scale =
-        is_fp8(kvd) ? mla::fp8_kv_scale(seed, specials ? max_finite(kvd) : 4.0) : 1.0;
-    p.kernel_params = {{"scale", mla::softmax_scale(param_str(pr, "scale"), lk)},
-                       {"kv_scale", kv_scale},
-                       {"kernel_block_size", P},
-                       {"lv", lv}};
-    if (is_fp8(kvd)) p.kernel_params["fp8_format"] = param_str(pr, "kv_dtype");
-    if (!ref::mla_num_heads_valid(N)) p.expect_refusal = ref::mla_num_heads_message(N);
-    const double keys = static_cast<double>(T * topk);
-    p.flops = 2.0 * keys * static_cast<double>(N * (lk + lv));
-    p.bytes = keys * static_cast<double>(lk * static_cast<int64_t>(dtype_size(kvd))) +
-              static_cast<double>(T * N * (lk + lv)) * static_cast<double>(dtype_size(qd));
-    return p;
+    Problem prob;
+    prob.args = {{"q", in.q, Role::input},
+                 {"kv_cache", in.cache, Role::input},
+                 {"block_table", in.pages.block_table, Role::input},
+                 {"req_id_per_token", req, Role::input},
+                 {"topk_indices", topk, Role::input},
+                 {"out", in.out, Role::output},
+                 {"lse", in.lse, Role::output}};
+    const double keys = static_cast<double>(T * p.topk);
+    prob.flops = 2.0 * keys * static_cast<double>(p.heads * (lk + lv));
+    prob.bytes =
+        keys * static_cast<double>(lk * static_cast<int64_t>(dtype_size(p.cache_dtype()))) +
+        static_cast<double>(T * p.heads * (lk + lv)) * static_cast<double>(dtype_size(p.dtype));
+    return prob;
   }
 
-  static ref::RaggedIndices packed(const Problem& p) {
-    return ref::sparse_mla_pack(ref::sparse_mla_global_indices(
-        p.arg("topk_indices"), p.arg("req_id_per_token"), p.arg("block_table"),
-        p.kernel_params.at("kernel_block_size").get<int64_t>()));
+  nlohmann::json kernel_params(const P& p, const Problem&) const override {
+    return mla::common_kernel_params(p);
   }
 
-  TensorMap reference(const Problem& p) const override {
-    const auto& kp = p.kernel_params;
-    const auto r =
-        ref::sparse_mla(p.arg("q"), {p.arg("kv_cache"), kp.at("kv_scale").get<double>()}, packed(p),
-                        kp.at("scale").get<double>(), kp.at("lv").get<int64_t>());
+  TensorMap reference(const Problem& prob, const P& p) const override {
+    const auto r = ref::sparse_mla(prob.arg("q"), {prob.arg("kv_cache"), p.kv_scale()},
+                                   packed(prob, p), p.softmax_scale(), p.lv());
     return {{"out", r.out}, {"lse", r.lse}};
   }
 
-  std::vector<OutputCheck> contract_checks(const Problem& p, const TensorMap&,
+  std::vector<OutputCheck> contract_checks(const Problem& prob, const P& p, const TensorMap&,
                                            const Contract& contract) const override {
-    return budget_checks(p, contract);
+    return budget_checks(prob, p, contract);
   }
 
  private:
+  static ref::RaggedIndices packed(const Problem& prob, const P& p) {
+    return ref::sparse_mla_pack(
+        ref::sparse_mla_global_indices(prob.arg("topk_indices"), prob.arg("req_id_per_token"),
+                                       prob.arg("block_table"), p.block_size));
+  }
+
   // Each query row reads its packed slots.
-  static std::vector<OutputCheck> budget_checks(const Problem& p, const Contract& contract) {
-    const auto idx = packed(p);
+  static std::vector<OutputCheck> budget_checks(const Problem& prob, const P& p,
+                                                const Contract& contract) {
+    const auto idx = packed(prob, p);
     mla::RowSlots rows;
     rows.slots.resize(static_cast<size_t>(idx.indices.numel()));
     for (size_t i = 0; i < rows.slots.size(); ++i)
@@ -176,7 +164,7 @@ class SparseMlaOp final : public ContractDependentOp {
       rows.end.push_back(idx.indptr.at<int32_t>({t + 1}));
       keys_max = std::max<int64_t>(keys_max, rows.end.back() - rows.begin.back());
     }
-    return mla::problem_checks(p, rows, keys_max, contract);
+    return mla::problem_checks(prob, p, rows, keys_max, contract);
   }
 };
 

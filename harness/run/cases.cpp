@@ -146,6 +146,65 @@ std::string axis_names_of(const Op& op) {
   return s;
 }
 
+// `[coverage]` with `[[coverage.accept]]` entries: { argument = "..." | arguments = [...],
+// flag = "...", reason = "..." }. Argument names other than "axis.<axis>" are checked by the audit,
+// which knows what the op's kernels receive.
+std::vector<CoverageAcceptance> parse_coverage(const std::string& path, const toml::node& node,
+                                               const Op& op) {
+  const auto& t = as_table(path, node, "[coverage]");
+  allow_keys(path, t, "[coverage]", {"accept"});
+  std::vector<CoverageAcceptance> out;
+  const toml::node* acc = t.get("accept");
+  if (!acc) return out;
+  const auto* arr = acc->as_array();
+  if (!arr) fail(path, *acc, "coverage.accept: expected [[coverage.accept]] entries");
+  std::set<std::pair<std::string, std::string>> seen;  // (argument, flag)
+  for (const auto& e : *arr) {
+    const std::string w = "[[coverage.accept]]";
+    const auto& et = as_table(path, e, w);
+    allow_keys(path, et, w, {"argument", "arguments", "flag", "reason"});
+    CoverageAcceptance a;
+    a.source = line_of(path, e.source());
+    const toml::node* one = et.get("argument");
+    const toml::node* many = et.get("arguments");
+    if (!one == !many) fail(path, e, w + ": needs exactly one of 'argument' or 'arguments'");
+    if (one) a.arguments.push_back(as_string(path, *one, w + " argument"));
+    if (many) {
+      const auto* list = many->as_array();
+      if (!list || list->empty()) fail(path, *many, w + " arguments: expected a non-empty list");
+      for (const auto& n : *list) a.arguments.push_back(as_string(path, n, w + " arguments"));
+    }
+    const toml::node* flag = et.get("flag");
+    if (!flag) fail(path, e, w + ": missing 'flag' (never-varied, derived or never-extreme)");
+    a.flag = as_string(path, *flag, w + " flag");
+    if (std::find(std::begin(kCoverageFlags), std::end(kCoverageFlags), a.flag) ==
+        std::end(kCoverageFlags))
+      fail(
+          path, *flag,
+          w + " flag: unknown flag '" + a.flag + "' (flags: never-varied, derived, never-extreme)");
+    const toml::node* reason = et.get("reason");
+    if (!reason) fail(path, e, w + ": missing 'reason' (an acceptance needs a written reason)");
+    a.reason = as_string(path, *reason, w + " reason");
+    if (a.reason.find_first_not_of(" \t\n") == std::string::npos)
+      fail(path, *reason, w + " reason: empty (an acceptance needs a written reason)");
+    for (const auto& arg : a.arguments) {
+      if (arg.empty()) fail(path, e, w + ": empty argument name");
+      if (arg.rfind("axis.", 0) == 0) {
+        const auto axes = op.axes();
+        if (std::none_of(axes.begin(), axes.end(),
+                         [&](const Axis& ax) { return "axis." + ax.name == arg; }))
+          fail(path, e,
+               w + ": '" + arg + "' names no axis of op '" + op.name() +
+                   "' (axes: " + axis_names_of(op) + ")");
+      }
+      if (!seen.emplace(arg, a.flag).second)
+        fail(path, e, w + ": '" + arg + "' flag '" + a.flag + "' is accepted twice");
+    }
+    out.push_back(std::move(a));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string tier_names() {
@@ -262,7 +321,7 @@ CaseFile load_case_file(const std::string& path) {
 
   CaseFile f;
   f.path = path;
-  allow_keys(path, root, "case file", {"op", "defaults", "group", "known_bug"});
+  allow_keys(path, root, "case file", {"op", "defaults", "group", "known_bug", "coverage"});
   const toml::node* op_node = root.get("op");
   if (!op_node) throw CaseFileError(path + ":1:1: missing 'op = \"<op name>\"'");
   f.op = as_string(path, *op_node, "op");
@@ -323,6 +382,9 @@ CaseFile load_case_file(const std::string& path) {
       f.known_bugs.push_back(std::move(r));
     }
   }
+
+  if (const toml::node* cov = root.get("coverage"))
+    f.coverage_accepts = parse_coverage(path, *cov, *op);
 
   const toml::node* groups = root.get("group");
   if (!groups) throw CaseFileError(path + ":1:1: no [[group]]: the file defines no case");

@@ -48,12 +48,24 @@ struct CaseGroup {
   std::string note;
 };
 
+// A coverage-audit flag the case file accepts with a written reason (`[[coverage.accept]]`,
+// docs/coverage.md). The loader checks the form (flag name, reason, axis names); the audit checks
+// the argument names against what the op's kernels receive and reports stale acceptances.
+inline constexpr std::string_view kCoverageFlags[] = {"never-varied", "derived", "never-extreme"};
+struct CoverageAcceptance {
+  std::vector<std::string> arguments;  // "params.scale", "q.stride[0]", "axis.heads", ...
+  std::string flag;                    // one of kCoverageFlags
+  std::string reason;                  // non-empty
+  std::string source;                  // "path:line"
+};
+
 struct CaseFile {
   std::string path;
   std::string op;
   Params defaults = Params::object();  // the file's [defaults] (given axes only)
   std::vector<CaseGroup> groups;
   std::vector<KnownBugRule> known_bugs;
+  std::vector<CoverageAcceptance> coverage_accepts;
   // Expanded cases per tier, in group order; Case::tiers lists every tier the id appears in.
   std::map<std::string, std::vector<Case>> tiers;
 };

@@ -9,8 +9,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <set>
 #include <limits>
+#include <set>
+#include <tuple>
 
 #include "core/numeric.h"
 #include "ops/op.h"
@@ -171,21 +172,49 @@ TEST(MlaDecodeOp, ProblemPoisonsOutputsAndUnreadableSlots) {
   for (int64_t r = 0; r < 3; ++r) EXPECT_GE(p.arg("seq_lens").at<int32_t>({r}), 3);
 }
 
+// The ops' invalid() decides refusals (the reference is not asked): the 16-head rule.
 TEST(MlaDecodeOp, InvalidHeadCountsExpectRefusal) {
-  for (int n : {3, 5, 12, 24, 40}) {
-    for (const char* name : {"mla_decode", "sparse_mla"}) {
-      const Op& o = op(name);
-      const Problem p = o.make(o.make_case({{"heads", n}, {"dims", "96x64"}, {"ctx", 17}}));
-      EXPECT_EQ(p.expect_refusal, ref::mla_num_heads_message(n));
-      EXPECT_THROW(o.reference(p), InvalidConfig);
+  for (const char* name : {"mla_decode", "sparse_mla"}) {
+    const Op& o = op(name);
+    for (int n : {3, 5, 12, 24, 40}) {
+      const Case c = o.make_case({{"heads", n}, {"dims", "96x64"}, {"ctx", 17}});
+      EXPECT_EQ(o.invalid_reason(c.params).value_or(""), ref::mla_num_heads_message(n)) << c.id;
+      EXPECT_EQ(o.make(c).expect_refusal, ref::mla_num_heads_message(n)) << c.id;
       EvalContext no_goldens;
       no_goldens.require_goldens = false;
-      const Result r =
-          evaluate(o.make_case({{"heads", n}, {"dims", "96x64"}, {"ctx", 17}}), no_goldens);
+      const Result r = evaluate(c, no_goldens);
       EXPECT_EQ(r.verdict, Verdict::skipped) << r.message;
-      EXPECT_NE(r.message.find("the reference refused"), std::string::npos) << r.message;
+      EXPECT_NE(r.message.find("invalid configuration (" + ref::mla_num_heads_message(n) + ")"),
+                std::string::npos)
+          << r.message;
+    }
+    for (int n : {1, 2, 4, 8, 16, 32, 48, 64, 128})
+      EXPECT_FALSE(o.invalid_reason(o.make_case({{"heads", n}}).params)) << name << " h" << n;
+  }
+}
+
+// Axis combinations that describe no case: the case file's error, named with the case id.
+TEST(MlaDecodeOp, SpecialCodesNeedAnFp8CacheAndTopkAKey) {
+  const std::vector<std::tuple<const char*, Params, std::string>> bad = {
+      {"mla_decode", {{"fp8_codes", "special"}}, "fp8_codes = special needs an fp8 kv_dtype"},
+      {"sparse_mla", {{"fp8_codes", "special"}}, "fp8_codes = special needs an fp8 kv_dtype"},
+      {"sparse_mla", {{"topk", 0}, {"kv_dtype", "e4m3fn"}}, "topk must be >= 1"},
+  };
+  for (const auto& [name, params, why] : bad) {
+    const Op& o = op(name);
+    const Case c = o.make_case(params);
+    EXPECT_EQ(o.case_error(c.params).value_or(""), why) << c.id;
+    try {
+      o.make(c);
+      ADD_FAILURE() << c.id << " accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(e.what(), c.id + ": " + why);
     }
   }
+  EXPECT_FALSE(op("mla_decode")
+                   .case_error(op("mla_decode")
+                                   .make_case({{"fp8_codes", "special"}, {"kv_dtype", "e4m3fn"}})
+                                   .params));
 }
 
 TEST(MlaDecodeOp, EmulatedKernelPassesBudgets) {

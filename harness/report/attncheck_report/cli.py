@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from .analysis import compare_to_baseline, load_mutant_specs, mutation_analysis
+from .coverage import load_coverage
 from .results import ResultsError, all_cases, load_run, load_runs
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -88,6 +89,7 @@ def main(argv=None) -> int:
             mutant_runs = [load_run(p) for p in flatten(args.mutants)]
             specs = load_mutant_specs(Path(args.mutant_specs))
             mutation = mutation_analysis(mutant_runs, cases, specs)
+        coverage = load_coverage(args.results)
     except ResultsError as e:
         print(f"attncheck_report: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -95,6 +97,7 @@ def main(argv=None) -> int:
     out = Path(args.out if args.out is not None else args.results[0])
     out.mkdir(parents=True, exist_ok=True)
     report = Report(runs, cases, args.title, out, regression, mutation, worst_n=max(25, args.top))
+    report.coverage = coverage
     html, summary = out / "report.html", out / "summary.md"
     write_html(report, html)
     write_markdown(report, summary, top=args.top)

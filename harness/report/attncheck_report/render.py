@@ -18,6 +18,7 @@ from .analysis import (
     verdict_counts,
     worst_cases,
 )
+from .coverage import summary_line
 from .heatmap import STATE_MARK, plan_heatmap, ratio_label, render_heatmap
 from .results import fmt_num
 
@@ -58,6 +59,7 @@ class Report:
         self.out_dir = Path(out_dir)
         self.regression = regression
         self.mutation = mutation
+        self.coverage = None  # the coverage audit's context (coverage.py), when the run has one
         self.warnings = runs_warnings(runs)
         self.counts = verdict_counts(cases)
         self.status = status_line(cases, self.warnings)
@@ -184,6 +186,7 @@ def html_context(report: Report) -> dict:
                        if c.verdict == "unexpected_pass"],
         "regression": _regression_context(report),
         "mutation": _mutation_context(report),
+        "coverage": report.coverage,
         "multi_run": len(report.runs) > 1,
         "fmt": fmt_num,
     }
@@ -387,6 +390,8 @@ def write_markdown(report: Report, path: Path, top: int = 10) -> None:
                      + (f"; not run: {', '.join(s.name for s in mut.not_run)}"
                         if mut.not_run else ""))
         lines.append("")
+    if report.coverage is not None:
+        lines += [summary_line(report.coverage), ""]
     lines.append(f"<sub>attncheck_report {__version__} · {report.generated} · full report:"
                  " report.html (artifact)</sub>")
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
