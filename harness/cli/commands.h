@@ -31,8 +31,8 @@ struct RunArgs {
   std::string arch;     // known-bug scope override
   std::string shard = "0/1";
   int repeat = 2;
-  int jobs = 0;          // workers in all; 0: pools per GPU sized from cores and memory
-  int jobs_per_gpu = 0;  // --jobs-per-gpu: workers per GPU; 0: from cores and memory
+  int jobs = 0;               // workers in all; 0: pools per GPU sized from cores and memory
+  int jobs_per_gpu = 0;       // --jobs-per-gpu: workers per GPU; 0: from cores and memory
   std::string gpus = "auto";  // --gpus: auto, none, or a list of ids ("0,1")
   std::string durations;      // --durations: ci/case-durations.json (shards by time)
   bool profile = false;       // --profile: where the time went, per phase and per op

@@ -182,7 +182,8 @@ class Progress {
 // process, the files at once) instead of once per worker: "op=stamp" for every file that passed,
 // for the workers' --golden-checked. A file that fails is left to the workers, which report it
 // for each of its cases.
-std::vector<std::string> check_goldens_once(const std::string& dir, const std::vector<Case>& cases) {
+std::vector<std::string> check_goldens_once(const std::string& dir,
+                                            const std::vector<Case>& cases) {
   std::set<std::string> ops;
   const GoldenStore store(dir);
   for (const auto& c : cases)
@@ -292,9 +293,9 @@ void print_profile(const std::vector<Result>& results, double wall_s, double par
   const auto phases = phase_seconds(results);
   double sum = 0;
   for (const auto& [name, v] : phases) sum += v;
-  std::cout << "\nprofile: " << results.size() << " cases in " << std::fixed
-            << std::setprecision(1) << wall_s << " s wall = "
-            << (wall_s > 0 ? static_cast<double>(results.size()) / wall_s : 0.0)
+  std::cout << "\nprofile: " << results.size() << " cases in " << std::fixed << std::setprecision(1)
+            << wall_s
+            << " s wall = " << (wall_s > 0 ? static_cast<double>(results.size()) / wall_s : 0.0)
             << " cases/s with " << jobs << " worker(s); case time " << sum
             << " s in all (worker-seconds), the parent's result handling " << std::setprecision(2)
             << parent_s << " s\n";
@@ -324,8 +325,8 @@ void print_profile(const std::vector<Result>& results, double wall_s, double par
       if (top[i].first > 0)
         largest << (i ? ", " : "") << top[i].second << " " << std::setprecision(0) << std::fixed
                 << (total > 0 ? 100 * top[i].first / total : 0) << "%";
-    std::cout << "  " << std::left << std::setw(28) << op << std::right << std::setw(7)
-              << rs.size() << std::setw(9) << std::setprecision(2) << total << std::setw(9)
+    std::cout << "  " << std::left << std::setw(28) << op << std::right << std::setw(7) << rs.size()
+              << std::setw(9) << std::setprecision(2) << total << std::setw(9)
               << std::setprecision(1) << 1e3 * total / static_cast<double>(rs.size()) << "  "
               << largest.str() << "\n";
   }
@@ -539,8 +540,8 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
   };
 
   if (a.in_process) {
-    WorkerConfig cfg{"",        paths.golden,      kernels,  a.arch,
-                     repro_dir, path_flags(paths), a.repeat, a.allow_missing_goldens,
+    WorkerConfig cfg{"",        paths.golden,       kernels,  a.arch,
+                     repro_dir, path_flags(paths),  a.repeat, a.allow_missing_goldens,
                      a.stress,  a.import_timeout_s, {}};
     std::unique_ptr<CaseContext> ctx;
     try {

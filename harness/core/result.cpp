@@ -103,10 +103,9 @@ const nlohmann::json& field(const nlohmann::json& j, const char* key) {
   return j.at(key);
 }
 
-
 // results.jsonl's "timings_ms" keys, one per phase of Timings.
 constexpr std::pair<const char*, double Timings::*> kTimingKeys[] = {
-    {"generate", &Timings::generate_ms}, {"golden", &Timings::golden_ms},
+    {"generate", &Timings::generate_ms},   {"golden", &Timings::golden_ms},
     {"reference", &Timings::reference_ms}, {"budgets", &Timings::budgets_ms},
     {"upload", &Timings::upload_ms},       {"kernel", &Timings::kernel_ms},
     {"relaunch", &Timings::relaunch_ms},   {"download", &Timings::download_ms},

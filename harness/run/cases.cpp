@@ -721,8 +721,9 @@ std::vector<Case> select_cases(const std::vector<CaseFile>& files, const Selecti
   std::vector<Case> out;
   for (size_t pos = 0; pos < all.size(); ++pos) {
     const Case* c = all[pos];
-    const int shard = shard_of.empty() ? static_cast<int>(pos % static_cast<size_t>(sel.shard.count))
-                                       : shard_of[pos];
+    const int shard = shard_of.empty()
+                          ? static_cast<int>(pos % static_cast<size_t>(sel.shard.count))
+                          : shard_of[pos];
     if (shard != sel.shard.index) continue;
     if (!sel.ops.empty() && std::find(sel.ops.begin(), sel.ops.end(), c->op) == sel.ops.end())
       continue;

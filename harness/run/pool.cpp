@@ -40,9 +40,9 @@ struct Worker {
   std::string sent_id;    // its id as the request carried it (invalid UTF-8 replaced)
   Clock::time_point deadline;
   Clock::time_point sent_at;  // when the request of `busy` was written
-  size_t slot = 0;    // its place in the pool (WorkerSpec::slot_env)
-  int serial = -1;    // spawn number ("{worker}" in the wrapper's arguments)
-  long pending = -1;  // one_case_per_worker: task whose result waits for the exit
+  size_t slot = 0;            // its place in the pool (WorkerSpec::slot_env)
+  int serial = -1;            // spawn number ("{worker}" in the wrapper's arguments)
+  long pending = -1;          // one_case_per_worker: task whose result waits for the exit
   nlohmann::json pending_result;
 };
 

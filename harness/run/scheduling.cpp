@@ -105,8 +105,9 @@ std::vector<VisibleGpu> visible_gpus(std::string* variable) {
   const auto nvidia = nvidia_gpus();
   for (const auto& [id, bytes] : nvidia)
     if (id.find_first_not_of("0123456789") == std::string::npos) gpus.push_back({id, bytes});
-  std::sort(gpus.begin(), gpus.end(),
-            [](const VisibleGpu& a, const VisibleGpu& b) { return std::stoi(a.id) < std::stoi(b.id); });
+  std::sort(gpus.begin(), gpus.end(), [](const VisibleGpu& a, const VisibleGpu& b) {
+    return std::stoi(a.id) < std::stoi(b.id);
+  });
   if (!gpus.empty()) {
     if (variable) *variable = "CUDA_VISIBLE_DEVICES";
     return gpus;
@@ -146,19 +147,19 @@ PoolPlan plan_pools(const std::vector<VisibleGpu>& gpus, int cores, int jobs, in
         pool.jobs = std::max(1, cores / n);
         if (pool.gpu.memory_bytes > 0)
           pool.jobs = std::min<int>(
-              pool.jobs, static_cast<int>(std::max<uint64_t>(
-                             1, pool.gpu.memory_bytes / kGpuMemoryPerWorker)));
+              pool.jobs,
+              static_cast<int>(std::max<uint64_t>(1, pool.gpu.memory_bytes / kGpuMemoryPerWorker)));
       }
       if (pool.jobs > 0) plan.pools.push_back(pool);
     }
     plan.jobs = 0;
     for (const auto& p : plan.pools) plan.jobs += p.jobs;
-    plan.why = jobs > 0          ? "--jobs spread over the GPUs"
-               : jobs_per_gpu > 0 ? "--jobs-per-gpu"
-                                  : "per GPU: the cores shared by the GPUs, at most one worker "
-                                    "per " +
-                                        std::to_string(kGpuMemoryPerWorker >> 30) +
-                                        " GiB of its memory";
+    plan.why = jobs > 0 ? "--jobs spread over the GPUs"
+               : jobs_per_gpu > 0
+                   ? "--jobs-per-gpu"
+                   : "per GPU: the cores shared by the GPUs, at most one worker "
+                     "per " +
+                         std::to_string(kGpuMemoryPerWorker >> 30) + " GiB of its memory";
   }
   plan.cpu_threads = std::max(1, cores / std::max(plan.jobs, 1));
   return plan;
@@ -243,7 +244,8 @@ std::vector<int> balanced_shards(const std::vector<std::string>& ids, int count,
   if (count <= 1) return shard;
   std::vector<double> load(static_cast<size_t>(count), 0);
   for (size_t i : longest_first(ids, durations)) {
-    const auto lightest = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    const auto lightest =
+        static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
     shard[i] = static_cast<int>(lightest);
     load[lightest] += durations.estimate_ms(ids[i]);
   }

@@ -576,9 +576,9 @@ TEST_F(Cli, ReportRunsTheDebianPythonPackage) {
 TEST_F(Cli, PoolsPerGpuProfileAndDurations) {
   const fs::path d = dir("pools");
   fs::create_directories(d);
-  const Output o = sh("env -u CUDA_VISIBLE_DEVICES -u HIP_VISIBLE_DEVICES " + at() +
-                      " run --kernels " + kFake + " --gpus 0,1 --jobs-per-gpu 2 --profile --out " +
-                      (d / "out").string());
+  const Output o =
+      sh("env -u CUDA_VISIBLE_DEVICES -u HIP_VISIBLE_DEVICES " + at() + " run --kernels " + kFake +
+         " --gpus 0,1 --jobs-per-gpu 2 --profile --out " + (d / "out").string());
   EXPECT_NE(o.status, 2) << o.text;
   EXPECT_TRUE(has(o.text, "pools: GPU 0: 2, GPU 1: 2 worker(s) (CUDA_VISIBLE_DEVICES)")) << o.text;
   EXPECT_TRUE(has(o.text, "\nprofile: ")) << o.text;

@@ -59,10 +59,10 @@ TEST(PoolPlan, SlotsInterleaveThePoolsAndSetTheThreads) {
 }
 
 TEST(CaseDurations, EstimatesUnmeasuredCasesFromTheirOp) {
-  const auto d = CaseDurations::from_map({{"rope/a", 1}, {"rope/b", 3}, {"rope/c", 5},
-                                          {"mla_decode/x", 100}});
+  const auto d =
+      CaseDurations::from_map({{"rope/a", 1}, {"rope/b", 3}, {"rope/c", 5}, {"mla_decode/x", 100}});
   EXPECT_EQ(d.estimate_ms("rope/b"), 3);
-  EXPECT_EQ(d.estimate_ms("rope/new"), 3);  // the op's median
+  EXPECT_EQ(d.estimate_ms("rope/new"), 3);       // the op's median
   EXPECT_EQ(d.estimate_ms("kv_gather/new"), 5);  // no measured case of the op: all cases' median
   EXPECT_EQ(CaseDurations::from_map({}).estimate_ms("x/y"), 1);
 }

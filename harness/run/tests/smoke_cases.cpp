@@ -71,8 +71,8 @@ TEST_P(Smoke, Case) {
   const Case& c = GetParam();
   CaseContext& ctx = context();
   const Result r = run_case_id(ctx, c.id);
-  EXPECT_FALSE(r.failing()) << c.id << " (" << c.source << "): " << verdict_name(r.verdict)
-                            << ": " << r.message << "\nrepro: " << r.repro;
+  EXPECT_FALSE(r.failing()) << c.id << " (" << c.source << "): " << verdict_name(r.verdict) << ": "
+                            << r.message << "\nrepro: " << r.repro;
   if (r.mode != Mode::kernel)
     GTEST_SKIP() << "REFERENCE ONLY, kernels not checked (" << mode_name(r.mode)
                  << " mode): " << r.message;
