@@ -62,6 +62,11 @@ int main(int argc, char** argv) {
       ->envname("ATTNCHECK_ROOT");
   auto* cases_opt = app.add_option("--cases", paths.cases, "case file directory [<root>/cases]");
   auto* golden_opt = app.add_option("--golden", paths.golden, "golden directory [<root>/golden]");
+  int64_t max_cases = 0;
+  app.add_option("--max-cases", max_cases,
+                 "most cases all case files together may hold (all tiers) [200000]")
+      ->envname("ATTNCHECK_MAX_CASES")
+      ->check(CLI::Range(int64_t{1}, int64_t{100000000}));
   const std::vector<std::string> tiers = {"smoke", "quick", "full", "bench", "all"};
 
   ListArgs list;
@@ -238,6 +243,8 @@ int main(int argc, char** argv) {
     }
     return app.exit(e);
   }
+  // case_limits() (run/cases.h) reads it, here and in the workers, which inherit the environment.
+  if (max_cases > 0) ::setenv("ATTNCHECK_MAX_CASES", std::to_string(max_cases).c_str(), 1);
   paths.cases_given = cases_opt->count() > 0;
   paths.golden_given = golden_opt->count() > 0;
   if (!paths.cases_given) paths.cases = (std::filesystem::path(paths.root) / "cases").string();

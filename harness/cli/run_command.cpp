@@ -14,11 +14,10 @@
 #include <map>
 #include <numeric>
 #include <optional>
-#include <set>
 #include <sstream>
-#include <thread>
 
 #include "cli/commands.h"
+#include "core/safe_output.h"
 #include "run/cases.h"
 #include "run/evaluate.h"
 #include "run/golden.h"
@@ -178,33 +177,18 @@ class Progress {
   bool live_;
 };
 
-// The golden files of these cases' ops, each checked once here (MANIFEST, then a parse in a child
-// process, the files at once) instead of once per worker: "op=stamp" for every file that passed,
-// for the workers' --golden-checked. A file that fails is left to the workers, which report it
-// for each of its cases.
-std::vector<std::string> check_goldens_once(const std::string& dir,
-                                            const std::vector<Case>& cases) {
-  std::set<std::string> ops;
+// The stamps (golden_file_stamp) of these cases' golden files, taken before the run checks them
+// (set_aside_unreadable_goldens): "op=stamp" for the workers' --golden-checked, so that a worker
+// checks again only a file that changed since (run/golden.h, GoldenStore::trust_checked).
+std::map<std::string, std::string> golden_stamps(const std::string& dir,
+                                                 const std::vector<Case>& cases) {
+  std::map<std::string, std::string> stamps;
   const GoldenStore store(dir);
   for (const auto& c : cases)
-    if (store.has_op(c.op)) ops.insert(c.op);
-  std::vector<std::string> list(ops.begin(), ops.end());
-  std::vector<std::string> passed(list.size());
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i < list.size(); ++i)
-    threads.emplace_back([&, i] {
-      const std::string& op = list[i];
-      const std::string stamp = golden_file_stamp(store.path_of(op));
-      try {
-        if (!stamp.empty() && golden_manifest_problem(dir, op).empty() &&
-            probe_golden_file(dir, op).empty() && golden_file_stamp(store.path_of(op)) == stamp)
-          passed[i] = op + "=" + stamp;
-      } catch (const std::exception&) {  // the workers check it again and say why
-      }
-    });
-  for (auto& t : threads) t.join();
-  std::erase(passed, std::string());
-  return passed;
+    if (!stamps.count(c.op) && store.has_op(c.op))
+      if (std::string stamp = golden_file_stamp(store.path_of(c.op)); !stamp.empty())
+        stamps[c.op] = stamp;
+  return stamps;
 }
 
 // The pools of this run: GPUs from --gpus (auto: the visible ones; none in reference mode),
@@ -401,11 +385,41 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
                 << "`, or --allow-missing-goldens to run without it)\n";
     if (!missing.empty()) return 2;
   }
+  // One verdict per golden file for the whole run: a file that fails, crashes or hangs its reader
+  // is read once, here; its cases (moved behind the `runnable` others) fail at once, naming it.
+  size_t runnable = cases.size();
+  std::map<std::string, std::string> unreadable_goldens;
+  std::map<std::string, std::string> checked_goldens;  // op -> stamp, for the workers
+  try {
+    if (fs::is_directory(paths.golden)) {
+      checked_goldens = golden_stamps(paths.golden, cases);
+      unreadable_goldens = set_aside_unreadable_goldens(paths.golden, cases, runnable);
+      for (const auto& [op, why] : unreadable_goldens) checked_goldens.erase(op);
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "attncheck: " << e.what() << "\n";
+    return 2;
+  }
+  // --out is this run's alone: locked until the run ends, so a second run into it is refused
+  // instead of interleaving or replacing results.
+  std::optional<DirHandle> out_lock;
+  std::optional<OutputStream> worker_log;
   std::string repro_dir;
   if (!a.out.empty()) {
-    fs::create_directories(a.out);
-    repro_dir = fs::absolute(fs::path(a.out) / "repro").string();
-    fs::create_directories(repro_dir);
+    try {
+      out_lock.emplace(DirHandle::open(a.out));
+      if (!out_lock->try_lock_exclusive())
+        throw std::runtime_error("--out '" + a.out +
+                                 "' is in use by another attncheck run (it holds the directory's "
+                                 "lock); wait for it to finish or choose another --out");
+      repro_dir = fs::absolute(fs::path(a.out) / "repro").string();
+      DirHandle::open(repro_dir);
+      if (!a.in_process)  // opened safely here; the pool appends through /proc/self/fd
+        worker_log.emplace(fs::path(a.out) / "worker.log", OutputStream::Mode::append);
+    } catch (const std::exception& e) {
+      std::cerr << "attncheck: " << e.what() << "\n";
+      return 2;
+    }
   }
   const std::string kernels = a.kernels.empty() || a.kernels.rfind("py:", 0) == 0
                                   ? a.kernels
@@ -553,7 +567,7 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
     }
     announce(context_hello(*ctx));
     try {
-      for (size_t i = 0; i < cases.size(); ++i) record(i, run_case(*ctx, cases[i]));
+      for (size_t i = 0; i < runnable; ++i) record(i, run_case(*ctx, cases[i]));
     } catch (const std::exception& e) {  // a results file that cannot be written
       progress.clear();
       std::cerr << "attncheck: " << e.what() << "\n";
@@ -570,7 +584,7 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
       std::cerr << "attncheck: " << e.what() << "\n";
       return 2;
     }
-    if (!a.out.empty()) spec.log_path = (fs::path(a.out) / "worker.log").string();
+    if (worker_log) spec.log_path = "/proc/self/fd/" + std::to_string(worker_log->fd());
     spec.args = {"--golden", fs::absolute(paths.golden).string(), "worker", "--repeat",
                  std::to_string(a.repeat)};
     if (!kernels.empty()) spec.args.insert(spec.args.end(), {"--kernels", kernels});
@@ -580,8 +594,8 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
       spec.args.insert(spec.args.end(), {"--repro-extra", path_flags(paths)});
     if (a.allow_missing_goldens) spec.args.push_back("--allow-missing-goldens");
     if (a.stress > 0) spec.args.insert(spec.args.end(), {"--stress", std::to_string(a.stress)});
-    for (const auto& checked : check_goldens_once(paths.golden, cases))
-      spec.args.insert(spec.args.end(), {"--golden-checked", checked});
+    for (const auto& [op, stamp] : checked_goldens)
+      spec.args.insert(spec.args.end(), {"--golden-checked", op + "=" + stamp});
     std::string sanitizer_log;
     if (!a.sanitizer.empty()) {
       try {
@@ -597,11 +611,11 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
     spec.args.insert(spec.args.end(), {"--import-timeout", std::to_string(import_limit)});
     spec.start_timeout_s = import_limit > 0 ? import_limit + 60 : 7 * 24 * 3600.0;
     // With measured durations the longest cases start first, so no long case starts last.
-    std::vector<size_t> order(cases.size());
+    std::vector<size_t> order(runnable);
     std::iota(order.begin(), order.end(), size_t{0});
     if (durations) {
       std::vector<std::string> ids;
-      for (const auto& c : cases) ids.push_back(c.id);
+      for (size_t i = 0; i < runnable; ++i) ids.push_back(cases[i].id);
       order = longest_first(ids, *durations);
     }
     std::vector<PoolTask> tasks;
@@ -662,6 +676,19 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
       std::cerr << "attncheck: " << e.what() << "\n";
       return 2;
     }
+  }
+  RunOptions set_aside_opt;
+  set_aside_opt.arch = hello ? hello->value("arch", "") : a.arch;
+  set_aside_opt.kernels_path = kernels;
+  set_aside_opt.repro_extra = path_flags(paths);
+  try {
+    for (size_t i = runnable; i < cases.size(); ++i)
+      record(i, lost_case_result(cases[i], Mode::none, set_aside_opt,
+                                 "not run: " + unreadable_goldens.at(cases[i].op)));
+  } catch (const std::exception& e) {  // a results file that cannot be written
+    progress.clear();
+    std::cerr << "attncheck: " << e.what() << "\n";
+    return 2;
   }
   progress.clear();
   const double wall_s = std::chrono::duration<double>(Clock::now() - t0).count();

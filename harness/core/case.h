@@ -73,7 +73,9 @@ struct OutputCheck {
   std::vector<int64_t> topk_row_offsets;
 };
 
-// Thrown by references and op setup for configurations the real kernel must refuse.
+// Thrown by reference functions (reference/) that check their own arguments, for a configuration
+// the kernel must refuse. Ops decide validity before (TypedOp::invalid): a reference that throws
+// it for a case the op called valid fails that case (evaluate.cpp).
 struct InvalidConfig : std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };

@@ -4,6 +4,7 @@
 #include <hdf5.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -258,20 +259,12 @@ H5File H5File::create(const std::filesystem::path& path) {
   silence_hdf5_errors();
   H5File f;
   f.path_ = path;
-  f.tmp_path_ = path;
-  f.tmp_path_ += ".tmp." + std::to_string(::getpid());
   f.writable_ = true;
-  require_replaceable(path);
-  std::error_code ec;
-  if (path.has_parent_path()) {
-    std::filesystem::create_directories(path.parent_path(), ec);
-    if (ec)
-      fail(path, "",
-           "cannot create directory '" + path.parent_path().string() + "': " + ec.message(), false);
-  }
+  f.staged_ = std::make_unique<StagedFile>(path);
   const Handle fapl = access_properties(Ctx{path, ""});
-  const hid_t id = H5Fcreate(f.tmp_path_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get());
-  if (id < 0) fail(path, "", "cannot create temporary file '" + f.tmp_path_.string() + "'");
+  const std::string tmp = f.staged_->temp_path().string();
+  const hid_t id = H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get());
+  if (id < 0) fail(path, "", "cannot create temporary file '" + tmp + "'");
   f.file_id_ = id;
   return f;
 }
@@ -296,7 +289,7 @@ H5File H5File::open(const std::filesystem::path& path) {
 
 H5File::H5File(H5File&& o) noexcept
     : path_(std::move(o.path_)),
-      tmp_path_(std::move(o.tmp_path_)),
+      staged_(std::move(o.staged_)),
       file_id_(std::exchange(o.file_id_, -1)),
       writable_(o.writable_) {}
 
@@ -304,7 +297,7 @@ H5File& H5File::operator=(H5File&& o) noexcept {
   if (this != &o) {
     close_quietly();
     path_ = std::move(o.path_);
-    tmp_path_ = std::move(o.tmp_path_);
+    staged_ = std::move(o.staged_);
     file_id_ = std::exchange(o.file_id_, -1);
     writable_ = o.writable_;
   }
@@ -320,10 +313,7 @@ void H5File::close_quietly() noexcept {
   H5Fclose(file_id_);
   H5Eclear2(H5E_DEFAULT);
   file_id_ = -1;
-  if (writable_) {  // never committed: the temporary file must not survive
-    std::error_code ec;
-    std::filesystem::remove(tmp_path_, ec);
-  }
+  if (staged_) staged_->discard();  // never committed: the temporary file must not survive
 }
 
 int64_t H5File::require_open(const char* what) const {
@@ -340,45 +330,17 @@ void H5File::require_writable(const char* what) const {
 
 void H5File::commit() {
   require_writable("commit");
-  const Ctx ctx{path_, ""};
   const hid_t id = std::exchange(file_id_, -1);
   const bool flushed = H5Fflush(id, H5F_SCOPE_GLOBAL) >= 0;
   const bool closed = H5Fclose(id) >= 0;
-  std::error_code ec;
   if (!flushed || !closed) {
     const std::string d = hdf5_detail();
-    std::filesystem::remove(tmp_path_, ec);
+    staged_->discard();
     throw std::runtime_error(where(path_, "") + ": cannot flush and close the temporary file" +
                              (d.empty() ? "" : " (HDF5: " + d + ")"));
   }
-  auto fsync_path = [&](const std::filesystem::path& p, int flags) {
-    const int fd = ::open(p.c_str(), flags);
-    if (fd < 0) return false;
-    const bool ok = ::fsync(fd) == 0;
-    ::close(fd);
-    return ok;
-  };
-  if (!fsync_path(tmp_path_, O_RDONLY)) {
-    const std::string err = std::strerror(errno);
-    std::filesystem::remove(tmp_path_, ec);
-    throw std::runtime_error(where(path_, "") + ": fsync of the temporary file failed: " + err);
-  }
-  try {
-    require_replaceable(path_);  // again: the target may have changed while the file was written
-  } catch (...) {
-    std::filesystem::remove(tmp_path_, ec);
-    throw;
-  }
-  std::filesystem::rename(tmp_path_, path_, ec);
-  if (ec) {
-    std::error_code ignored;
-    std::filesystem::remove(tmp_path_, ignored);
-    throw std::runtime_error(where(path_, "") + ": cannot rename '" + tmp_path_.string() +
-                             "' onto it: " + ec.message());
-  }
-  // The rename itself is durable only once the directory is synced.
-  const auto dir = path_.has_parent_path() ? path_.parent_path() : std::filesystem::path(".");
-  fsync_path(dir, O_RDONLY | O_DIRECTORY);
+  // fsync, the target checked again (missing or a regular file), rename, directory fsync.
+  staged_->commit();
 }
 
 void H5File::create_group(const std::string& group) {
@@ -771,6 +733,7 @@ std::string read_in_child(const std::function<void()>& read, double timeout_s) {
   int fds[2];
   if (::pipe(fds) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
   std::fflush(nullptr);  // nothing buffered is written twice
+  const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) {
     const std::string err = std::strerror(errno);
@@ -779,7 +742,14 @@ std::string read_in_child(const std::function<void()>& read, double timeout_s) {
     throw std::runtime_error("fork: " + err);
   }
   if (pid == 0) {
-    // The child: a crash must end it by its signal (no inherited handler may treat it as its own).
+    // The child: its own process group (killed as a whole at the timeout), and killed with its
+    // parent: a reader looping in libhdf5 must not outlive a parent that was killed (a worker at
+    // its case timeout, `golden verify` at kill -9). The check after prctl closes the window in
+    // which the parent died before the request was made.
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(1);
+    // A crash must end it by its signal (no inherited handler may treat it as its own).
     for (int sig : {SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL}) ::signal(sig, SIG_DFL);
     ::close(fds[0]);
     std::string msg = "ok";
@@ -798,6 +768,7 @@ std::string read_in_child(const std::function<void()>& read, double timeout_s) {
     ::_exit(0);  // no atexit handlers, no flushing of the parent's buffers
   }
   ::close(fds[1]);
+  ::setpgid(pid, pid);  // as the child does: whichever runs first, the group exists before a kill
   std::string msg;
   bool timed_out = false;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
@@ -819,7 +790,7 @@ std::string read_in_child(const std::function<void()>& read, double timeout_s) {
     msg.append(buf, static_cast<size_t>(n));
   }
   ::close(fds[0]);
-  if (timed_out) ::kill(pid, SIGKILL);
+  if (timed_out) ::kill(-pid, SIGKILL);  // the reader and anything it started
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -21,14 +22,16 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "safe_output.h"
 #include "tensor.h"
 
 namespace attncheck {
 
 class H5File {
  public:
-  // A new file written to "<path>.tmp.<pid>" (parent directories are created); nothing appears
-  // at `path` until commit(). Destroying it without commit() removes the temporary file.
+  // A new file written to an unpredictable temporary name next to `path` (StagedFile,
+  // core/safe_output.h; parent directories are created); nothing appears at `path` until
+  // commit(). Destroying it without commit() removes the temporary file.
   static H5File create(const std::filesystem::path& path);
   // An existing file, read-only.
   static H5File open(const std::filesystem::path& path);
@@ -96,15 +99,17 @@ class H5File {
   int64_t require_open(const char* what) const;
   void require_writable(const char* what) const;
 
-  std::filesystem::path path_;      // final path
-  std::filesystem::path tmp_path_;  // create(): where the data is written until commit()
-  int64_t file_id_ = -1;            // hid_t
+  std::filesystem::path path_;          // final path
+  std::unique_ptr<StagedFile> staged_;  // create(): where the data is written until commit()
+  int64_t file_id_ = -1;                // hid_t
   bool writable_ = false;
 };
 
 // Runs `read` in a forked child process, so that libhdf5 crashing (SIGSEGV, SIGABRT, heap
 // corruption) or looping on damaged metadata ends the child and not the caller; the child reads
-// and exits, it never writes a file (and the callers hold no GPU context it could inherit).
+// and exits, it never writes a file (and the callers hold no GPU context it could inherit). The
+// child runs in a process group of its own, killed as a whole at the timeout, and dies with the
+// calling thread (PR_SET_PDEATHSIG): a looping reader never outlives its parent.
 // Returns "" when `read` returned, the message of the exception it threw, or what ended the child
 // ("crashed with SIGSEGV (...)", "timed out after 60 s").
 std::string read_in_child(const std::function<void()>& read, double timeout_s);

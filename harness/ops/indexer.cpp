@@ -13,27 +13,29 @@
 
 namespace attncheck::indexer_ops {
 
-Axis fp8_axis() {
-  return {"fp8", "", "e4m3fn", {"e4m3fn", "e4m3fnuz"}, "fp8 format of q and the K cache"};
+const std::vector<std::pair<DType, std::string>>& fp8_formats() {
+  static const std::vector<std::pair<DType, std::string>> formats = {{DType::e4m3fn, "e4m3fn"},
+                                                                     {DType::e4m3fnuz, "e4m3fnuz"}};
+  return formats;
 }
-Axis quant_max_axis() {
-  return {"quant_max",
-          "m",
-          "vllm",
-          {"vllm", "aiter"},
-          "amax divisor on e4m3fnuz: vllm 224, aiter 240 (e4m3fn: 448 either way)"};
+std::string fp8_format_name(DType fp8) {
+  for (const auto& [format, name] : fp8_formats())
+    if (format == fp8) return name;
+  throw std::logic_error("not an indexer fp8 format");
 }
-DType fp8_of(const Params& p) {
-  return param_str(p, "fp8") == "e4m3fnuz" ? DType::e4m3fnuz : DType::e4m3fn;
+float quant_max_of(DType fp8, QuantMax variant) {
+  return ix::quant_max(
+      fp8, variant == QuantMax::aiter ? ix::QuantMaxVariant::aiter : ix::QuantMaxVariant::vllm);
 }
-float quant_max_of(const Params& p) {
-  const bool aiter = p.contains("quant_max") && param_str(p, "quant_max") == "aiter";
-  return ix::quant_max(fp8_of(p), aiter ? ix::QuantMaxVariant::aiter : ix::QuantMaxVariant::vllm);
-}
-std::string block_size_problem(int64_t bs) {
-  if (bs == 1 || (bs > 1 && bs % ix::kTile == 0)) return "";
+
+std::optional<std::string> block_size_problem(int64_t bs) {
+  if (bs == 1 || (bs > 1 && bs % ix::kTile == 0)) return std::nullopt;
   return "block size " + std::to_string(bs) +
          " is neither 1 (NORMAL) nor a multiple of 16 (SHUFFLE)";
+}
+std::optional<std::string> page_stride_problem(int64_t pad) {
+  if (pad % 4 == 0) return std::nullopt;
+  return "page stride is not a multiple of 4";
 }
 
 Tensor i32_tensor(const std::vector<int64_t>& v) {
@@ -96,7 +98,7 @@ Tensor paged_cache(const std::string& case_id, const PagedLayout& layout, int64_
   fill_uniform_int(storage.slice(0, first * stride, total * stride),
                    Rng(case_id, "kv_cache/stale", static_cast<uint64_t>(seed)), 0, 255);
   Tensor cache = storage.as_strided({total, bs, ix::kTokenBytes}, {stride, ix::kTokenBytes, 1}, 0);
-  if (!block_size_problem(bs).empty()) return cache;
+  if (block_size_problem(bs)) return cache;
   std::vector<int64_t> slots;
   for (int64_t r = 0; r < layout.seq_lens.size(0); ++r)
     for (int64_t p = 0; p < layout.seq_lens.at<int32_t>({r}); ++p)
@@ -133,6 +135,18 @@ Tensor paged_cache(const std::string& case_id, const PagedLayout& layout, int64_
   return written;
 }
 
+PagedInputs paged_inputs(const std::string& case_id, const PagedReadParams& p, RowMix mix,
+                         CacheCodes special_codes) {
+  PagedInputs in{
+      paged_layout(case_id, p.batch, p.max_ctx, p.block_size, p.table == Table::strided, p.seed),
+      Tensor()};
+  const int64_t first = first_block_past(p.offset_log2, p.block_size * ix::kTokenBytes + p.pad);
+  shift_block_ids(in.layout, first);
+  in.cache = paged_cache(case_id, in.layout, p.block_size, p.pad, p.fp8, p.seed, mix, first,
+                         p.fp8_codes == Fp8Codes::special ? special_codes : CacheCodes::ordinary);
+  return in;
+}
+
 void plant_fp8_specials(const Tensor& t) {
   if (!t.is_contiguous()) throw std::invalid_argument("plant_fp8_specials: not contiguous");
   auto* bytes = reinterpret_cast<uint8_t*>(t.data());
@@ -140,16 +154,20 @@ void plant_fp8_specials(const Tensor& t) {
     if (const auto code = fp8_special_code(i, t.dtype())) bytes[i] = *code;
 }
 
-PrefillWindows prefill_windows(const std::string& case_id, int64_t batch, int64_t max_ctx,
-                               int64_t qlen, const std::string& mask, int64_t seed) {
-  if (batch < 1 || max_ctx < 1 || qlen < 1)
-    throw std::invalid_argument("prefill windows need batch, max_ctx, qlen >= 1");
+std::optional<std::string> windows_unbuildable(const WindowParams& p) {
+  if (p.batch >= 1 && p.max_ctx >= 1 && p.qlen >= 1) return std::nullopt;
+  return "prefill windows need batch, max_ctx, qlen >= 1";
+}
+
+PrefillWindows prefill_windows(const std::string& case_id, const WindowParams& p, int64_t seed) {
+  if (const auto why = windows_unbuildable(p)) throw std::invalid_argument(*why);
   Rng rng(case_id, "prefill_windows", static_cast<uint64_t>(seed));
+  const int64_t batch = p.batch;
   std::vector<int64_t> len(batch), q(batch);
   PrefillWindows w;
   for (int64_t r = 0; r < batch; ++r) {
-    len[r] = r + 1 == batch ? max_ctx : rng.uniform_int(1, max_ctx);
-    q[r] = std::min(qlen, len[r]);
+    len[r] = r + 1 == batch ? p.max_ctx : rng.uniform_int(1, p.max_ctx);
+    q[r] = std::min(p.qlen, len[r]);
     w.N += len[r];
     w.M += q[r];
   }
@@ -157,7 +175,7 @@ PrefillWindows prefill_windows(const std::string& case_id, int64_t batch, int64_
   int64_t cu = 0;
   for (int64_t r = 0; r < batch; ++r) {
     for (int64_t i = 0; i < q[r]; ++i) {
-      if (mask == "causal") {
+      if (p.mask == Mask::causal) {
         ks.push_back(cu);
         ke.push_back(cu + len[r] - q[r] + 1 + i);
       } else {
@@ -171,8 +189,6 @@ PrefillWindows prefill_windows(const std::string& case_id, int64_t batch, int64_
     }
     cu += len[r];
   }
-  if (mask != "causal" && mask != "random")
-    throw std::invalid_argument("mask must be causal or random, got " + mask);
   w.ks = i32_tensor(ks);
   w.ke = i32_tensor(ke);
   return w;
@@ -215,46 +231,65 @@ Budget logits_budget(const Tensor& q, const Tensor& weights, double max_key_fact
 
 namespace {
 
+// The quantizers' kernel scalars.
+nlohmann::json quantizer_kernel_params(const QuantParams& p) {
+  return {{"fp8_format", fp8_format_name(p.fp8)},
+          {"quant_max", static_cast<double>(quant_max_of(p.fp8, p.quant_max))}};
+}
+
 // ---------------------------------------------------------------------------------------------
 // indexer_k_cache: per-token K quantization + paged cache write (docs/ops/indexer.md).
-class IndexerKCacheOp final : public Op {
+struct KCacheParams : QuantParams {
+  int64_t block_size = 64;
+  int64_t tokens = 40;
+  int64_t pad = 0;
+  int64_t k_stride = 128;
+  int64_t offset_log2 = 0;
+};
+
+class IndexerKCacheOp final : public TypedOp<KCacheParams> {
  public:
+  using P = KCacheParams;
   std::string name() const override { return "indexer_k_cache"; }
-  std::vector<Axis> axes() const override {
-    return {
-        {"block_size", "bs", 64, {}, "cache block size: 1 (NORMAL) or a multiple of 16 (SHUFFLE)"},
-        {"tokens", "t", 40, {}, "slot_mapping entries (k has 3 more rows)"},
-        fp8_axis(),
-        quant_max_axis(),
-        {"pad", "pad", 0, {}, "bytes of padding after each page (page stride BS*132 + pad)"},
-        {"k_stride",
-         "ks",
-         128,
-         {},
-         "row stride of k in elements (192: k inside the fused wk|weights output)"},
-        {"seed", "s", 0, {}, "input seed"},
-        offset_log2_axis("31 / 32: every page the writer fills starts past byte 2^31 / 2^32 of the "
-                         "cache (slots past 2^31 / token bytes); the host holds and compares "
-                         "only those pages, the device poisons the rest with 0xFF")};
+  Fields<P> fields() const override {
+    Fields<P> f;
+    f.add("block_size", "bs", &P::block_size,
+          "cache block size: 1 (NORMAL) or a multiple of 16 (SHUFFLE)")
+        .add("tokens", "t", &P::tokens, "slot_mapping entries (k has 3 more rows)");
+    add_fp8(f);
+    add_quant_max(f);
+    f.add("pad", "pad", &P::pad, "bytes of padding after each page (page stride BS*132 + pad)")
+        .add("k_stride", "ks", &P::k_stride,
+             "row stride of k in elements (192: k inside the fused wk|weights output)");
+    add_seed(f);
+    add_offset_log2(f,
+                    "31 / 32: every page the writer fills starts past byte 2^31 / 2^32 of the "
+                    "cache (slots past 2^31 / token bytes); the host holds and compares "
+                    "only those pages, the device poisons the rest with 0xFF");
+    return f;
   }
 
-  Problem make(const Case& c) const override {
-    const int64_t bs = param_int(c.params, "block_size"), T = param_int(c.params, "tokens");
-    const int64_t pad = param_int(c.params, "pad"), k_stride = param_int(c.params, "k_stride");
-    const int64_t seed = param_int(c.params, "seed");
-    if (bs < 1 || T < 1 || pad < 0 || k_stride < ix::kHeadDim)
-      throw std::invalid_argument(c.id + ": block_size, tokens >= 1, pad >= 0, k_stride >= 128");
-    Problem p;
-    p.expect_refusal = block_size_problem(bs);
-    if (pad % 4)
-      p.expect_refusal = "page stride " + std::to_string(bs * ix::kTokenBytes + pad) +
-                         " is not a multiple of 4 (fp32 scales would be misaligned)";
+  std::optional<std::string> unbuildable(const P& p) const override {
+    if (p.block_size < 1 || p.tokens < 1 || p.pad < 0 || p.k_stride < ix::kHeadDim)
+      return "block_size, tokens >= 1, pad >= 0, k_stride >= 128";
+    return std::nullopt;
+  }
+
+  std::optional<std::string> invalid(const P& p) const override {
+    if (p.pad % 4)
+      return "page stride " + std::to_string(p.block_size * ix::kTokenBytes + p.pad) +
+             " is not a multiple of 4 (fp32 scales would be misaligned)";
+    return block_size_problem(p.block_size);
+  }
+
+  Problem make(const Case& c, const P& p) const override {
+    const int64_t bs = p.block_size, T = p.tokens;
     // Half the pages are mapped, in a random order; the others must keep their 0xFF sentinels.
     // Large offsets: page ids start at `first`, past byte 2^offset_log2.
     const int64_t pages = (T + bs - 1) / bs, blocks = 2 * pages + 2;
-    const int64_t stride = bs * ix::kTokenBytes + pad;
-    const int64_t first = first_block_past(param_int(c.params, "offset_log2"), stride);
-    Rng rng(c.id, "slots", static_cast<uint64_t>(seed));
+    const int64_t stride = bs * ix::kTokenBytes + p.pad;
+    const int64_t first = first_block_past(p.offset_log2, stride);
+    Rng rng(c.id, "slots", static_cast<uint64_t>(p.seed));
     const auto page_ids = permutation(blocks, rng);
     auto order = permutation(T, rng);
     Tensor slot = Tensor::empty(DType::i64, {T});
@@ -264,10 +299,10 @@ class IndexerKCacheOp final : public Op {
       slot.at<int64_t>({i}) =
           skipped ? -1 : (first + page_ids[static_cast<size_t>(j / bs)]) * bs + j % bs;
     }
-    Tensor k_storage = Tensor::empty(DType::bf16, {T + 3, k_stride});
-    fill_normal(k_storage, Rng(c.id, "k_storage", static_cast<uint64_t>(seed)));
+    Tensor k_storage = Tensor::empty(DType::bf16, {T + 3, p.k_stride});
+    fill_normal(k_storage, Rng(c.id, "k_storage", static_cast<uint64_t>(p.seed)));
     Tensor k = k_storage.slice(1, 0, ix::kHeadDim);
-    fill_quant_rows(k, c.id, "k", seed, quant_max_of(c.params), RowMix::edges);
+    fill_quant_rows(k, c.id, "k", p.seed, quant_max_of(p.fp8, p.quant_max), RowMix::edges);
     const int64_t total = first + blocks;
     Tensor storage =
         first > 0 ? Tensor::sparse(DType::u8, {total * stride}, first * stride, blocks * stride)
@@ -275,28 +310,29 @@ class IndexerKCacheOp final : public Op {
     std::fill(storage.storage()->bytes.begin(), storage.storage()->bytes.end(), std::byte{0xFF});
     Tensor cache =
         storage.as_strided({total, bs, ix::kTokenBytes}, {stride, ix::kTokenBytes, 1}, 0);
-    p.args = {{"k", k, Role::input},
-              {"slot_mapping", slot, Role::input},
-              {"kv_cache", cache, Role::inout}};
-    p.kernel_params = {{"fp8_format", param_str(c.params, "fp8")},
-                       {"quant_max", static_cast<double>(quant_max_of(c.params))}};
-    p.bytes = static_cast<double>(T) * (2 * ix::kHeadDim + ix::kTokenBytes);
-    return p;
+    Problem prob;
+    prob.args = {{"k", k, Role::input},
+                 {"slot_mapping", slot, Role::input},
+                 {"kv_cache", cache, Role::inout}};
+    prob.bytes = static_cast<double>(T) * (2 * ix::kHeadDim + ix::kTokenBytes);
+    return prob;
   }
 
-  TensorMap reference(const Problem& p) const override {
-    if (!p.expect_refusal.empty()) throw InvalidConfig(p.expect_refusal);
-    const Tensor& cache = p.arg("kv_cache");
-    const DType fp8 = *parse_dtype(p.kernel_params.at("fp8_format").get<std::string>());
-    const auto qmax = static_cast<float>(p.kernel_params.at("quant_max").get<double>());
+  nlohmann::json kernel_params(const P& p, const Problem&) const override {
+    return quantizer_kernel_params(p);
+  }
+
+  TensorMap reference(const Problem& prob, const P& p) const override {
     // A large-offset cache is compared over the pages the host holds (the rows a device
     // read-back returns, run/device.cpp).
-    return {{"kv_cache", ix::write_k_cache(cache, p.arg("k"), p.arg("slot_mapping"),
-                                           ix::layout_for_block_size(cache.size(1)), fp8, qmax)
-                             .held_rows()}};
+    return {{"kv_cache",
+             ix::write_k_cache(prob.arg("kv_cache"), prob.arg("k"), prob.arg("slot_mapping"),
+                               ix::layout_for_block_size(p.block_size), p.fp8,
+                               quant_max_of(p.fp8, p.quant_max))
+                 .held_rows()}};
   }
 
-  std::vector<OutputCheck> checks(const Problem&, const TensorMap&) const override {
+  std::vector<OutputCheck> checks(const Problem&, const P&, const TensorMap&) const override {
     return {{"kv_cache",
              exact_budget("cache bytes compared bitwise over every page, unmapped 0xFF pages "
                           "included (fp32 amax, exact power-of-two ue8m0 scale, RNE fp8: "
@@ -308,68 +344,63 @@ class IndexerKCacheOp final : public Op {
 
 // ---------------------------------------------------------------------------------------------
 // indexer_gather: paged cache -> contiguous k_fp8 + k_scale for prefill (docs/ops/indexer.md).
-class IndexerGatherOp final : public Op {
+struct GatherParams : PagedReadParams {};
+
+class IndexerGatherOp final : public TypedOp<GatherParams> {
  public:
+  using P = GatherParams;
   std::string name() const override { return "indexer_gather"; }
-  std::vector<Axis> axes() const override {
-    return {{"block_size", "bs", 64, {}, "cache block size"},
-            {"batch", "b", 4, {}, "requests"},
-            {"max_ctx", "ctx", 300, {}, "longest request; ragged lengths with block-edge cases"},
-            fp8_axis(),
-            {"pad", "pad", 0, {}, "bytes of padding after each page"},
-            {"table", "", "contiguous", {"contiguous", "strided"}, "strided: table row stride > W"},
-            {"seed", "s", 0, {}, "input seed"},
-            fp8_codes_axis("special: the tokens gathered hold the saturation codes, -0 "
-                           "(e4m3fn) and NaN codes, which the byte copy must keep"),
-            offset_log2_axis("31 / 32: every page a request reads starts past byte 2^31 / 2^32 "
-                             "of the cache; the host holds only those pages")};
+  Fields<P> fields() const override {
+    Fields<P> f;
+    add_paged_layout(f, {"cache block size", "requests",
+                         "longest request; ragged lengths with block-edge cases"});
+    add_paged_read_tail(f,
+                        "special: the tokens gathered hold the saturation codes, -0 "
+                        "(e4m3fn) and NaN codes, which the byte copy must keep");
+    return f;
   }
 
-  Problem make(const Case& c) const override {
-    const int64_t bs = param_int(c.params, "block_size"), pad = param_int(c.params, "pad");
-    const int64_t seed = param_int(c.params, "seed");
-    if (bs < 1 || pad < 0) throw std::invalid_argument(c.id + ": block_size >= 1, pad >= 0");
-    const auto layout =
-        paged_layout(c.id, param_int(c.params, "batch"), param_int(c.params, "max_ctx"), bs,
-                     param_str(c.params, "table") == "strided", seed);
-    const int64_t first =
-        first_block_past(param_int(c.params, "offset_log2"), bs * ix::kTokenBytes + pad);
-    shift_block_ids(layout, first);
-    const CacheCodes codes =
-        param_str(c.params, "fp8_codes") == "special" ? CacheCodes::copied : CacheCodes::ordinary;
-    Problem p;
-    p.expect_refusal = block_size_problem(bs);
-    if (pad % 4) p.expect_refusal = "page stride is not a multiple of 4";
-    const Tensor cu = ref::cumulative_lengths(layout.seq_lens);
+  std::optional<std::string> unbuildable(const P& p) const override {
+    if (p.block_size < 1 || p.pad < 0) return "block_size >= 1, pad >= 0";
+    return std::nullopt;
+  }
+
+  std::optional<std::string> invalid(const P& p) const override {
+    if (const auto why = page_stride_problem(p.pad)) return why;
+    return block_size_problem(p.block_size);
+  }
+
+  Problem make(const Case& c, const P& p) const override {
+    const auto in = paged_inputs(c.id, p, RowMix::edges, CacheCodes::copied);
+    const Tensor cu = ref::cumulative_lengths(in.layout.seq_lens);
     const int64_t N = cu.at<int32_t>({cu.size(0) - 1});
     // Outputs sit at the front of longer poisoned buffers: rows past N must stay untouched.
-    Tensor values = Tensor::empty(fp8_of(c.params), {N + 2, ix::kHeadDim});
+    Tensor values = Tensor::empty(p.fp8, {N + 2, ix::kHeadDim});
     Tensor scales = Tensor::empty(DType::f32, {N + 2});
     poison(values);
     poison(scales);
-    p.args = {
-        {"kv_cache",
-         paged_cache(c.id, layout, bs, pad, fp8_of(c.params), seed, RowMix::edges, first, codes),
-         Role::input},
-        {"block_table", layout.block_table, Role::input},
-        {"cu_seq_lens", cu, Role::input},
-        {"k_fp8", values.slice(0, 0, N), Role::output},
-        {"k_scale", scales.slice(0, 0, N), Role::output}};
-    p.bytes = static_cast<double>(N) * 2 * ix::kTokenBytes;
-    return p;
+    Problem prob;
+    prob.args = {{"kv_cache", in.cache, Role::input},
+                 {"block_table", in.layout.block_table, Role::input},
+                 {"cu_seq_lens", cu, Role::input},
+                 {"k_fp8", values.slice(0, 0, N), Role::output},
+                 {"k_scale", scales.slice(0, 0, N), Role::output}};
+    prob.bytes = static_cast<double>(N) * 2 * ix::kTokenBytes;
+    return prob;
   }
 
-  TensorMap reference(const Problem& p) const override {
-    if (!p.expect_refusal.empty()) throw InvalidConfig(p.expect_refusal);
-    const Tensor& cache = p.arg("kv_cache");
-    const int64_t bs = cache.size(1);
-    const auto g =
-        ix::gather_k_cache({cache, bs, ix::layout_for_block_size(bs)}, p.arg("block_table"),
-                           p.arg("cu_seq_lens"), p.arg("k_fp8").dtype());
+  nlohmann::json kernel_params(const P&, const Problem&) const override {
+    return nlohmann::json::object();
+  }
+
+  TensorMap reference(const Problem& prob, const P& p) const override {
+    const auto g = ix::gather_k_cache(
+        {prob.arg("kv_cache"), p.block_size, ix::layout_for_block_size(p.block_size)},
+        prob.arg("block_table"), prob.arg("cu_seq_lens"), p.fp8);
     return {{"k_fp8", g.values}, {"k_scale", g.scales}};
   }
 
-  std::vector<OutputCheck> checks(const Problem&, const TensorMap&) const override {
+  std::vector<OutputCheck> checks(const Problem&, const P&, const TensorMap&) const override {
     const Budget b = exact_budget("gather copies cache bytes: bitwise");
     return {{"k_fp8", b, {}, {}}, {"k_scale", b, {}, {}}};
   }
@@ -378,53 +409,64 @@ class IndexerGatherOp final : public Op {
 // ---------------------------------------------------------------------------------------------
 // indexer_q_quant: per (token, head) fp8 quantization of q and the head weights
 // (docs/ops/indexer.md).
-class IndexerQQuantOp final : public Op {
+struct QQuantParams : QuantParams {
+  int64_t tokens = 16;
+  int64_t heads = 64;
+};
+
+class IndexerQQuantOp final : public TypedOp<QQuantParams> {
  public:
+  using P = QQuantParams;
   std::string name() const override { return "indexer_q_quant"; }
-  std::vector<Axis> axes() const override {
-    return {
-        {"tokens", "t", 16, {}, "tokens"},
-        {"heads", "h", 64, {}, "index heads (64 DSv3.2, 32 GLM-5, fewer per rank when sharded)"},
-        fp8_axis(),
-        quant_max_axis(),
-        {"seed", "s", 0, {}, "input seed"}};
+  Fields<P> fields() const override {
+    Fields<P> f;
+    f.add("tokens", "t", &P::tokens, "tokens")
+        .add("heads", "h", &P::heads,
+             "index heads (64 DSv3.2, 32 GLM-5, fewer per rank when sharded)");
+    add_fp8(f);
+    add_quant_max(f);
+    add_seed(f);
+    return f;
   }
 
-  Problem make(const Case& c) const override {
-    const int64_t T = param_int(c.params, "tokens"), H = param_int(c.params, "heads");
-    const int64_t seed = param_int(c.params, "seed");
-    if (T < 1 || H < 1) throw std::invalid_argument(c.id + ": tokens and heads must be >= 1");
-    const DType fp8 = fp8_of(c.params);
+  std::optional<std::string> unbuildable(const P& p) const override {
+    if (p.tokens < 1 || p.heads < 1) return "tokens and heads must be >= 1";
+    return std::nullopt;
+  }
+
+  Problem make(const Case& c, const P& p) const override {
+    const int64_t T = p.tokens, H = p.heads;
     Tensor q = Tensor::empty(DType::bf16, {T, H, ix::kHeadDim});
-    fill_quant_rows(q.reshape({T * H, ix::kHeadDim}), c.id, "q", seed, quant_max_of(c.params),
-                    RowMix::edges);
+    fill_quant_rows(q.reshape({T * H, ix::kHeadDim}), c.id, "q", p.seed,
+                    quant_max_of(p.fp8, p.quant_max), RowMix::edges);
     // weights_raw is the tail of the fused wk|weights_proj GEMM output [T, 128 + H].
     Tensor kw = Tensor::empty(DType::bf16, {T, ix::kHeadDim + H});
-    fill_normal(kw, Rng(c.id, "kw", static_cast<uint64_t>(seed)));
-    Tensor q_fp8 = Tensor::empty(fp8, {T, H, ix::kHeadDim});
+    fill_normal(kw, Rng(c.id, "kw", static_cast<uint64_t>(p.seed)));
+    Tensor q_fp8 = Tensor::empty(p.fp8, {T, H, ix::kHeadDim});
     Tensor q_scale = Tensor::empty(DType::f32, {T, H});
     Tensor weights = Tensor::empty(DType::f32, {T, H});
     for (const Tensor* t : {&q_fp8, &q_scale, &weights}) poison(*t);
-    Problem p;
-    p.args = {{"q", q, Role::input},
-              {"weights_raw", kw.slice(1, ix::kHeadDim, ix::kHeadDim + H), Role::input},
-              {"q_fp8", q_fp8, Role::output},
-              {"q_scale", q_scale, Role::output},
-              {"weights", weights, Role::output}};
-    p.kernel_params = {{"fp8_format", param_str(c.params, "fp8")},
-                       {"quant_max", static_cast<double>(quant_max_of(c.params))}};
-    p.bytes = static_cast<double>(T * H) * (3 * ix::kHeadDim + 10);
-    return p;
+    Problem prob;
+    prob.args = {{"q", q, Role::input},
+                 {"weights_raw", kw.slice(1, ix::kHeadDim, ix::kHeadDim + H), Role::input},
+                 {"q_fp8", q_fp8, Role::output},
+                 {"q_scale", q_scale, Role::output},
+                 {"weights", weights, Role::output}};
+    prob.bytes = static_cast<double>(T * H) * (3 * ix::kHeadDim + 10);
+    return prob;
   }
 
-  TensorMap reference(const Problem& p) const override {
-    const DType fp8 = p.arg("q_fp8").dtype();
-    const auto qmax = static_cast<float>(p.kernel_params.at("quant_max").get<double>());
-    const auto q = ix::quantize_q(p.arg("q"), p.arg("weights_raw"), fp8, qmax);
+  nlohmann::json kernel_params(const P& p, const Problem&) const override {
+    return quantizer_kernel_params(p);
+  }
+
+  TensorMap reference(const Problem& prob, const P& p) const override {
+    const auto q = ix::quantize_q(prob.arg("q"), prob.arg("weights_raw"), p.fp8,
+                                  quant_max_of(p.fp8, p.quant_max));
     return {{"q_fp8", q.q_fp8}, {"q_scale", q.q_scale}, {"weights", q.weights}};
   }
 
-  std::vector<OutputCheck> checks(const Problem&, const TensorMap&) const override {
+  std::vector<OutputCheck> checks(const Problem&, const P&, const TensorMap&) const override {
     Budget exact;
     exact.kind = Budget::Kind::exact;
     exact.why = "quantization is deterministic (fp32 amax, power-of-two scale, RNE): bitwise";

@@ -15,34 +15,48 @@
 #include "core/numeric.h"
 #include "core/policy.h"
 #include "core/rng.h"
-#include "ops/op.h"
+#include "ops/kv_cache_axes.h"
+#include "ops/typed_op.h"
 #include "reference/kv_cache_write.h"
 
 namespace attncheck {
 namespace {
 
-ref::KvStrides parse_strides(const std::string& s) {
-  if (s == "hybrid") return ref::KvStrides::hybrid;
-  if (s == "padded") return ref::KvStrides::padded;
-  if (s == "separate") return ref::KvStrides::separate;
-  if (s == "packed") return ref::KvStrides::packed;
-  return ref::KvStrides::contiguous;
-}
+enum class Quant { per_tensor, per_token };
+enum class WriteLayout { nhd, shuffle, paged };
+enum class Slots { scattered, tail };
+enum class KeySource { contiguous, qkv };
+enum class Rows { normal, zero_tiny };
+
+struct KvCacheWriteParams {
+  Quant quant = Quant::per_tensor;
+  WriteLayout layout = WriteLayout::nhd;
+  ref::KvStrides strides = ref::KvStrides::contiguous;
+  KvDtype kv = KvDtype::model;
+  DType dtype = DType::bf16;
+  int64_t heads = 2;
+  int64_t head_dim = 64;
+  int64_t block_size = 16;
+  int64_t tokens = 24;
+  Slots slots = Slots::scattered;
+  KeySource key = KeySource::contiguous;
+  Rows rows = Rows::normal;
+  int64_t seed = 0;
+};
 
 constexpr int64_t kTrailingPad = 3;  // padding tokens at the end (slot -1), like a padded batch
 
 // Slots of the T tokens. scattered: distinct slots of half the blocks in a random order, about
 // one token in six padding, the cache's very last slot always among them; tail: consecutive slots
 // ending at the cache's last slot (a prefill into the last blocks). The last kTrailingPad are -1.
-Tensor make_slots(const std::string& id, const std::string& mode, int64_t T, int64_t total,
-                  int64_t seed) {
+Tensor make_slots(const std::string& id, Slots mode, int64_t T, int64_t total, int64_t seed) {
   Rng rng(id, "slots", static_cast<uint64_t>(seed));
   Tensor slots = Tensor::empty(DType::i64, {T});
   const int64_t real = T - kTrailingPad;
   const auto perm = permutation(total, rng);
   for (int64_t t = 0; t < T; ++t) {
     int64_t s = -1;
-    if (t < real && mode == "tail") {
+    if (t < real && mode == Slots::tail) {
       s = total - real + t;
     } else if (t < real) {
       s = t == real / 2 ? total - 1 : perm[static_cast<size_t>(t)];
@@ -86,19 +100,21 @@ struct TokenPair {
 };
 
 // key/value [T, Hkv, D]: contiguous, or views of a fused qkv row (2 Hkv query heads first).
-TokenPair make_tokens(const Case& c, DType in, int64_t T, int64_t Hkv, int64_t D, int64_t seed) {
+TokenPair make_tokens(const Case& c, const KvCacheWriteParams& p) {
+  const int64_t T = p.tokens, Hkv = p.heads, D = p.head_dim;
+  const auto seed = static_cast<uint64_t>(p.seed);
   TokenPair kv;
-  if (param_str(c.params, "key") == "qkv") {
+  if (p.key == KeySource::qkv) {
     const int64_t row = (2 * Hkv + 2 * Hkv) * D;  // q (2 Hkv heads) | k | v
-    Tensor qkv = Tensor::empty(in, {T, row});
-    fill_normal(qkv, Rng(c.id, "qkv", static_cast<uint64_t>(seed)));
+    Tensor qkv = Tensor::empty(p.dtype, {T, row});
+    fill_normal(qkv, Rng(c.id, "qkv", seed));
     kv.key = qkv.as_strided({T, Hkv, D}, {row, D, 1}, 2 * Hkv * D);
     kv.value = qkv.as_strided({T, Hkv, D}, {row, D, 1}, 3 * Hkv * D);
   } else {
-    kv.key = Tensor::empty(in, {T, Hkv, D});
-    kv.value = Tensor::empty(in, {T, Hkv, D});
-    fill_normal(kv.key, Rng(c.id, "key", static_cast<uint64_t>(seed)));
-    fill_normal(kv.value, Rng(c.id, "value", static_cast<uint64_t>(seed)));
+    kv.key = Tensor::empty(p.dtype, {T, Hkv, D});
+    kv.value = Tensor::empty(p.dtype, {T, Hkv, D});
+    fill_normal(kv.key, Rng(c.id, "key", seed));
+    fill_normal(kv.value, Rng(c.id, "value", seed));
   }
   return kv;
 }
@@ -122,190 +138,100 @@ void shape_pertoken_rows(const Tensor& x, bool zero_tiny) {
 
 constexpr const char* kPertokenEntry = "kv_cache_write_pertoken_quant";
 
-// The axes both writer entries share, checked, and the cache's block count: twice the blocks the
-// tokens need, plus two nobody writes.
-struct WriteDims {
-  DType in;
-  int64_t Hkv, D, P, T, seed, nb;
-};
-WriteDims write_dims(const Case& c) {
-  const auto& p = c.params;
-  WriteDims w{param_str(p, "dtype") == "f16" ? DType::f16 : DType::bf16,
-              param_int(p, "heads"),
-              param_int(p, "head_dim"),
-              param_int(p, "block_size"),
-              param_int(p, "tokens"),
-              param_int(p, "seed"),
-              0};
-  if (w.Hkv < 1 || w.D < 1 || w.P < 1 || w.T <= kTrailingPad)
-    throw std::invalid_argument(c.id + ": heads, head_dim, block_size >= 1 and tokens > 3");
-  w.nb = 2 * ((w.T + w.P - 1) / w.P) + 2;
-  return w;
-}
-
-class KvCacheWriteOp final : public Op {
+class KvCacheWriteOp final : public TypedOp<KvCacheWriteParams> {
  public:
+  using P = KvCacheWriteParams;
   std::string name() const override { return "kv_cache_write"; }
-  std::vector<Axis> axes() const override {
-    return {
-        {"quant",
-         "",
-         "per_tensor",
-         {"per_tensor", "per_token"},
-         "per_tensor: reshape_and_cache_flash (scales k_scale/v_scale given, fp8 only); per_token: "
-         "AITER reshape_and_cache_with_pertoken_quant (a scale per token and head, written)",
-         false},
-        {"layout",
-         "",
-         "nhd",
-         {"nhd", "shuffle", "paged"},
-         "NHD [nb,P,Hkv,D]; SHUFFLE 5-d tiles (per_token: asm_layout); paged (per_token only): K "
-         "SHUFFLE tile, V [nb,Hkv,D,P]"},
-        {"strides",
-         "",
-         "contiguous",
-         {"contiguous", "hybrid", "padded", "separate", "packed"},
-         "one storage K then V; hybrid [K0][V0][K1][V1]...; every stride + 16 B; two storages; "
-         "packed (nb, Hkv, P, 2D) (NHD only)"},
-        {"kv",
-         "kv",
-         "model",
-         {"model", "e4m3fn", "e4m3fnuz", "int8"},
-         "cache dtype; fp8 quantizes; int8 per_token only"},
-        {"dtype", "", "bf16", {"bf16", "f16"}, "key/value dtype"},
-        {"heads", "h", 2, {}, "KV heads Hkv"},
-        {"head_dim", "d", 64, {}, "head size D"},
-        {"block_size", "bs", 16, {}, "tokens per cache block P"},
-        {"tokens", "t", 24, {}, "slot_mapping entries (the last 3 are padding, slot -1)"},
-        {"slots",
-         "",
-         "scattered",
-         {"scattered", "tail"},
-         "random distinct slots incl. the last one, or consecutive slots ending the cache"},
-        {"key",
-         "",
-         "contiguous",
-         {"contiguous", "qkv"},
-         "key/value contiguous, or views of a fused qkv row (2*Hkv query heads before them)"},
-        {"rows",
-         "",
-         "normal",
-         {"normal", "zero_tiny"},
-         "per_token: also all-zero rows and rows below the scale eps (bf16) / f16 subnormal rows",
-         false},
-        {"seed", "s", 0, {}, "input seed"},
-    };
+  Fields<P> fields() const override {
+    Fields<P> f;
+    f.choice("quant", "", &P::quant,
+             {{Quant::per_tensor, "per_tensor"}, {Quant::per_token, "per_token"}},
+             "per_tensor: reshape_and_cache_flash (scales k_scale/v_scale given, fp8 only); "
+             "per_token: AITER reshape_and_cache_with_pertoken_quant (a scale per token and head, "
+             "written)")
+        .out_of_id_at_default()
+        .choice("layout", "", &P::layout,
+                {{WriteLayout::nhd, "nhd"},
+                 {WriteLayout::shuffle, "shuffle"},
+                 {WriteLayout::paged, "paged"}},
+                "NHD [nb,P,Hkv,D]; SHUFFLE 5-d tiles (per_token: asm_layout); paged (per_token "
+                "only): K SHUFFLE tile, V [nb,Hkv,D,P]");
+    add_kv_strides(f, &P::strides,
+                   "one storage K then V; hybrid [K0][V0][K1][V1]...; every stride + 16 B; two "
+                   "storages; packed (nb, Hkv, P, 2D) (NHD only)");
+    add_kv_dtype(f, &P::kv, true, "cache dtype; fp8 quantizes; int8 per_token only");
+    add_model_dtype(f, &P::dtype, "key/value dtype");
+    f.add("heads", "h", &P::heads, "KV heads Hkv")
+        .add("head_dim", "d", &P::head_dim, "head size D")
+        .add("block_size", "bs", &P::block_size, "tokens per cache block P")
+        .add("tokens", "t", &P::tokens, "slot_mapping entries (the last 3 are padding, slot -1)")
+        .choice("slots", "", &P::slots, {{Slots::scattered, "scattered"}, {Slots::tail, "tail"}},
+                "random distinct slots incl. the last one, or consecutive slots ending the cache")
+        .choice("key", "", &P::key,
+                {{KeySource::contiguous, "contiguous"}, {KeySource::qkv, "qkv"}},
+                "key/value contiguous, or views of a fused qkv row (2*Hkv query heads before them)")
+        .choice("rows", "", &P::rows, {{Rows::normal, "normal"}, {Rows::zero_tiny, "zero_tiny"}},
+                "per_token: also all-zero rows and rows below the scale eps (bf16) / f16 "
+                "subnormal rows")
+        .out_of_id_at_default()
+        .add("seed", "s", &P::seed, "input seed");
+    return f;
   }
 
   std::vector<std::string> kernel_entries() const override {
     return {"kv_cache_write", kPertokenEntry};
   }
 
-  Problem make(const Case& c) const override {
-    if (param_str(c.params, "quant") == "per_token") return make_pertoken(c);
-    const auto& p = c.params;
-    if (param_str(p, "layout") == "paged")
-      throw std::invalid_argument(c.id + ": layout paged is a per_token layout");
-    if (param_str(p, "kv") == "int8")
-      throw std::invalid_argument(c.id + ": int8 caches are per_token only");
-    if (param_str(p, "rows") != "normal")
-      throw std::invalid_argument(c.id + ": rows = zero_tiny is for per_token cases");
-    const bool shuffle = param_str(p, "layout") == "shuffle";
-    const auto layout = shuffle ? ref::KvLayout::shuffle : ref::KvLayout::nhd;
-    const auto [in, Hkv, D, P, T, seed, nb] = write_dims(c);
-    const std::string kv = param_str(p, "kv");
-    const DType cache_dtype = kv == "model" ? in : kv == "e4m3fn" ? DType::e4m3fn : DType::e4m3fnuz;
-    const auto cache = ref::make_kv_cache(cache_dtype, layout,
-                                          parse_strides(param_str(p, "strides")), nb, P, Hkv, D);
-    fill_old_contents(cache.key_cache, Rng(c.id, "old_key_cache", static_cast<uint64_t>(seed)));
-    fill_old_contents(cache.value_cache, Rng(c.id, "old_value_cache", static_cast<uint64_t>(seed)));
-
-    const auto [key, value] = make_tokens(c, in, T, Hkv, D, seed);
-    Tensor k_scale = Tensor::full(DType::f32, {1}, 1.0);
-    Tensor v_scale = Tensor::full(DType::f32, {1}, 1.0);
-    if (is_fp8(cache_dtype)) {
-      // k: |x| / scale small, so fp8 subnormals and ties occur; v: small scale, so some |x| / scale
-      // pass the format's max and saturate. A multiplied (not divided) scale cannot pass.
-      Rng s_rng(c.id, "scales", static_cast<uint64_t>(seed));
-      k_scale.set({0}, s_rng.uniform(0.5, 3.0));
-      v_scale.set({0}, s_rng.uniform(0.005, 0.009));
+  std::optional<std::string> unbuildable(const P& p) const override {
+    if (p.quant == Quant::per_token) {
+      if (p.layout == WriteLayout::nhd) return "per_token caches are shuffle (asm_layout) or paged";
+      if (p.kv == KvDtype::model) return "per_token caches are e4m3fn, e4m3fnuz or int8";
+    } else {
+      if (p.layout == WriteLayout::paged) return "layout paged is a per_token layout";
+      if (p.kv == KvDtype::int8) return "int8 caches are per_token only";
+      if (p.rows != Rows::normal) return "rows = zero_tiny is for per_token cases";
     }
-
-    Problem prob;
-    prob.args = {
-        {"key", key, Role::input},
-        {"value", value, Role::input},
-        {"key_cache", cache.key_cache, Role::inout},
-        {"value_cache", cache.value_cache, Role::inout},
-        {"slot_mapping", make_slots(c.id, param_str(p, "slots"), T, nb * P, seed), Role::input},
-        {"k_scale", k_scale, Role::input},
-        {"v_scale", v_scale, Role::input}};
-    prob.kernel_params = {{"kv_cache_layout", shuffle ? "SHUFFLE" : "NHD"},
-                          {"kv_cache_dtype", is_fp8(cache_dtype) ? "fp8" : "auto"}};
-    if (is_fp8(cache_dtype))
-      prob.kernel_params["fp8_format"] = cache_dtype == DType::e4m3fn ? "e4m3fn" : "e4m3fnuz";
-    const double elems = 2.0 * static_cast<double>(T * Hkv * D);
-    prob.bytes = elems * static_cast<double>(dtype_size(in) + dtype_size(cache_dtype));
-    return prob;
+    if (p.heads < 1 || p.head_dim < 1 || p.block_size < 1 || p.tokens <= kTrailingPad)
+      return "heads, head_dim, block_size >= 1 and tokens > 3";
+    // The texts ref::make_kv_cache / make_pertoken_cache throw (reference/kv_gather.cpp,
+    // reference/kv_cache_write.cpp), here so that the case error names the case.
+    if (p.strides == ref::KvStrides::packed && p.quant == Quant::per_token)
+      return "the packed (nb, Hkv, P, 2D) cache is an NHD layout";
+    if (p.strides == ref::KvStrides::packed && p.layout == WriteLayout::shuffle)
+      return "the packed (nb, Hkv, P, 2D) cache is an NHD layout, not SHUFFLE";
+    return std::nullopt;
   }
 
-  // AITER reshape_and_cache_with_pertoken_quant: K SHUFFLE tile, V SHUFFLE (asm_layout) or
-  // [nb, Hkv, D, P], 1-byte codes, f32 scales per (slot, head).
-  Problem make_pertoken(const Case& c) const {
-    const auto& p = c.params;
-    const std::string layout = param_str(p, "layout"), kv = param_str(p, "kv");
-    if (layout == "nhd")
-      throw std::invalid_argument(c.id + ": per_token caches are shuffle (asm_layout) or paged");
-    if (kv == "model")
-      throw std::invalid_argument(c.id + ": per_token caches are e4m3fn, e4m3fnuz or int8");
-    const bool asm_layout = layout == "shuffle";
-    const auto [in, Hkv, D, P, T, seed, nb] = write_dims(c);
-    const DType cache_dtype = kv == "int8"     ? DType::i8
-                              : kv == "e4m3fn" ? DType::e4m3fn
-                                               : DType::e4m3fnuz;
-    const auto cache = ref::make_pertoken_cache(
-        cache_dtype, asm_layout, parse_strides(param_str(p, "strides")), nb, P, Hkv, D);
-    fill_old_contents(cache.key_cache, Rng(c.id, "old_key_cache", static_cast<uint64_t>(seed)));
-    fill_old_contents(cache.value_cache, Rng(c.id, "old_value_cache", static_cast<uint64_t>(seed)));
-    const Shape s_shape = asm_layout ? Shape{nb, Hkv, P} : Shape{Hkv, nb * P};
-    Tensor k_scales = old_scales(s_shape, Rng(c.id, "old_k_scales", static_cast<uint64_t>(seed)));
-    Tensor v_scales = old_scales(s_shape, Rng(c.id, "old_v_scales", static_cast<uint64_t>(seed)));
-
-    const auto [key, value] = make_tokens(c, in, T, Hkv, D, seed);
-    const bool zero_tiny = param_str(p, "rows") == "zero_tiny";
-    shape_pertoken_rows(key, zero_tiny);  // through the views: a qkv row keeps its q heads
-    shape_pertoken_rows(value, zero_tiny);
-
-    Problem prob;
-    prob.kernel = kPertokenEntry;
-    prob.args = {
-        {"key", key, Role::input},
-        {"value", value, Role::input},
-        {"key_cache", cache.key_cache, Role::inout},
-        {"value_cache", cache.value_cache, Role::inout},
-        {"k_dequant_scales", k_scales, Role::inout},
-        {"v_dequant_scales", v_scales, Role::inout},
-        {"slot_mapping", make_slots(c.id, param_str(p, "slots"), T, nb * P, seed), Role::input}};
-    prob.kernel_params = {{"asm_layout", asm_layout ? "true" : "false"},
-                          {"kv_cache_dtype", kv == "int8" ? "int8" : "fp8"}};
-    if (kv != "int8") prob.kernel_params["fp8_format"] = kv;
-    const double elems = 2.0 * static_cast<double>(T * Hkv * D);
-    prob.bytes =
-        elems * static_cast<double>(dtype_size(in) + 1) + 2.0 * static_cast<double>(T * Hkv) * 4.0;
-    return prob;
+  Problem make(const Case& c, const P& p) const override {
+    return p.quant == Quant::per_token ? make_pertoken(c, p) : make_per_tensor(c, p);
   }
 
-  TensorMap reference(const Problem& p) const override {
-    if (p.kernel == kPertokenEntry) {
+  nlohmann::json kernel_params(const P& p, const Problem&) const override {
+    const DType cache_dtype = kv_cache_dtype(p.kv, p.dtype);
+    nlohmann::json kp;
+    if (p.quant == Quant::per_token) {
+      // Strings, not JSON booleans: the kernels and adapters read "true" / "false".
+      kp = {{"asm_layout", p.layout == WriteLayout::shuffle ? "true" : "false"},
+            {"kv_cache_dtype", p.kv == KvDtype::int8 ? "int8" : "fp8"}};
+    } else {
+      kp = {{"kv_cache_layout", p.layout == WriteLayout::shuffle ? "SHUFFLE" : "NHD"},
+            {"kv_cache_dtype", is_fp8(cache_dtype) ? "fp8" : "auto"}};
+    }
+    if (is_fp8(cache_dtype)) kp["fp8_format"] = fp8_format_name(cache_dtype);
+    return kp;
+  }
+
+  TensorMap reference(const Problem& prob, const P& p) const override {
+    if (p.quant == Quant::per_token) {
       ref::KvPertokenWriteArgs a;
-      a.key = p.arg("key");
-      a.value = p.arg("value");
-      a.key_cache = p.arg("key_cache");
-      a.value_cache = p.arg("value_cache");
-      a.k_dequant_scales = p.arg("k_dequant_scales");
-      a.v_dequant_scales = p.arg("v_dequant_scales");
-      a.slot_mapping = p.arg("slot_mapping");
-      a.asm_layout = p.kernel_params.at("asm_layout") == "true";
+      a.key = prob.arg("key");
+      a.value = prob.arg("value");
+      a.key_cache = prob.arg("key_cache");
+      a.value_cache = prob.arg("value_cache");
+      a.k_dequant_scales = prob.arg("k_dequant_scales");
+      a.v_dequant_scales = prob.arg("v_dequant_scales");
+      a.slot_mapping = prob.arg("slot_mapping");
+      a.asm_layout = p.layout == WriteLayout::shuffle;
       const ref::KvPertokenWritten w = ref::kv_cache_write_pertoken_quant(a);
       return {{"key_cache", w.key_cache},
               {"value_cache", w.value_cache},
@@ -313,29 +239,27 @@ class KvCacheWriteOp final : public Op {
               {"v_dequant_scales", w.v_dequant_scales}};
     }
     ref::KvCacheWriteArgs a;
-    a.key = p.arg("key");
-    a.value = p.arg("value");
-    a.key_cache = p.arg("key_cache");
-    a.value_cache = p.arg("value_cache");
-    a.slot_mapping = p.arg("slot_mapping");
-    a.layout = p.kernel_params.at("kv_cache_layout") == "SHUFFLE" ? ref::KvLayout::shuffle
-                                                                  : ref::KvLayout::nhd;
-    if (p.kernel_params.at("kv_cache_dtype") == "fp8")
-      a.quant = ref::KvQuant{static_cast<float>(p.arg("k_scale").get({0})),
-                             static_cast<float>(p.arg("v_scale").get({0}))};
+    a.key = prob.arg("key");
+    a.value = prob.arg("value");
+    a.key_cache = prob.arg("key_cache");
+    a.value_cache = prob.arg("value_cache");
+    a.slot_mapping = prob.arg("slot_mapping");
+    a.layout = p.layout == WriteLayout::shuffle ? ref::KvLayout::shuffle : ref::KvLayout::nhd;
+    if (is_fp8(kv_cache_dtype(p.kv, p.dtype)))
+      a.quant = ref::KvQuant{static_cast<float>(prob.arg("k_scale").get({0})),
+                             static_cast<float>(prob.arg("v_scale").get({0}))};
     const ref::KvCaches w = ref::kv_cache_write(a);
     return {{"key_cache", w.key_cache}, {"value_cache", w.value_cache}};
   }
 
-  std::vector<OutputCheck> checks(const Problem& p, const TensorMap&) const override {
-    if (p.kernel == kPertokenEntry) {
+  std::vector<OutputCheck> checks(const Problem&, const P& p, const TensorMap&) const override {
+    if (p.quant == Quant::per_token) {
       // The upstream kernel fixes every fp32 operation (docs/ops/kv_cache_write.md, "Per-token
       // quant"): amax is exact, the scale one correctly rounded division, the reciprocal one more,
       // the product one more, then one conversion. No step leaves a choice, so bits are compared.
-      const bool int8 = p.kernel_params.at("kv_cache_dtype") == "int8";
       const Budget codes =
           exact_budget(std::string("every cache element bitwise: written slots hold ") +
-                       (int8 ? "trunc" : "RNE_fp8") +
+                       (p.kv == KvDtype::int8 ? "trunc" : "RNE_fp8") +
                        "(fp32(x * fp32(1 / max(scale, 1e-12f)))) of their (token, head) row, every "
                        "other element "
                        "its old value");
@@ -349,12 +273,95 @@ class KvCacheWriteOp final : public Op {
               {"v_dequant_scales", scales, {}, {}}};
     }
     const Budget b = exact_budget(
-        p.kernel_params.at("kv_cache_dtype") == "fp8"
+        is_fp8(kv_cache_dtype(p.kv, p.dtype))
             ? "every cache element bitwise: written slots hold RNE_fp8(fp32 x / scale) saturated "
               "(one correctly rounded division, one rounding), every other element its old value"
             : "every cache element bitwise: written slots hold the token's bits, every other "
               "element its old value");
     return {{"key_cache", b, {}, {}}, {"value_cache", b, {}, {}}};
+  }
+
+ private:
+  // The cache's block count: twice the blocks the tokens need, plus two nobody writes.
+  static int64_t cache_blocks(const P& p) {
+    return 2 * ((p.tokens + p.block_size - 1) / p.block_size) + 2;
+  }
+
+  // The old contents of both caches (earlier tokens), drawn from the case.
+  static void fill_old_caches(const Case& c, const P& p, const ref::KvCacheViews& cache) {
+    const auto seed = static_cast<uint64_t>(p.seed);
+    fill_old_contents(cache.key_cache, Rng(c.id, "old_key_cache", seed));
+    fill_old_contents(cache.value_cache, Rng(c.id, "old_value_cache", seed));
+  }
+
+  static Tensor slot_mapping(const Case& c, const P& p) {
+    return make_slots(c.id, p.slots, p.tokens, cache_blocks(p) * p.block_size, p.seed);
+  }
+
+  // reshape_and_cache_flash: NHD or SHUFFLE caches of the model dtype or fp8 (per-tensor scales).
+  static Problem make_per_tensor(const Case& c, const P& p) {
+    const DType cache_dtype = kv_cache_dtype(p.kv, p.dtype);
+    const auto cache = ref::make_kv_cache(
+        cache_dtype, p.layout == WriteLayout::shuffle ? ref::KvLayout::shuffle : ref::KvLayout::nhd,
+        p.strides, cache_blocks(p), p.block_size, p.heads, p.head_dim);
+    fill_old_caches(c, p, cache);
+
+    const auto [key, value] = make_tokens(c, p);
+    Tensor k_scale = Tensor::full(DType::f32, {1}, 1.0);
+    Tensor v_scale = Tensor::full(DType::f32, {1}, 1.0);
+    if (is_fp8(cache_dtype)) {
+      // k: |x| / scale small, so fp8 subnormals and ties occur; v: small scale, so some |x| / scale
+      // pass the format's max and saturate. A multiplied (not divided) scale cannot pass.
+      Rng s_rng(c.id, "scales", static_cast<uint64_t>(p.seed));
+      k_scale.set({0}, s_rng.uniform(0.5, 3.0));
+      v_scale.set({0}, s_rng.uniform(0.005, 0.009));
+    }
+
+    Problem prob;
+    prob.args = {{"key", key, Role::input},
+                 {"value", value, Role::input},
+                 {"key_cache", cache.key_cache, Role::inout},
+                 {"value_cache", cache.value_cache, Role::inout},
+                 {"slot_mapping", slot_mapping(c, p), Role::input},
+                 {"k_scale", k_scale, Role::input},
+                 {"v_scale", v_scale, Role::input}};
+    const double elems = 2.0 * static_cast<double>(p.tokens * p.heads * p.head_dim);
+    prob.bytes = elems * static_cast<double>(dtype_size(p.dtype) + dtype_size(cache_dtype));
+    return prob;
+  }
+
+  // AITER reshape_and_cache_with_pertoken_quant: K SHUFFLE tile, V SHUFFLE (asm_layout) or
+  // [nb, Hkv, D, P], 1-byte codes, f32 scales per (slot, head).
+  static Problem make_pertoken(const Case& c, const P& p) {
+    const bool asm_layout = p.layout == WriteLayout::shuffle;
+    const int64_t nb = cache_blocks(p);
+    const auto cache = ref::make_pertoken_cache(kv_cache_dtype(p.kv, p.dtype), asm_layout,
+                                                p.strides, nb, p.block_size, p.heads, p.head_dim);
+    fill_old_caches(c, p, cache);
+    const Shape s_shape =
+        asm_layout ? Shape{nb, p.heads, p.block_size} : Shape{p.heads, nb * p.block_size};
+    const auto seed = static_cast<uint64_t>(p.seed);
+    Tensor k_scales = old_scales(s_shape, Rng(c.id, "old_k_scales", seed));
+    Tensor v_scales = old_scales(s_shape, Rng(c.id, "old_v_scales", seed));
+
+    const auto [key, value] = make_tokens(c, p);
+    const bool zero_tiny = p.rows == Rows::zero_tiny;
+    shape_pertoken_rows(key, zero_tiny);  // through the views: a qkv row keeps its q heads
+    shape_pertoken_rows(value, zero_tiny);
+
+    Problem prob;
+    prob.kernel = kPertokenEntry;
+    prob.args = {{"key", key, Role::input},
+                 {"value", value, Role::input},
+                 {"key_cache", cache.key_cache, Role::inout},
+                 {"value_cache", cache.value_cache, Role::inout},
+                 {"k_dequant_scales", k_scales, Role::inout},
+                 {"v_dequant_scales", v_scales, Role::inout},
+                 {"slot_mapping", slot_mapping(c, p), Role::input}};
+    const double elems = 2.0 * static_cast<double>(p.tokens * p.heads * p.head_dim);
+    prob.bytes = elems * static_cast<double>(dtype_size(p.dtype) + 1) +
+                 2.0 * static_cast<double>(p.tokens * p.heads) * 4.0;
+    return prob;
   }
 };
 

@@ -11,23 +11,34 @@
 #include "core/numeric.h"
 #include "core/rng.h"
 #include "core/policy.h"
-#include "ops/op.h"
+#include "ops/kv_cache_axes.h"
 #include "ops/paged.h"
+#include "ops/typed_op.h"
 #include "reference/kv_gather.h"
 
 namespace attncheck {
 namespace {
 
-ref::KvLayout parse_layout(const std::string& s) {
-  return s == "shuffle" ? ref::KvLayout::shuffle : ref::KvLayout::nhd;
-}
-ref::KvStrides parse_strides(const std::string& s) {
-  if (s == "hybrid") return ref::KvStrides::hybrid;
-  if (s == "padded") return ref::KvStrides::padded;
-  if (s == "separate") return ref::KvStrides::separate;
-  if (s == "packed") return ref::KvStrides::packed;
-  return ref::KvStrides::contiguous;
-}
+enum class Context { full, chunk, window };
+enum class Table { contiguous, strided };
+
+struct KvGatherParams {
+  ref::KvLayout layout = ref::KvLayout::nhd;
+  ref::KvStrides strides = ref::KvStrides::contiguous;
+  KvDtype kv = KvDtype::model;
+  DType dtype = DType::bf16;
+  int64_t heads = 1;
+  int64_t head_dim = 64;
+  int64_t block_size = 16;
+  Context context = Context::full;
+  int64_t span = 20;
+  int64_t batch = 4;
+  int64_t max_ctx = 50;
+  Table table = Table::contiguous;
+  int64_t seed = 0;
+  Fp8Codes fp8_codes = Fp8Codes::ordinary;
+  int64_t offset_log2 = 0;
+};
 
 // fp8_codes = special (docs/formats.md): in every slot the gather reads (each request's
 // [seq_start, seq_start + count)), element (h, d) of the token at position pos holds
@@ -64,86 +75,87 @@ void plant_fp8_specials(const ref::KvCacheViews& cache, ref::KvLayout layout,
   }
 }
 
-class KvGatherOp final : public Op {
+class KvGatherOp final : public TypedOp<KvGatherParams> {
  public:
+  using P = KvGatherParams;
   std::string name() const override { return "kv_gather"; }
-  std::vector<Axis> axes() const override {
-    return {
-        {"layout", "", "nhd", {"nhd", "shuffle"}, "NHD [nb,P,Hkv,D] or SHUFFLE 5-d tiles"},
-        {"strides",
-         "",
-         "contiguous",
-         {"contiguous", "hybrid", "padded", "separate", "packed"},
-         "hybrid: [K0][V0][K1][V1]... one storage, block stride 2H; padded: every stride + 16 B; "
-         "separate: two storages; packed: one (nb, Hkv, P, 2D) tensor split along its last dim "
-         "(NHD only)"},
-        {"kv", "kv", "model", {"model", "e4m3fn", "e4m3fnuz"}, "cache dtype; fp8 dequantizes"},
-        {"dtype", "", "bf16", {"bf16", "f16"}, "model (output) dtype"},
-        {"heads", "h", 1, {1, 2, 4, 8}, "KV heads Hkv"},
-        {"head_dim", "d", 64, {64, 128, 192, 256}, "head size D"},
-        {"block_size", "bs", 16, {16, 32, 48}, "tokens per cache block P"},
-        {"context",
-         "",
-         "full",
-         {"full", "chunk", "window"},
-         "full context; its second chunk of `span` tokens; its last `span` tokens (SWA)"},
-        {"span", "sp", 20, {}, "chunk size or window for context = chunk | window"},
-        {"batch", "b", 4, {}, "requests (edge lengths 0, 1, P-1, P, P+1, 2P+1 first)"},
-        {"max_ctx", "ctx", 50, {}, "longest context"},
-        {"table", "", "contiguous", {"contiguous", "strided"}, "block table row stride"},
-        {"seed", "s", 0, {}, "input seed"},
-        fp8_codes_axis("special: the tokens gathered hold the saturation codes (+-448 e4m3fn, "
-                       "+-240 e4m3fnuz) and, in e4m3fn, -0 (dequantized to -0); every slot not "
-                       "gathered holds the format's NaN codes (fp8 kv only)"),
-        offset_log2_axis("31 / 32: every block a request reads starts past byte 2^31 / 2^32 of "
-                         "its cache storage (hybrid, separate or packed strides); the host holds "
-                         "only those blocks"),
-    };
+  Fields<P> fields() const override {
+    Fields<P> f;
+    f.choice("layout", "", &P::layout,
+             {{ref::KvLayout::nhd, "nhd"}, {ref::KvLayout::shuffle, "shuffle"}},
+             "NHD [nb,P,Hkv,D] or SHUFFLE 5-d tiles");
+    add_kv_strides(f, &P::strides,
+                   "hybrid: [K0][V0][K1][V1]... one storage, block stride 2H; padded: every "
+                   "stride + 16 B; separate: two storages; packed: one (nb, Hkv, P, 2D) tensor "
+                   "split along its last dim (NHD only)");
+    add_kv_dtype(f, &P::kv, false, "cache dtype; fp8 dequantizes");
+    add_model_dtype(f, &P::dtype, "model (output) dtype");
+    f.add("heads", "h", &P::heads, "KV heads Hkv")
+        .only({1, 2, 4, 8})
+        .add("head_dim", "d", &P::head_dim, "head size D")
+        .only({64, 128, 192, 256})
+        .add("block_size", "bs", &P::block_size, "tokens per cache block P")
+        .only({16, 32, 48})
+        .choice("context", "", &P::context,
+                {{Context::full, "full"}, {Context::chunk, "chunk"}, {Context::window, "window"}},
+                "full context; its second chunk of `span` tokens; its last `span` tokens (SWA)")
+        .add("span", "sp", &P::span, "chunk size or window for context = chunk | window")
+        .add("batch", "b", &P::batch, "requests (edge lengths 0, 1, P-1, P, P+1, 2P+1 first)")
+        .add("max_ctx", "ctx", &P::max_ctx, "longest context")
+        .choice("table", "", &P::table,
+                {{Table::contiguous, "contiguous"}, {Table::strided, "strided"}},
+                "block table row stride")
+        .add("seed", "s", &P::seed, "input seed");
+    add_fp8_codes(f, &P::fp8_codes,
+                  "special: the tokens gathered hold the saturation codes (+-448 e4m3fn, +-240 "
+                  "e4m3fnuz) and, in e4m3fn, -0 (dequantized to -0); every slot not gathered "
+                  "holds the format's NaN codes (fp8 kv only)");
+    add_offset_log2(f, &P::offset_log2,
+                    "31 / 32: every block a request reads starts past byte 2^31 / 2^32 of its "
+                    "cache storage (hybrid, separate or packed strides); the host holds only "
+                    "those blocks");
+    return f;
   }
 
-  Problem make(const Case& c) const override {
-    const auto& p = c.params;
-    const auto layout = parse_layout(param_str(p, "layout"));
-    const DType out_dtype = param_str(p, "dtype") == "f16" ? DType::f16 : DType::bf16;
-    const std::string kv = param_str(p, "kv");
-    const DType cache_dtype = kv == "model"    ? out_dtype
-                              : kv == "e4m3fn" ? DType::e4m3fn
-                                               : DType::e4m3fnuz;
-    const int64_t Hkv = param_int(p, "heads"), D = param_int(p, "head_dim");
-    const int64_t P = param_int(p, "block_size"), seed = param_int(p, "seed");
-    const int64_t max_ctx = param_int(p, "max_ctx"), span = param_int(p, "span");
-    const std::string context = param_str(p, "context");
-    if (context != "full" && (span < 1 || (context == "chunk" && span >= max_ctx)))
-      throw std::invalid_argument(c.id + ": span must be in [1, max_ctx) for chunked contexts");
+  std::optional<std::string> unbuildable(const P& p) const override {
+    if (p.context != Context::full &&
+        (p.span < 1 || (p.context == Context::chunk && p.span >= p.max_ctx)))
+      return "span must be in [1, max_ctx) for chunked contexts";
+    if (p.fp8_codes == Fp8Codes::special && !is_fp8(cache_dtype_of(p)))
+      return "fp8_codes = special needs an fp8 kv";
+    if (p.offset_log2 != 0 && p.strides != ref::KvStrides::hybrid &&
+        p.strides != ref::KvStrides::separate && p.strides != ref::KvStrides::packed)
+      return "offset_log2 needs hybrid, separate or packed strides";
+    // ref::make_kv_cache's text (reference/kv_gather.cpp), here so that the error names the case.
+    if (p.strides == ref::KvStrides::packed && p.layout == ref::KvLayout::shuffle)
+      return "the packed (nb, Hkv, P, 2D) cache is an NHD layout, not SHUFFLE";
+    return std::nullopt;
+  }
 
-    const std::string strides = param_str(p, "strides");
-    const bool specials = param_str(p, "fp8_codes") == "special";
-    const int64_t offset_log2 = param_int(p, "offset_log2");
-    if (specials && !is_fp8(cache_dtype))
-      throw std::invalid_argument(c.id + ": fp8_codes = special needs an fp8 kv");
-    if (offset_log2 != 0 && strides != "hybrid" && strides != "separate" && strides != "packed")
-      throw std::invalid_argument(c.id + ": offset_log2 needs hybrid, separate or packed strides");
-
-    const auto paged = paged_layout(c.id, param_int(p, "batch"), max_ctx, P,
-                                    param_str(p, "table") == "strided", seed);
+  Problem make(const Case& c, const P& p) const override {
+    const DType cache_dtype = cache_dtype_of(p);
+    const int64_t Hkv = p.heads, D = p.head_dim, bs = p.block_size;
+    const auto seed = static_cast<uint64_t>(p.seed);
+    const auto paged =
+        paged_layout(c.id, p.batch, p.max_ctx, bs, p.table == Table::strided, p.seed);
     constexpr int64_t kPad = 5;  // token_to_batch entries past total_tokens (hold B)
     const ref::KvGatherMeta meta =
-        context == "chunk"    ? ref::chunk_meta(paged.seq_lens, span, 1, kPad)
-        : context == "window" ? ref::window_meta(paged.seq_lens, span, kPad)
-                              : ref::chunk_meta(paged.seq_lens, max_ctx, 0, kPad);
+        p.context == Context::chunk    ? ref::chunk_meta(paged.seq_lens, p.span, 1, kPad)
+        : p.context == Context::window ? ref::window_meta(paged.seq_lens, p.span, kPad)
+                                       : ref::chunk_meta(paged.seq_lens, p.max_ctx, 0, kPad);
 
     // Large offsets: block ids start past 2^offset_log2 / (bytes per block id of a storage:
     // K and V of a block for hybrid and packed caches, K or V alone for separate ones).
-    const int64_t block_bytes = (strides == "separate" ? 1 : 2) * P * Hkv * D *
+    const int64_t block_bytes = (p.strides == ref::KvStrides::separate ? 1 : 2) * bs * Hkv * D *
                                 static_cast<int64_t>(dtype_size(cache_dtype));
-    const int64_t first = first_block_past(offset_log2, block_bytes);
+    const int64_t first = first_block_past(p.offset_log2, block_bytes);
     shift_block_ids(paged, first);
-    auto cache = ref::make_kv_cache(cache_dtype, layout, parse_strides(strides), paged.num_blocks,
-                                    P, Hkv, D, first);
+    auto cache =
+        ref::make_kv_cache(cache_dtype, p.layout, p.strides, paged.num_blocks, bs, Hkv, D, first);
     const Tensor k_held = cache.key_cache.slice(0, first, first + paged.num_blocks);
     const Tensor v_held = cache.value_cache.slice(0, first, first + paged.num_blocks);
-    const Rng k_rng(c.id, "key_cache", static_cast<uint64_t>(seed));
-    const Rng v_rng(c.id, "value_cache", static_cast<uint64_t>(seed));
+    const Rng k_rng(c.id, "key_cache", seed);
+    const Rng v_rng(c.id, "value_cache", seed);
     Tensor k_scale = Tensor::full(DType::f32, {1}, 1.0);
     Tensor v_scale = Tensor::full(DType::f32, {1}, 1.0);
     if (is_fp8(cache_dtype)) {
@@ -151,10 +163,11 @@ class KvGatherOp final : public Op {
       // fp8 or a scale ignored cannot pass.
       fill_fp8_codes(k_held, k_rng, 200.0);
       fill_fp8_codes(v_held, v_rng, 200.0);
-      Rng s_rng(c.id, "scales", static_cast<uint64_t>(seed));
+      Rng s_rng(c.id, "scales", seed);
       k_scale.set({0}, s_rng.uniform(0.004, 0.03));
       v_scale.set({0}, s_rng.uniform(0.5, 3.0));
-      if (specials) plant_fp8_specials(cache, layout, paged, meta, first, P, Hkv, D);
+      if (p.fp8_codes == Fp8Codes::special)
+        plant_fp8_specials(cache, p.layout, paged, meta, first, bs, Hkv, D);
     } else {
       fill_normal(k_held, k_rng);
       fill_normal(v_held, v_rng);
@@ -163,7 +176,7 @@ class KvGatherOp final : public Op {
     // One workspace for both outputs, like the builder's [2, N, Hkv, D]: rows past the gathered
     // tokens stay poisoned and must stay untouched.
     const int64_t total = meta.total_tokens;
-    Tensor workspace = Tensor::empty(out_dtype, {2, total + 3, Hkv, D});
+    Tensor workspace = Tensor::empty(p.dtype, {2, total + 3, Hkv, D});
     poison(workspace);
 
     Problem prob;
@@ -177,37 +190,42 @@ class KvGatherOp final : public Op {
                  {"v_scale", v_scale, Role::input},
                  {"key", workspace.select(0, 0).slice(0, 0, total), Role::output},
                  {"value", workspace.select(0, 1).slice(0, 0, total), Role::output}};
-    prob.kernel_params = {{"kv_cache_layout", layout == ref::KvLayout::shuffle ? "SHUFFLE" : "NHD"},
-                          {"dequant", is_fp8(cache_dtype)},
-                          {"total_tokens", total}};
-    if (is_fp8(cache_dtype)) prob.kernel_params["fp8_format"] = dtype_name_plain(cache_dtype);
     const double elems = 2.0 * static_cast<double>(total * Hkv * D);
-    prob.bytes = elems * static_cast<double>(dtype_size(cache_dtype) + dtype_size(out_dtype));
+    prob.bytes = elems * static_cast<double>(dtype_size(cache_dtype) + dtype_size(p.dtype));
     return prob;
   }
 
-  TensorMap reference(const Problem& p) const override {
+  nlohmann::json kernel_params(const P& p, const Problem& inputs) const override {
+    const DType cache_dtype = cache_dtype_of(p);
+    nlohmann::json kp = {
+        {"kv_cache_layout", p.layout == ref::KvLayout::shuffle ? "SHUFFLE" : "NHD"},
+        {"dequant", is_fp8(cache_dtype)},
+        {"total_tokens", total_tokens(inputs)}};
+    if (is_fp8(cache_dtype)) kp["fp8_format"] = fp8_format_name(cache_dtype);
+    return kp;
+  }
+
+  TensorMap reference(const Problem& prob, const P& p) const override {
     ref::KvGatherArgs a;
-    a.key_cache = p.arg("key_cache");
-    a.value_cache = p.arg("value_cache");
-    a.block_tables = p.arg("block_tables");
-    a.cu_seqlens_kv = p.arg("cu_seqlens_kv");
-    a.token_to_batch = p.arg("token_to_batch");
-    a.seq_starts = p.arg("seq_starts");
-    a.layout = p.kernel_params.at("kv_cache_layout") == "SHUFFLE" ? ref::KvLayout::shuffle
-                                                                  : ref::KvLayout::nhd;
-    a.total_tokens = p.kernel_params.at("total_tokens").get<int64_t>();
-    a.out_dtype = p.arg("key").dtype();
-    if (p.kernel_params.at("dequant").get<bool>())
-      a.dequant = ref::KvDequant{static_cast<float>(p.arg("k_scale").get({0})),
-                                 static_cast<float>(p.arg("v_scale").get({0}))};
+    a.key_cache = prob.arg("key_cache");
+    a.value_cache = prob.arg("value_cache");
+    a.block_tables = prob.arg("block_tables");
+    a.cu_seqlens_kv = prob.arg("cu_seqlens_kv");
+    a.token_to_batch = prob.arg("token_to_batch");
+    a.seq_starts = prob.arg("seq_starts");
+    a.layout = p.layout;
+    a.total_tokens = total_tokens(prob);
+    a.out_dtype = p.dtype;
+    if (is_fp8(cache_dtype_of(p)))
+      a.dequant = ref::KvDequant{static_cast<float>(prob.arg("k_scale").get({0})),
+                                 static_cast<float>(prob.arg("v_scale").get({0}))};
     auto g = ref::kv_gather(a);
     return {{"key", g.key}, {"value", g.value}};
   }
 
-  std::vector<OutputCheck> checks(const Problem& p, const TensorMap&) const override {
+  std::vector<OutputCheck> checks(const Problem&, const P& p, const TensorMap&) const override {
     const Budget b = exact_budget(
-        p.kernel_params.at("dequant").get<bool>()
+        is_fp8(cache_dtype_of(p))
             ? "fp8 dequant is one fp32 product and one round-to-nearest-even to the output dtype, "
               "both correctly rounded: bitwise"
             : "gather is a copy: bitwise");
@@ -215,10 +233,9 @@ class KvGatherOp final : public Op {
   }
 
  private:
-  // "e4m3fn" / "e4m3fnuz": the ABI's fp8_format strings.
-  static std::string dtype_name_plain(DType t) {
-    return t == DType::e4m3fn ? "e4m3fn" : "e4m3fnuz";
-  }
+  static DType cache_dtype_of(const P& p) { return kv_cache_dtype(p.kv, p.dtype); }
+  // The tokens gathered: the rows of the key output (a view of the workspace's first rows).
+  static int64_t total_tokens(const Problem& prob) { return prob.arg("key").size(0); }
 };
 
 const OpRegistrar kRegister(std::make_unique<KvGatherOp>());

@@ -137,30 +137,4 @@ Case Op::make_case(const Params& given, std::vector<std::string> tiers) const {
   return c;
 }
 
-namespace {
-const nlohmann::json& field(const Params& p, const char* key) {
-  if (!p.contains(key)) throw std::invalid_argument(std::string("missing parameter '") + key + "'");
-  return p.at(key);
-}
-}  // namespace
-int64_t param_int(const Params& p, const char* key) {
-  return field(p, key).get<int64_t>();
-}
-double param_double(const Params& p, const char* key) {
-  return field(p, key).get<double>();
-}
-std::string param_str(const Params& p, const char* key) {
-  return field(p, key).get<std::string>();
-}
-bool param_bool(const Params& p, const char* key) {
-  return field(p, key).get<bool>();
-}
-DType param_dtype(const Params& p, const char* key) {
-  const auto s = param_str(p, key);
-  const auto t = parse_dtype(s);
-  if (!t)
-    throw std::invalid_argument(std::string("parameter '") + key + "': unknown dtype '" + s + "'");
-  return *t;
-}
-
 }  // namespace attncheck

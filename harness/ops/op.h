@@ -50,7 +50,8 @@ class Op {
   // left empty for the op's only entry). Checked against every kernel library's list.
   virtual std::vector<std::string> kernel_entries() const { return {name()}; }
   // Inputs generated deterministically from the case. An invalid configuration still yields a
-  // problem, with expect_refusal set (the reference then throws InvalidConfig).
+  // problem, with expect_refusal set to the op's reason (typed ops: TypedOp::invalid); the
+  // reference is never asked for it.
   virtual Problem make(const Case& c) const = 0;
   // Expected final contents of every output/inout arg, from the problem's initial bytes.
   virtual TensorMap reference(const Problem& p) const = 0;
@@ -115,12 +116,5 @@ std::vector<const Op*> all_ops();
 struct OpRegistrar {
   explicit OpRegistrar(std::unique_ptr<Op> op) { register_op(std::move(op)); }
 };
-
-// Small helpers for op implementations.
-int64_t param_int(const Params& p, const char* key);
-double param_double(const Params& p, const char* key);
-std::string param_str(const Params& p, const char* key);
-bool param_bool(const Params& p, const char* key);
-DType param_dtype(const Params& p, const char* key);
 
 }  // namespace attncheck

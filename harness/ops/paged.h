@@ -5,10 +5,13 @@
 #pragma once
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "core/tensor.h"
 #include "ops/op.h"
+#include "ops/typed_op.h"
 
 namespace attncheck {
 
@@ -34,9 +37,33 @@ int64_t first_block_past(int64_t offset_log2, int64_t block_bytes);
 // host. Throws when a moved id is not a non-negative int32.
 void shift_block_ids(const PagedLayout& layout, int64_t first);
 
+// The typed field (ops/typed_op.h) of the same axis: an int64_t member whose P{} value is 0.
+// `member` may be one of a base of P (type_identity: not deduced, so it converts).
+template <class P>
+void add_offset_log2(Fields<P>& f, std::type_identity_t<int64_t P::*> member,
+                     const std::string& help) {
+  const Axis a = offset_log2_axis(help);
+  f.add(a.name, a.prefix, member, a.help).only(a.allowed).out_of_id_at_default();
+  if (f.list().back().axis.default_value != a.default_value)
+    throw std::logic_error("offset_log2: P{} must hold the axis default 0");
+}
+
 // ---- fp8 special codes ----
 // fp8_codes in {ordinary, special}, out of case ids at "ordinary".
 Axis fp8_codes_axis(const std::string& help);
+enum class Fp8Codes { ordinary, special };
+// The typed field of the same axis: a Fp8Codes member whose P{} value is ordinary.
+template <class P>
+void add_fp8_codes(Fields<P>& f, std::type_identity_t<Fp8Codes P::*> member,
+                   const std::string& help) {
+  const Axis a = fp8_codes_axis(help);
+  f.choice(a.name, a.prefix, member,
+           {{Fp8Codes::ordinary, "ordinary"}, {Fp8Codes::special, "special"}}, a.help)
+      .out_of_id_at_default();
+  if (f.list().back().axis.default_value != a.default_value ||
+      f.list().back().axis.allowed != a.allowed)
+    throw std::logic_error("fp8_codes: the typed field must match fp8_codes_axis");
+}
 // Element k (a running count over the elements a kernel reads) of special inputs: every 11th the
 // saturation code +-max finite (sign alternating), in e4m3fn the one 5 after it -0 (0x80);
 // nullopt for the others, which keep their ordinary codes.

@@ -12,7 +12,7 @@
 #include "core/numeric.h"
 #include "core/rng.h"
 #include "core/policy.h"
-#include "ops/op.h"
+#include "ops/typed_op.h"
 #include "reference/rope.h"
 
 namespace attncheck {
@@ -20,30 +20,86 @@ namespace {
 
 constexpr double kRopeBase = 10000.0;
 
-DType parse_model_dtype(const Params& p) {
-  return param_str(p, "dtype") == "f16" ? DType::f16 : DType::bf16;
+enum class CosSinDtype { f32, model };
+enum class Positions { zero, small, large };
+
+// The axes rope and indexer_qk_rope share; each op adds its own around them (add_style, then its
+// own, add_inputs, its own, add_tokens_seed: the case-id order).
+struct RopeCommonParams {
+  ref::RopeStyle style = ref::RopeStyle::neox;
+  DType dtype = DType::bf16;
+  CosSinDtype cache = CosSinDtype::f32;
+  Positions positions = Positions::small;
+  int64_t tokens = 8;
+  int64_t seed = 0;
+};
+
+// The members named here live in the base RopeCommonParams: the explicit template arguments let
+// them convert to members of P.
+template <class P>
+void add_style(Fields<P>& f, std::string help) {
+  f.template choice<ref::RopeStyle>(
+      "style", "", &P::style, {{ref::RopeStyle::neox, "neox"}, {ref::RopeStyle::gptj, "gptj"}},
+      std::move(help));
+}
+template <class P>
+void add_inputs(Fields<P>& f) {
+  f.template add<DType>("dtype", "", &P::dtype, "q/k dtype")
+      .only({"bf16", "f16"})
+      .template choice<CosSinDtype>("cache", "cs", &P::cache,
+                                    {{CosSinDtype::f32, "f32"}, {CosSinDtype::model, "model"}},
+                                    "cos_sin_cache dtype")
+      .template choice<Positions>(
+          "positions", "pos", &P::positions,
+          {{Positions::zero, "zero"}, {Positions::small, "small"}, {Positions::large, "large"}},
+          "token positions");
+}
+template <class P>
+void add_tokens_seed(Fields<P>& f) {
+  f.template add<int64_t>("tokens", "t", &P::tokens, "tokens")
+      .template add<int64_t>("seed", "s", &P::seed, "input seed");
+}
+
+std::optional<std::string> rope_unbuildable(const RopeCommonParams& p) {
+  if (p.tokens < 1) return "tokens must be >= 1";
+  return std::nullopt;
 }
 
 // zero: every token at 0 (the one setting where a discarded rotation goes unnoticed);
 // small: 0, 1, 7 then random below 16; large: 0, 1, 7, the last cache row, 4095, then random.
-int64_t cache_rows(const std::string& positions) {
-  return positions == "large" ? 8192 : 16;
+int64_t cache_rows(Positions positions) {
+  return positions == Positions::large ? 8192 : 16;
 }
-Tensor make_positions(const Case& c, int64_t T, const std::string& kind) {
-  Tensor pos = Tensor::zeros(DType::i64, {T});
-  if (kind == "zero") return pos;
-  const int64_t rows = cache_rows(kind);
+Tensor make_positions(const Case& c, const RopeCommonParams& p) {
+  Tensor pos = Tensor::zeros(DType::i64, {p.tokens});
+  if (p.positions == Positions::zero) return pos;
+  const int64_t rows = cache_rows(p.positions);
   std::vector<int64_t> fixed = {0, 1, 7};
-  if (kind == "large") fixed.insert(fixed.end(), {rows - 1, 4095});
-  Rng rng(c.id, "positions", static_cast<uint64_t>(param_int(c.params, "seed")));
-  for (int64_t t = 0; t < T; ++t)
+  if (p.positions == Positions::large) fixed.insert(fixed.end(), {rows - 1, 4095});
+  Rng rng(c.id, "positions", static_cast<uint64_t>(p.seed));
+  for (int64_t t = 0; t < p.tokens; ++t)
     pos.at<int64_t>({t}) =
         t < static_cast<int64_t>(fixed.size()) ? fixed[t] : rng.uniform_int(0, rows - 1);
   return pos;
 }
-Tensor make_cache(const Params& p, int64_t rot) {
-  const DType dt = param_str(p, "cache") == "f32" ? DType::f32 : parse_model_dtype(p);
-  return ref::rope_cos_sin_cache(cache_rows(param_str(p, "positions")), rot, kRopeBase, dt);
+Tensor make_cache(const RopeCommonParams& p, int64_t rot) {
+  const DType dt = p.cache == CosSinDtype::f32 ? DType::f32 : p.dtype;
+  return ref::rope_cos_sin_cache(cache_rows(p.positions), rot, kRopeBase, dt);
+}
+
+// The shared make() preamble: positions and cos_sin_cache args, the kernel entry, and the cost
+// of rotating `rot` dims of H q heads and one k head per token.
+Problem rope_problem(const Case& c, const RopeCommonParams& p, std::string entry, int64_t H,
+                     int64_t rot) {
+  Problem prob;
+  prob.kernel = std::move(entry);
+  prob.args = {{"positions", make_positions(c, p), Role::input},
+               {"cos_sin_cache", make_cache(p, rot), Role::input}};
+  const int64_t T = p.tokens;
+  prob.flops = 6.0 * static_cast<double>(T * (H + 1) * rot / 2);
+  prob.bytes =
+      2.0 * static_cast<double>(T * (H + 1) * rot) * static_cast<double>(dtype_size(p.dtype));
+  return prob;
 }
 
 // Derived from the kernel's arithmetic: a' = a c - b s in fp32 (possibly fused) is within
@@ -66,73 +122,80 @@ double max_abs(const Tensor& t) {
   return m;
 }
 
-class RopeOp final : public Op {
+enum class View { contiguous, front, back, transposed };
+enum class Contract { inplace, out_of_place };
+
+struct RopeParams : RopeCommonParams {
+  View view = View::front;
+  Contract contract = Contract::inplace;
+  int64_t heads = 4;
+  int64_t head_dim = 128;
+  int64_t rot = 64;
+};
+
+class RopeOp final : public TypedOp<RopeParams> {
  public:
+  using P = RopeParams;
   std::string name() const override { return "rope"; }
-  std::vector<Axis> axes() const override {
-    return {
-        {"style", "", "neox", {"neox", "gptj"}, "pairs (i, i+rot/2) or (2i, 2i+1)"},
-        {"view",
-         "",
-         "front",
-         {"contiguous", "front", "back", "transposed"},
-         "rotated slice: own tensor; dims [0, rot) of the head (indexer); the last rot dims (MLA "
-         "q_pe); the last rot dims of a head-major [H, T, hd] buffer (transposed BMM output)"},
-        {"contract",
-         "",
-         "inplace",
-         {"inplace", "out_of_place"},
-         "mutate q/k views, or write q_out/k_out and leave q/k alone"},
-        {"dtype", "", "bf16", {"bf16", "f16"}, "q/k dtype"},
-        {"cache", "cs", "f32", {"f32", "model"}, "cos_sin_cache dtype"},
-        {"positions", "pos", "small", {"zero", "small", "large"}, "token positions"},
-        {"heads", "h", 4, {1, 4, 16, 128}, "q heads (k has one)"},
-        {"head_dim", "hd", 128, {128, 192, 576}, "full head size the slice lives in"},
-        {"rot", "rot", 64, {32, 64}, "rotary dims"},
-        {"tokens", "t", 8, {}, "tokens"},
-        {"seed", "s", 0, {}, "input seed"},
-    };
+  Fields<P> fields() const override {
+    Fields<P> f;
+    add_style(f, "pairs (i, i+rot/2) or (2i, 2i+1)");
+    f.choice("view", "", &P::view,
+             {{View::contiguous, "contiguous"},
+              {View::front, "front"},
+              {View::back, "back"},
+              {View::transposed, "transposed"}},
+             "rotated slice: own tensor; dims [0, rot) of the head (indexer); the last rot dims "
+             "(MLA q_pe); the last rot dims of a head-major [H, T, hd] buffer (transposed BMM "
+             "output)")
+        .choice("contract", "", &P::contract,
+                {{Contract::inplace, "inplace"}, {Contract::out_of_place, "out_of_place"}},
+                "mutate q/k views, or write q_out/k_out and leave q/k alone");
+    add_inputs(f);
+    f.add("heads", "h", &P::heads, "q heads (k has one)")
+        .only({1, 4, 16, 128})
+        .add("head_dim", "hd", &P::head_dim, "full head size the slice lives in")
+        .only({128, 192, 576})
+        .add("rot", "rot", &P::rot, "rotary dims")
+        .only({32, 64});
+    add_tokens_seed(f);
+    return f;
   }
 
   std::vector<std::string> kernel_entries() const override {
     return {"rope_inplace", "rope_out_of_place"};
   }
 
-  Problem make(const Case& c) const override {
-    const auto& p = c.params;
-    const DType dt = parse_model_dtype(p);
-    const int64_t T = param_int(p, "tokens"), H = param_int(p, "heads");
-    const int64_t hd = param_int(p, "head_dim"), rot = param_int(p, "rot");
-    const std::string view = param_str(p, "view");
-    const uint64_t seed = static_cast<uint64_t>(param_int(p, "seed"));
-    if (T < 1) throw std::invalid_argument(c.id + ": tokens must be >= 1");
+  std::optional<std::string> unbuildable(const P& p) const override { return rope_unbuildable(p); }
+
+  Problem make(const Case& c, const P& p) const override {
+    const DType dt = p.dtype;
+    const int64_t T = p.tokens, H = p.heads, hd = p.head_dim, rot = p.rot;
+    const auto seed = static_cast<uint64_t>(p.seed);
 
     // Full heads filled with data; the kernel sees the rotated slice.
     Tensor q_full, k_full, q, k;
-    if (view == "contiguous") {
+    if (p.view == View::contiguous) {
       q_full = q = Tensor::empty(dt, {T, H, rot});
       k_full = Tensor::empty(dt, {T, rot});
       k = k_full.unsqueeze(1);
     } else {
-      q_full = view == "transposed" ? Tensor::empty(dt, {H, T, hd}).permute({1, 0, 2})
-                                    : Tensor::empty(dt, {T, H, hd});
+      q_full = p.view == View::transposed ? Tensor::empty(dt, {H, T, hd}).permute({1, 0, 2})
+                                          : Tensor::empty(dt, {T, H, hd});
       k_full = Tensor::empty(dt, {T, hd});
-      const int64_t lo = view == "front" ? 0 : hd - rot;
+      const int64_t lo = p.view == View::front ? 0 : hd - rot;
       q = q_full.slice(-1, lo, lo + rot);
       k = k_full.slice(-1, lo, lo + rot).unsqueeze(1);  // [T, 1, rot], as the fast path passes it
     }
     fill_normal(q_full, Rng(c.id, "q", seed));
     fill_normal(k_full, Rng(c.id, "k", seed));
 
-    Problem prob;
-    prob.args = {{"positions", make_positions(c, T, param_str(p, "positions")), Role::input},
-                 {"cos_sin_cache", make_cache(p, rot), Role::input}};
-    if (param_str(p, "contract") == "inplace") {
-      prob.kernel = "rope_inplace";
+    const bool inplace = p.contract == Contract::inplace;
+    Problem prob = rope_problem(c, p, inplace ? "rope_inplace" : "rope_out_of_place", H, rot);
+    if (inplace) {
       prob.args.push_back({"q", q, Role::inout});
       prob.args.push_back({"k", k, Role::inout});
     } else {
-      prob.kernel = "rope_out_of_place";
       Tensor q_out = Tensor::empty(dt, {T, H, rot}), k_out = Tensor::empty(dt, {T, 1, rot});
       poison(q_out);
       poison(k_out);
@@ -141,88 +204,85 @@ class RopeOp final : public Op {
       prob.args.push_back({"q_out", q_out, Role::output});
       prob.args.push_back({"k_out", k_out, Role::output});
     }
-    prob.kernel_params = {{"is_neox", param_str(p, "style") == "neox"}};
-    prob.flops = 6.0 * static_cast<double>(T * (H + 1) * rot / 2);
-    prob.bytes = 2.0 * static_cast<double>(T * (H + 1) * rot) * static_cast<double>(dtype_size(dt));
     return prob;
   }
 
-  TensorMap reference(const Problem& p) const override {
-    const auto style =
-        p.kernel_params.at("is_neox").get<bool>() ? ref::RopeStyle::neox : ref::RopeStyle::gptj;
-    const Tensor& pos = p.arg("positions");
-    const Tensor& cache = p.arg("cos_sin_cache");
-    Tensor q = ref::rope(p.arg("q"), pos, cache, style);
-    Tensor k = ref::rope(p.arg("k"), pos, cache, style);
-    if (p.kernel == "rope_inplace") return {{"q", q}, {"k", k}};
+  nlohmann::json kernel_params(const P& p, const Problem&) const override {
+    return {{"is_neox", p.style == ref::RopeStyle::neox}};
+  }
+
+  TensorMap reference(const Problem& prob, const P& p) const override {
+    const Tensor& pos = prob.arg("positions");
+    const Tensor& cache = prob.arg("cos_sin_cache");
+    Tensor q = ref::rope(prob.arg("q"), pos, cache, p.style);
+    Tensor k = ref::rope(prob.arg("k"), pos, cache, p.style);
+    if (p.contract == Contract::inplace) return {{"q", q}, {"k", k}};
     return {{"q_out", q}, {"k_out", k}};
   }
 
-  std::vector<OutputCheck> checks(const Problem& p, const TensorMap&) const override {
-    const DType dt = p.arg("q").dtype();
-    const double m = std::max(max_abs(p.arg("q")), max_abs(p.arg("k")));
-    const Budget b = rope_budget(dt, m);
-    if (p.kernel == "rope_inplace") return {{"q", b, {}, {}}, {"k", b, {}, {}}};
+  std::vector<OutputCheck> checks(const Problem& prob, const P& p,
+                                  const TensorMap&) const override {
+    const double m = std::max(max_abs(prob.arg("q")), max_abs(prob.arg("k")));
+    const Budget b = rope_budget(p.dtype, m);
+    if (p.contract == Contract::inplace) return {{"q", b, {}, {}}, {"k", b, {}, {}}};
     return {{"q_out", b, {}, {}}, {"k_out", b, {}, {}}};
   }
 };
 
 // The indexer's RoPE step as one kernel contract: q [T, H, 128] and k [T, 128] (a strided slice
 // of the fused wk+weights_proj GEMM output [T, 128 + H]) after RoPE on dims 0..63.
-class IndexerQkRopeOp final : public Op {
+enum class IndexerPath { generic, fast };
+
+struct IndexerQkRopeParams : RopeCommonParams {
+  IndexerPath path = IndexerPath::fast;
+  int64_t heads = 8;
+};
+
+class IndexerQkRopeOp final : public TypedOp<IndexerQkRopeParams> {
  public:
+  using P = IndexerQkRopeParams;
   std::string name() const override { return "indexer_qk_rope"; }
-  std::vector<Axis> axes() const override {
-    return {
-        {"style", "", "neox", {"neox", "gptj"}, "NeoX (DeepSeek-V3.2) or GPT-J (GLM-5)"},
-        {"path",
-         "",
-         "fast",
-         {"generic", "fast"},
-         "generic: split, rotate out of place, concat; fast: rotate the q/k views in place"},
-        {"dtype", "", "bf16", {"bf16", "f16"}, "q/k dtype"},
-        {"cache", "cs", "f32", {"f32", "model"}, "cos_sin_cache dtype"},
-        {"positions", "pos", "small", {"zero", "small", "large"}, "token positions"},
-        {"heads", "h", 8, {8, 32, 64}, "indexer heads (GLM-5 32, DSv3.2 64)"},
-        {"tokens", "t", 8, {}, "tokens"},
-        {"seed", "s", 0, {}, "input seed"},
-    };
+  Fields<P> fields() const override {
+    Fields<P> f;
+    add_style(f, "NeoX (DeepSeek-V3.2) or GPT-J (GLM-5)");
+    f.choice("path", "", &P::path, {{IndexerPath::generic, "generic"}, {IndexerPath::fast, "fast"}},
+             "generic: split, rotate out of place, concat; fast: rotate the q/k views in place");
+    add_inputs(f);
+    f.add("heads", "h", &P::heads, "indexer heads (GLM-5 32, DSv3.2 64)").only({8, 32, 64});
+    add_tokens_seed(f);
+    return f;
   }
 
-  Problem make(const Case& c) const override {
-    const auto& p = c.params;
-    const DType dt = parse_model_dtype(p);
-    const int64_t T = param_int(p, "tokens"), H = param_int(p, "heads"), D = 128, rot = 64;
-    const uint64_t seed = static_cast<uint64_t>(param_int(p, "seed"));
-    if (T < 1) throw std::invalid_argument(c.id + ": tokens must be >= 1");
-    Tensor q = Tensor::empty(dt, {T, H, D});
-    Tensor kw = Tensor::empty(dt, {T, D + H});  // [k | weights_raw]: weights must stay untouched
+  std::optional<std::string> unbuildable(const P& p) const override { return rope_unbuildable(p); }
+
+  Problem make(const Case& c, const P& p) const override {
+    const int64_t T = p.tokens, H = p.heads, D = 128, rot = 64;
+    const auto seed = static_cast<uint64_t>(p.seed);
+    Tensor q = Tensor::empty(p.dtype, {T, H, D});
+    Tensor kw = Tensor::empty(p.dtype, {T, D + H});  // [k | weights_raw]: weights stay untouched
     fill_normal(q, Rng(c.id, "q", seed));
     fill_normal(kw, Rng(c.id, "kw", seed));
-    Problem prob;
-    prob.kernel = "indexer_qk_rope";
-    prob.args = {{"positions", make_positions(c, T, param_str(p, "positions")), Role::input},
-                 {"cos_sin_cache", make_cache(p, rot), Role::input},
-                 {"q", q, Role::inout},
-                 {"k", kw.slice(1, 0, D), Role::inout}};
-    prob.kernel_params = {{"is_neox", param_str(p, "style") == "neox"},
-                          {"path", param_str(p, "path")}};
-    prob.flops = 6.0 * static_cast<double>(T * (H + 1) * rot / 2);
-    prob.bytes = 2.0 * static_cast<double>(T * (H + 1) * rot) * static_cast<double>(dtype_size(dt));
+    Problem prob = rope_problem(c, p, "indexer_qk_rope", H, rot);
+    prob.args.push_back({"q", q, Role::inout});
+    prob.args.push_back({"k", kw.slice(1, 0, D), Role::inout});
     return prob;
   }
 
-  TensorMap reference(const Problem& p) const override {
-    const auto style =
-        p.kernel_params.at("is_neox").get<bool>() ? ref::RopeStyle::neox : ref::RopeStyle::gptj;
-    auto r = ref::indexer_qk_rope(p.arg("q"), p.arg("k"), p.arg("positions"),
-                                  p.arg("cos_sin_cache"), style);
+  nlohmann::json kernel_params(const P& p, const Problem&) const override {
+    return {{"is_neox", p.style == ref::RopeStyle::neox},
+            {"path", p.path == IndexerPath::fast ? "fast" : "generic"}};
+  }
+
+  TensorMap reference(const Problem& prob, const P& p) const override {
+    auto r = ref::indexer_qk_rope(prob.arg("q"), prob.arg("k"), prob.arg("positions"),
+                                  prob.arg("cos_sin_cache"), p.style);
     return {{"q", r.q}, {"k", r.k}};
   }
 
-  std::vector<OutputCheck> checks(const Problem& p, const TensorMap&) const override {
-    const double m = std::max(max_abs(p.arg("q")), max_abs(p.arg("k")));
-    Budget b = rope_budget(p.arg("q").dtype(), m);
+  std::vector<OutputCheck> checks(const Problem& prob, const P& p,
+                                  const TensorMap&) const override {
+    const double m = std::max(max_abs(prob.arg("q")), max_abs(prob.arg("k")));
+    Budget b = rope_budget(p.dtype, m);
     b.why += "; dims 64..127 are plain copies (expected bitwise equal to the input)";
     return {{"q", b, {}, {}}, {"k", b, {}, {}}};
   }

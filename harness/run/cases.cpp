@@ -7,6 +7,8 @@
 #include <set>
 #include <sstream>
 
+#include <re2/re2.h>
+
 #include <toml++/toml.h>
 
 #include "run/covering.h"
@@ -15,6 +17,9 @@
 namespace attncheck {
 
 namespace {
+
+// [[known_bug]] arch patterns are short alternatives of arch names ("gfx942|gfx950").
+constexpr size_t kMaxArchRegexBytes = 256;
 
 std::string at(const std::string& path, const toml::source_region& src) {
   return path + ":" + std::to_string(src.begin.line) + ":" + std::to_string(src.begin.column);
@@ -303,7 +308,26 @@ CaseLimits case_limits() {
   CaseLimits l;
   l.per_tier = env_limit("ATTNCHECK_MAX_CASES_PER_TIER", l.per_tier);
   l.per_file = env_limit("ATTNCHECK_MAX_CASES_PER_FILE", l.per_file);
+  l.total = env_limit("ATTNCHECK_MAX_CASES", l.total);
   return l;
+}
+
+IdRegex::IdRegex(const std::string& pattern, const std::string& what) : pattern_(pattern) {
+  re2::RE2::Options opt;
+  opt.set_log_errors(false);
+  auto re = std::make_shared<re2::RE2>(pattern, opt);
+  if (!re->ok())
+    throw std::invalid_argument(
+        "bad " + what + " regex '" +
+        (pattern.size() > 200 ? pattern.substr(0, 200) + "..." : pattern) + "': " + re->error() +
+        " (RE2 syntax, matched in linear time: no backreferences or lookaround, repeat counts "
+        "up to 1000)");
+  re_ = std::move(re);
+}
+
+bool IdRegex::search(std::string_view text) const {
+  return re2::RE2::PartialMatch(re2::StringPiece(text.data(), text.size()),
+                                *static_cast<const re2::RE2*>(re_.get()));
 }
 
 CaseFile load_case_file(const std::string& path) {
@@ -373,10 +397,17 @@ CaseFile load_case_file(const std::string& path) {
       if (const toml::node* a = t.get("arch")) r.arch = as_string(path, *a, "[[known_bug]] arch");
       for (const auto& [field, text] : {std::pair{"id", r.id_regex}, std::pair{"arch", r.arch}}) {
         try {
-          (void)std::regex(text);
-        } catch (const std::regex_error& ex) {
-          fail(path, *t.get(field),
-               std::string("[[known_bug]] ") + field + ": bad regex '" + text + "': " + ex.what());
+          (void)IdRegex(text, std::string("[[known_bug]] ") + field);
+          // The arch pattern is also matched with std::regex (run/evaluate.cpp): kept short, so
+          // that engine's recursion and backtracking stay small (arches are short words).
+          if (std::string(field) == "arch") {
+            if (text.size() > kMaxArchRegexBytes)
+              throw std::invalid_argument("[[known_bug]] arch regex longer than " +
+                                          std::to_string(kMaxArchRegexBytes) + " bytes");
+            (void)std::regex(text);
+          }
+        } catch (const std::exception& ex) {
+          fail(path, *t.get(field), ex.what());
         }
       }
       f.known_bugs.push_back(std::move(r));
@@ -599,13 +630,15 @@ CaseFile load_case_file(const std::string& path) {
   }
   // Tier membership and known-bug marks.
   std::vector<char> rule_used(f.known_bugs.size(), 0);
+  std::vector<IdRegex> rule_ids;
+  for (const auto& r : f.known_bugs) rule_ids.emplace_back(r.id_regex, "[[known_bug]] id");
   for (auto& [tier, cs] : f.tiers) {
     for (auto& c : cs) {
       for (std::string_view t : kTiers)
         if (seen[std::string(t)].count(c.id)) c.tiers.emplace_back(t);
       std::vector<const KnownBugRule*> hits;
       for (size_t i = 0; i < f.known_bugs.size(); ++i) {
-        if (!std::regex_search(c.id, std::regex(f.known_bugs[i].id_regex))) continue;
+        if (!rule_ids[i].search(c.id)) continue;
         rule_used[i] = 1;
         hits.push_back(&f.known_bugs[i]);
       }
@@ -643,8 +676,17 @@ std::vector<CaseFile> load_case_dir(const std::string& dir) {
   if (paths.empty()) throw CaseFileError(dir + ": no *.toml case files");
   std::vector<CaseFile> files;
   std::map<std::string, std::map<std::string, std::string>> seen;  // tier -> id -> source
+  const int64_t max_total = case_limits().total;
+  int64_t total = 0;
   for (const auto& p : paths) {
     files.push_back(load_case_file(p));
+    for (const auto& [tier, cs] : files.back().tiers) total += static_cast<int64_t>(cs.size());
+    if (total > max_total)
+      throw CaseFileError(p + ": the case files of " + dir + " up to this one hold " +
+                          std::to_string(total) + " cases (all tiers), over the limit of " +
+                          std::to_string(max_total) +
+                          " for all files together (narrow the axes, or raise it with "
+                          "--max-cases or $ATTNCHECK_MAX_CASES)");
     for (std::string_view t : kTiers) {  // smallest tier first: the one a duplicate starts in
       const std::string tier(t);
       const auto found = files.back().tiers.find(tier);
@@ -688,14 +730,8 @@ std::vector<Case> select_cases(const std::vector<CaseFile>& files, const Selecti
     if (!find_op(o)) {
       throw std::invalid_argument("unknown op '" + o + "' (registered: " + registered_ops() + ")");
     }
-  std::optional<std::regex> re;
-  if (!sel.filter.empty()) {
-    try {
-      re.emplace(sel.filter);
-    } catch (const std::regex_error& e) {
-      throw std::invalid_argument("bad --filter regex '" + sel.filter + "': " + e.what());
-    }
-  }
+  std::optional<IdRegex> re;
+  if (!sel.filter.empty()) re.emplace(sel.filter, "--filter");
   std::vector<const Case*> all;  // the tier's full list, before --op and --filter
   std::set<std::string> ids;
   for (const auto& f : files) {
@@ -727,7 +763,7 @@ std::vector<Case> select_cases(const std::vector<CaseFile>& files, const Selecti
     if (shard != sel.shard.index) continue;
     if (!sel.ops.empty() && std::find(sel.ops.begin(), sel.ops.end(), c->op) == sel.ops.end())
       continue;
-    if (re && !std::regex_search(c->id, *re)) continue;
+    if (re && !re->search(c->id)) continue;
     out.push_back(*c);
   }
   return out;

@@ -6,6 +6,7 @@
 // "path:line:column: what" before any case runs, and duplicate ids are found wherever they are.
 #pragma once
 #include <map>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -70,19 +71,24 @@ struct CaseFile {
   std::map<std::string, std::vector<Case>> tiers;
 };
 
-// How many cases one file may expand to, per tier and in all its tiers together: a file that
-// expands to a million cases is a mistake (and would take gigabytes in every worker). Defaults
-// 20000 and 50000; $ATTNCHECK_MAX_CASES_PER_TIER and $ATTNCHECK_MAX_CASES_PER_FILE override them.
+// How many cases one file may expand to, per tier and in all its tiers together, and all the files
+// of a case directory together: a file or a directory that expands to a million cases is a mistake
+// (and would take gigabytes in every worker). Defaults 20000, 50000 and 200000;
+// $ATTNCHECK_MAX_CASES_PER_TIER, $ATTNCHECK_MAX_CASES_PER_FILE and $ATTNCHECK_MAX_CASES (the
+// `--max-cases` option sets it) override them.
 struct CaseLimits {
   int64_t per_tier = 20000;
   int64_t per_file = 50000;
+  int64_t total = 200000;
 };
 CaseLimits case_limits();  // the defaults with the environment's overrides
 
 // Parses, validates and expands one file. Throws CaseFileError.
 CaseFile load_case_file(const std::string& path);
 // Every *.toml of a directory, sorted by file name; duplicate ids of one tier across files are an
-// error naming both sources. Throws CaseFileError (also when the directory is missing or empty).
+// error naming both sources, and so is a directory whose files together hold more than
+// CaseLimits::total cases (naming the file that crossed it). Throws CaseFileError (also when the
+// directory is missing or empty).
 std::vector<CaseFile> load_case_dir(const std::string& dir);
 
 // Expands one group for one tier (already done by load_case_file; exposed for tests).
@@ -98,10 +104,26 @@ struct Shard {
 // "i/n" with 0 <= i < n. Throws std::invalid_argument with the reason.
 Shard parse_shard(std::string_view text);
 
+// A regular expression over case ids (or arches), searched anywhere in the text. RE2 syntax and
+// engine: matching takes time linear in the text whatever the pattern (no backtracking: no
+// backreferences or lookaround), and compiling refuses what it cannot take (nesting deeper than
+// 1000, a program over its memory budget) instead of recursing.
+class IdRegex {
+ public:
+  // Throws std::invalid_argument("<what> regex '<pattern>': <why> (...)").
+  IdRegex(const std::string& pattern, const std::string& what);
+  bool search(std::string_view text) const;
+  const std::string& pattern() const { return pattern_; }
+
+ private:
+  std::string pattern_;
+  std::shared_ptr<const void> re_;  // re2::RE2 (kept out of this header)
+};
+
 struct Selection {
   std::string tier = "smoke";    // a tier, or "all" (every case of any tier, ids unique)
   std::vector<std::string> ops;  // empty: every op
-  std::string filter;            // ECMAScript regex searched in case ids; empty: all
+  std::string filter;            // IdRegex searched in case ids; empty: all
   Shard shard;
   // Measured durations (--durations): shards balanced by time instead of by count.
   const CaseDurations* durations = nullptr;

@@ -9,6 +9,8 @@
 #include <regex>
 #include <sstream>
 
+#include "run/cases.h"
+
 namespace attncheck {
 
 namespace {
@@ -41,7 +43,7 @@ std::string join(const std::vector<std::string>& parts) {
 bool known_bug_applies(const Case& c, const std::string& arch) {
   if (!c.known_bug) return false;
   if (c.known_bug->arch.empty()) return true;
-  return std::regex_search(arch, std::regex(c.known_bug->arch));
+  return IdRegex(c.known_bug->arch, "known bug arch").search(arch);
 }
 
 // Known bugs are kernel bugs: only kernel-mode verdicts are marked.

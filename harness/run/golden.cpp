@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -183,17 +184,59 @@ std::string golden_file_stamp(const std::string& path) {
          std::to_string(int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec);
 }
 
+double golden_read_timeout_s() {
+  const char* env = std::getenv("ATTNCHECK_GOLDEN_READ_TIMEOUT");
+  if (!env || !*env) return kGoldenReadTimeoutS;
+  char* end = nullptr;
+  const double v = std::strtod(env, &end);
+  if (*end != '\0' || !std::isfinite(v) || v <= 0 || v > 86400)
+    throw std::invalid_argument(std::string("ATTNCHECK_GOLDEN_READ_TIMEOUT='") + env +
+                                "': expected seconds, > 0 and <= 86400");
+  return v;
+}
+
+std::string golden_file_verdict(const std::string& dir, const std::string& op) {
+  if (std::string why = golden_manifest_problem(dir, op); !why.empty()) return why;
+  if (std::string why = probe_golden_file(dir, op); !why.empty())
+    return (fs::path(dir) / (op + ".h5")).string() +
+           ": unreadable (read in a child process): " + why;
+  return "";
+}
+
+std::map<std::string, std::string> set_aside_unreadable_goldens(const std::string& dir,
+                                                                std::vector<Case>& cases,
+                                                                size_t& runnable) {
+  std::map<std::string, std::string> unreadable;
+  std::set<std::string> checked;
+  const GoldenStore store(dir);
+  for (const auto& c : cases)
+    if (checked.insert(c.op).second && store.has_op(c.op))
+      if (std::string why = golden_file_verdict(dir, c.op); !why.empty()) unreadable[c.op] = why;
+  const auto end = std::stable_partition(cases.begin(), cases.end(),
+                                         [&](const Case& c) { return !unreadable.count(c.op); });
+  runnable = static_cast<size_t>(end - cases.begin());
+  return unreadable;
+}
+
 H5File& GoldenStore::file(const std::string& op) {
   auto it = open_.find(op);
   if (it != open_.end()) return *it->second;
+  if (const auto bad = unreadable_.find(op); bad != unreadable_.end())
+    throw std::runtime_error(bad->second + " (this run's verdict on the file; not read again)");
   const auto trusted = trusted_.find(op);
   const bool checked_before =
       trusted != trusted_.end() && golden_file_stamp(path_of(op)) == trusted->second;
   if (checked_ && !checked_before) {
-    if (std::string why = golden_manifest_problem(dir_, op); !why.empty())
+    std::string why;
+    try {
+      why = golden_file_verdict(dir_, op);
+    } catch (const std::exception& e) {  // no child process, a bad timeout setting
+      why = path_of(op) + ": not read: " + e.what();
+    }
+    if (!why.empty()) {
+      unreadable_[op] = why;
       throw std::runtime_error(why);
-    if (std::string why = probe_golden_file(dir_, op); !why.empty())
-      throw std::runtime_error(path_of(op) + ": unreadable (read in a child process): " + why);
+    }
   }
   auto f = std::make_unique<H5File>(H5File::open(path_of(op)));
   const int64_t format = f->has_attr("/", "format") ? f->attr_int("/", "format") : -1;

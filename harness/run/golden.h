@@ -29,6 +29,9 @@ inline constexpr uint64_t kGoldenBudgetBytes = 25ull * 1000 * 1000;
 // How long reading one golden file may take before its reader counts as hung (it takes well
 // under a second; this allows a loaded 2-core CI machine and sanitizer builds).
 inline constexpr double kGoldenReadTimeoutS = 120;
+// kGoldenReadTimeoutS, or $ATTNCHECK_GOLDEN_READ_TIMEOUT (seconds, > 0 and <= 86400; tests use a
+// short one). Throws std::invalid_argument naming the variable for any other value.
+double golden_read_timeout_s();
 
 // SHA-256 of everything a case hands the kernel: per argument its name, dtype, shape, strides,
 // offset and the bytes of its whole storage; plus the kernel parameters and the refusal reason.
@@ -54,13 +57,29 @@ struct GoldenCase {
 // file on which libhdf5 crashes or loops is reported. "" when it reads cleanly, else why not.
 // MANIFEST is not consulted (check_golden_file does that first).
 std::string probe_golden_file(const std::string& dir, const std::string& op,
-                              double timeout_s = kGoldenReadTimeoutS);
+                              double timeout_s = golden_read_timeout_s());
 // What must hold before a golden is parsed at all: <dir>/<op>.h5 is a regular file whose size and
 // sha256 match its line in <dir>/MANIFEST. "" when they do, else why not (naming the file).
 std::string golden_manifest_problem(const std::string& dir, const std::string& op);
 
+// Whether <dir>/<op>.h5 can be read at all: golden_manifest_problem(), then probe_golden_file().
+// "" when it can, else why not, naming the file ("<path>: unreadable (read in a child process):
+// timed out after 120 s (killed)").
+std::string golden_file_verdict(const std::string& dir, const std::string& op);
+
+// A run's verdict on its golden files, taken once before any case runs (issue 26): the golden
+// file of each op of `cases` that has one, through golden_file_verdict(). Cases whose file is
+// unreadable are moved to the end of `cases` (the order is otherwise kept); returns op -> why for
+// those files and sets `runnable` to the number of cases left in front. No worker reads such a
+// file again, and each of its cases fails at once, naming it.
+std::map<std::string, std::string> set_aside_unreadable_goldens(const std::string& dir,
+                                                                std::vector<Case>& cases,
+                                                                size_t& runnable);
+
 // Reads golden/<op>.h5 files on demand (read-only, one open file per op). A file is parsed only
-// after golden_manifest_problem() and probe_golden_file() found nothing wrong with it.
+// after golden_file_verdict() found nothing wrong with it; that verdict is taken once per file and
+// kept: a file found unreadable (its read failed, crashed or timed out) is not read again, every
+// later load() of it throws at once with the first verdict.
 class GoldenStore {
  public:
   explicit GoldenStore(std::string dir) : dir_(std::move(dir)) {}
@@ -84,6 +103,7 @@ class GoldenStore {
   std::string dir_;
   bool checked_ = true;  // false only inside probe_golden_file's child (it is the check)
   std::map<std::string, std::unique_ptr<H5File>> open_;
+  std::map<std::string, std::string> unreadable_;  // op -> golden_file_verdict()
   std::map<std::string, GoldenCase> overrides_;
   std::map<std::string, std::string> trusted_;  // op -> stamp (trust_checked)
 };

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "core/hdf5io.h"
+#include "core/safe_output.h"
 #include "run/sha256.h"
 
 namespace attncheck {
@@ -101,44 +102,18 @@ std::string id_to_filename(const std::string& id) {
       s += '_';
   }
   if (s.empty() || s[0] == '.' || s[0] == '-') s.insert(0, "_");
-  // NAME_MAX is 255; ".h5" and ".tmp.<pid>" still have to fit.
+  // NAME_MAX is 255; ".h5" and the temporary suffix ".tmp.<16 hex>" still have to fit.
   constexpr size_t kMaxName = 180;
   if (s.size() > kMaxName) s = s.substr(0, kMaxName - 17) + "_" + sha256_hex(id).substr(0, 16);
   return s;
 }
 
-namespace {
-
-[[noreturn]] void write_failed(const std::string& path, const std::string& what, int err) {
-  throw std::runtime_error("cannot write '" + path + "': " + what + ": " + std::strerror(err));
-}
-
-// Writes all of `text` to fd, retrying short writes and EINTR.
-void write_all(int fd, const std::string& text, const std::string& path) {
-  size_t off = 0;
-  while (off < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + off, text.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) write_failed(path, "write", n < 0 ? errno : EIO);
-    off += static_cast<size_t>(n);
-  }
-}
-
-}  // namespace
-
-JsonlWriter::JsonlWriter(const std::string& path) : path_(path) {
-  require_replaceable(path);
-  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
-  if (fd_ < 0) write_failed(path, "open", errno);
-}
-
-JsonlWriter::~JsonlWriter() {
-  if (fd_ >= 0) ::close(fd_);
-}
+JsonlWriter::JsonlWriter(const std::string& path)
+    : path_(path), out_(path, OutputStream::Mode::fresh) {}
 
 void JsonlWriter::append(const std::string& line) {
   // One write per line, straight to the file (no user-space buffer to lose in a crash).
-  write_all(fd_, line + "\n", path_);
+  out_.write(line + "\n");
 }
 
 void Summary::add(const Result& r) {
@@ -249,33 +224,7 @@ std::string junit_xml(const std::vector<nlohmann::json>& results, const std::str
 }
 
 void write_file_atomic(const std::string& path, const std::string& text) {
-  require_replaceable(path);
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) write_failed(path, "cannot create '" + tmp + "'", errno);
-  try {
-    write_all(fd, text, path);
-    if (::fsync(fd) != 0) write_failed(path, "fsync", errno);
-    if (::close(fd) != 0) {
-      ::unlink(tmp.c_str());
-      write_failed(path, "close", errno);
-    }
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  try {
-    require_replaceable(path);  // again: it may have changed while we wrote
-  } catch (...) {
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    write_failed(path, "rename", err);
-  }
+  write_file_safely(path, text);
 }
 
 void write_repro_bundle(const std::string& path, const Result& r, const CaseArtifacts& a,

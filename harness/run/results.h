@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/result.h"
+#include "core/safe_output.h"
 #include "run/evaluate.h"
 
 namespace attncheck {
@@ -24,17 +25,15 @@ std::string id_to_filename(const std::string& id);
 // (ENOSPC, EFBIG, EIO) and throws std::runtime_error naming the file.
 class JsonlWriter {
  public:
-  // Creates or truncates `path`, which must be missing or a regular file (require_replaceable).
+  // Creates `path` anew (OutputStream::Mode::fresh, core/safe_output.h): an existing regular
+  // file is replaced, anything else (a symbolic link, FIFO, directory) refused.
   explicit JsonlWriter(const std::string& path);
-  ~JsonlWriter();
-  JsonlWriter(const JsonlWriter&) = delete;
-  JsonlWriter& operator=(const JsonlWriter&) = delete;
   void append(const std::string& line);  // adds the newline
   const std::string& path() const { return path_; }
 
  private:
   std::string path_;
-  int fd_ = -1;
+  OutputStream out_;
 };
 
 // Counts per op and verdict, and how many cases compared a kernel's output.
@@ -52,9 +51,10 @@ struct Summary {
 // skipped and known_bug as <skipped>.
 std::string junit_xml(const std::vector<nlohmann::json>& results, const std::string& suite_name);
 
-// Writes `text` to path via a temporary file ("<path>.tmp.<pid>"), fsync and rename. Refuses a
-// path that exists and is not a regular file (a directory, device, FIFO, symlink: it is never
-// replaced); every write is checked. Throws std::runtime_error naming the path.
+// Writes `text` to path via an unpredictable temporary file, fsync and rename
+// (write_file_safely, core/safe_output.h). Refuses a path that exists and is not a regular file
+// (a directory, device, FIFO, symlink: it is never replaced or followed); every write is checked.
+// Throws std::runtime_error naming the path.
 void write_file_atomic(const std::string& path, const std::string& text);
 
 // A self-contained HDF5 bundle of one case: attributes id, op, params, kernel_params, verdict,

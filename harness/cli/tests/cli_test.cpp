@@ -389,7 +389,7 @@ TEST_F(Cli, GoldenVerifyPassesAndFailsOnACorruptedCopy) {
   // A run against a corrupt golden is an error for each case, naming the file.
   o = sh(kBin + " --cases " + kData + "/cases --golden " + copy.string() + " run");
   EXPECT_EQ(o.status, 1) << o.text;
-  EXPECT_TRUE(has(o.text, "cannot read the golden: " + file.string() + ": not read: 1000 bytes"))
+  EXPECT_TRUE(has(o.text, "not run: " + file.string() + ": not read: 1000 bytes"))
       << o.text;
 
   o = sh(at() + " golden diff");

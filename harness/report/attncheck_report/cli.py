@@ -99,8 +99,12 @@ def main(argv=None) -> int:
     report = Report(runs, cases, args.title, out, regression, mutation, worst_n=max(25, args.top))
     report.coverage = coverage
     html, summary = out / "report.html", out / "summary.md"
-    write_html(report, html)
-    write_markdown(report, summary, top=args.top)
+    try:
+        write_html(report, html)
+        write_markdown(report, summary, top=args.top)
+    except OSError as e:  # UnsafeTarget (a link, FIFO or directory there), a full disk
+        print(f"attncheck_report: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     failing = sum(c.failing for c in cases)
     print(f"attncheck_report: {report.status.headline}")
     print(f"report: {html.resolve()}")

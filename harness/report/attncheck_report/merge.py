@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from . import safe_write
 from .results import ResultsError, load_run
 
 
@@ -88,11 +88,12 @@ def merge(shards, out: Path) -> dict:
     if walls:
         meta["wall_s"] = max(walls)  # shards run in parallel
 
-    with (out / "results.jsonl").open("w", encoding="utf-8") as dst:
-        for r in runs:
-            for line in (r.path / "results.jsonl").read_text(encoding="utf-8").splitlines():
-                if line.strip():
-                    dst.write(line + "\n")
+    merged_lines = []
+    for r in runs:
+        for line in (r.path / "results.jsonl").read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                merged_lines.append(line + "\n")
+    safe_write.write_text(out / "results.jsonl", "".join(merged_lines))
 
     warnings = []
     suites = ET.Element("testsuites")
@@ -113,7 +114,8 @@ def merge(shards, out: Path) -> dict:
                 totals[k] += int(suite.get(k, "0") or 0)
     for k, v in totals.items():
         suites.set(k, str(v))
-    ET.ElementTree(suites).write(out / "junit.xml", encoding="utf-8", xml_declaration=True)
+    safe_write.write_text(out / "junit.xml",
+                          ET.tostring(suites, encoding="unicode", xml_declaration=True))
 
     for r in runs:
         repro = r.path / "repro"
@@ -123,9 +125,9 @@ def merge(shards, out: Path) -> dict:
                 target = out / "repro" / f.name
                 if target.exists():
                     raise ResultsError(f"{f}: {target} exists already (a case in two shards?)")
-                shutil.copy2(f, target)
+                safe_write.copy_file(f, target)
 
-    (out / "run.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    safe_write.write_text(out / "run.json", json.dumps(meta, indent=2) + "\n")
     return {"cases": meta["case_count"], "shards": len(runs), "warnings": warnings,
             "imbalance": meta.get("imbalance")}
 
@@ -138,7 +140,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     try:
         summary = merge(args.shards, Path(args.out))
-    except ResultsError as e:
+    except (ResultsError, OSError) as e:  # OSError: UnsafeTarget, a full disk
         print(f"attncheck_report.merge: error: {e}", file=sys.stderr)
         return 2
     for w in summary["warnings"]:

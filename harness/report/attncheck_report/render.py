@@ -18,6 +18,8 @@ from .analysis import (
     verdict_counts,
     worst_cases,
 )
+from . import safe_write
+from .bundles import BundleReader
 from .coverage import summary_line
 from .heatmap import STATE_MARK, plan_heatmap, ratio_label, render_heatmap
 from .results import fmt_num
@@ -113,23 +115,13 @@ def _case_row(report: Report, c) -> dict:
     }
 
 
-def _bundle_contents(path: Path) -> str:
-    """Dataset names and shapes of a repro bundle (h5py optional: empty without it)."""
-    try:
-        import h5py  # noqa: PLC0415
-    except ImportError:
-        return ""
-    items = []
-    try:
-        with h5py.File(path, "r") as f:
-            f.visititems(
-                lambda name, obj: items.append(f"{name}{list(obj.shape)}")
-                if isinstance(obj, h5py.Dataset) else None
-            )
-    except OSError as e:
-        return f"(unreadable: {e})"
-    text = ", ".join(items[:24])
-    return text + (f", … {len(items) - 24} more" if len(items) > 24 else "")
+def _bundle_contents(reader: BundleReader, path: Path) -> str:
+    """Dataset names and shapes of a repro bundle, read in a child process (bundles.py): a damaged
+    bundle is shown as unreadable, it never ends or hangs the report."""
+    got = reader.describe(path)
+    if "unreadable" in got:
+        return f"(unreadable bundle: {got['unreadable']})"
+    return got.get("contents", "")
 
 
 def html_context(report: Report) -> dict:
@@ -163,10 +155,11 @@ def html_context(report: Report) -> dict:
     failures = [c for c in report.cases if c.failing]
     failures.sort(key=lambda c: (c.op, c.arch, c.id))
     failure_rows = []
-    for i, c in enumerate(failures):
-        row = _case_row(report, c)
-        row["bundle_contents"] = _bundle_contents(c.bundle) if c.bundle and i < 50 else ""
-        failure_rows.append(row)
+    with BundleReader() as reader:
+        for i, c in enumerate(failures):
+            row = _case_row(report, c)
+            row["bundle_contents"] = _bundle_contents(reader, c.bundle) if c.bundle and i < 50 else ""
+            failure_rows.append(row)
     return {
         "report": report,
         "title": report.title,
@@ -286,7 +279,7 @@ def write_html(report: Report, path: Path) -> None:
         lstrip_blocks=True,
     )
     html = env.get_template("report.html.j2").render(**html_context(report))
-    path.write_text(html, encoding="utf-8")
+    safe_write.write_text(path, html)
 
 
 # --- Markdown -----------------------------------------------------------------------------------
@@ -394,4 +387,4 @@ def write_markdown(report: Report, path: Path, top: int = 10) -> None:
         lines += [summary_line(report.coverage), ""]
     lines.append(f"<sub>attncheck_report {__version__} · {report.generated} · full report:"
                  " report.html (artifact)</sub>")
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    safe_write.write_text(path, "\n".join(lines) + "\n")

@@ -465,7 +465,7 @@ TEST_F(CaseFiles, MalformedFilesGiveLocatedErrors) {
            "note)"},
       {"op = \"selftest_axpy\"\n[[group]]\nname=\"g\"\ntiers={smoke=\"list\"}\ncases=[{heads=1}]\n"
        "[[known_bug]]\nid=\"h(\"\nreason=\"x\"\n",
-       p + ":7:4: [[known_bug]] id: bad regex 'h(': "},
+       p + ":7:4: bad [[known_bug]] id regex 'h(': "},
       {"op = \"selftest_axpy\"\n[[group]]\nname=\"g\"\ntiers={smoke=\"list\"}\ncases=[{heads=1}]\n"
        "[[known_bug]]\nid=\"h4\"\nreason=\"x\"\n",
        p + ":6: [[known_bug]] id regex 'h4' matches no case of this file"},

@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "ops/op.h"
+#include "ops/typed_op.h"
 #include "run/cases.h"
 #include "run/coverage.h"
 
@@ -21,27 +21,41 @@ namespace fs = std::filesystem;
 // Not registered: audited directly. t is [x, y] f32; scalars: "fixed" constant, "twice" = 2x (a
 // function of t.shape[0]), "sum" = x + y (of the pair of extents), "free" from the mode axis,
 // which no tensor shows; x = 3 is an invalid configuration.
-class ProbeOp final : public Op {
+struct ProbeParams {
+  int64_t x = 1;
+  int64_t y = 1;
+  std::string mode = "a";
+};
+
+class ProbeOp final : public TypedOp<ProbeParams> {
  public:
+  using P = ProbeParams;
   std::string name() const override { return "coverage_probe"; }
-  std::vector<Axis> axes() const override {
-    return {{"x", "x", 1, {1, 2, 3, 4, 5}, "rows"},
-            {"y", "y", 1, {}, "columns"},
-            {"mode", "", "a", {"a", "b"}, "picks the free scalar"}};
+  Fields<P> fields() const override {
+    return Fields<P>()
+        .add("x", "x", &P::x, "rows")
+        .only({1, 2, 3, 4, 5})
+        .add("y", "y", &P::y, "columns")
+        .add("mode", "", &P::mode, "picks the free scalar")
+        .only({"a", "b"});
   }
-  Problem make(const Case& c) const override {
-    const int64_t x = param_int(c.params, "x"), y = param_int(c.params, "y");
-    Problem p;
-    p.args = {{"t", Tensor::zeros(DType::f32, {x, y}), Role::input}};
-    p.kernel_params = {{"fixed", 7},
-                       {"twice", 2 * x},
-                       {"sum", x + y},
-                       {"free", param_str(c.params, "mode") == "a" ? 0.25 : 0.5}};
-    if (x == 3) p.expect_refusal = "x = 3 is refused";
-    return p;
+  std::optional<std::string> invalid(const P& p) const override {
+    if (p.x == 3) return "x = 3 is refused";
+    return std::nullopt;
   }
-  TensorMap reference(const Problem&) const override { return {}; }
-  std::vector<OutputCheck> checks(const Problem&, const TensorMap&) const override { return {}; }
+  Problem make(const Case&, const P& p) const override {
+    Problem prob;
+    prob.args = {{"t", Tensor::zeros(DType::f32, {p.x, p.y}), Role::input}};
+    return prob;
+  }
+  nlohmann::json kernel_params(const P& p, const Problem&) const override {
+    return {
+        {"fixed", 7}, {"twice", 2 * p.x}, {"sum", p.x + p.y}, {"free", p.mode == "a" ? 0.25 : 0.5}};
+  }
+  TensorMap reference(const Problem&, const P&) const override { return {}; }
+  std::vector<OutputCheck> checks(const Problem&, const P&, const TensorMap&) const override {
+    return {};
+  }
 };
 
 std::vector<Case> probe_cases(const Op& op, std::vector<int> xs, std::vector<int> ys,

@@ -6,69 +6,85 @@
 
 #include "core/numeric.h"
 #include "core/rng.h"
-#include "ops/op.h"
+#include "ops/typed_op.h"
 
 namespace attncheck {
 namespace {
 
-class SelftestAxpyOp final : public Op {
+enum class Layout { contiguous, strided, sparse };
+
+struct AxpyParams {
+  int64_t heads = 2;
+  int64_t n = 64;
+  DType dtype = DType::f32;
+  Layout layout = Layout::contiguous;
+  int64_t seed = 0;
+};
+
+class SelftestAxpyOp final : public TypedOp<AxpyParams> {
  public:
+  using P = AxpyParams;
   std::string name() const override { return "selftest_axpy"; }
-  std::vector<Axis> axes() const override {
-    return {
-        {"heads", "h", 2, {1, 2, 3, 4}, "rows; 3 is invalid (not a power of two)"},
-        {"n", "n", 64, {}, "row length"},
-        {"dtype", "", "f32", {"f32", "bf16"}, "x and out dtype"},
-        {"layout",
-         "",
-         "contiguous",
-         {"contiguous", "strided", "sparse"},
-         "strided: rows 7 elements apart; sparse: x is rows [64, 64 + heads) of a sparse storage "
-         "of 64 + heads + 8 rows whose host window holds only those rows"},
-        {"seed", "s", 0, {}, "input seed"},
-    };
+  Fields<P> fields() const override {
+    return Fields<P>()
+        .add("heads", "h", &P::heads, "rows; 3 is invalid (not a power of two)")
+        .only({1, 2, 3, 4})
+        .add("n", "n", &P::n, "row length")
+        .add("dtype", "", &P::dtype, "x and out dtype")
+        .only({"f32", "bf16"})
+        .choice("layout", "", &P::layout,
+                {{Layout::contiguous, "contiguous"},
+                 {Layout::strided, "strided"},
+                 {Layout::sparse, "sparse"}},
+                "strided: rows 7 elements apart; sparse: x is rows [64, 64 + heads) of a sparse "
+                "storage of 64 + heads + 8 rows whose host window holds only those rows")
+        .add("seed", "s", &P::seed, "input seed");
   }
 
-  Problem make(const Case& c) const override {
-    const int64_t heads = param_int(c.params, "heads");
-    const int64_t n = param_int(c.params, "n");
-    const DType dt = param_dtype(c.params, "dtype");
-    const std::string layout = param_str(c.params, "layout");
-    const int64_t pitch = layout == "strided" ? n + 7 : n;
-    Tensor x =
-        layout == "sparse"
-            ? Tensor::sparse(dt, {64 + heads + 8, n}, 64 * n, heads * n).slice(0, 64, 64 + heads)
-            : Tensor::empty(dt, {heads, pitch}).slice(1, 0, n);
-    fill_normal(x, Rng(c.id, "x", static_cast<uint64_t>(param_int(c.params, "seed"))));
-    Tensor out = Tensor::empty(dt, {heads, pitch});
+  std::optional<std::string> invalid(const P& p) const override {
+    if (p.heads & (p.heads - 1)) return "heads must be a power of two";
+    return std::nullopt;
+  }
+
+  Problem make(const Case& c, const P& p) const override {
+    const int64_t pitch = p.layout == Layout::strided ? p.n + 7 : p.n;
+    Tensor x = p.layout == Layout::sparse
+                   ? Tensor::sparse(p.dtype, {64 + p.heads + 8, p.n}, 64 * p.n, p.heads * p.n)
+                         .slice(0, 64, 64 + p.heads)
+                   : Tensor::empty(p.dtype, {p.heads, pitch}).slice(1, 0, p.n);
+    fill_normal(x, Rng(c.id, "x", static_cast<uint64_t>(p.seed)));
+    Tensor out = Tensor::empty(p.dtype, {p.heads, pitch});
     poison(out);
-    Problem p;
-    p.args = {{"x", x, Role::input}, {"out", out.slice(1, 0, n), Role::output}};
-    p.kernel_params = {{"alpha", 0.5}, {"heads", heads}};
-    if (heads & (heads - 1)) p.expect_refusal = "heads must be a power of two";
-    p.flops = 2.0 * static_cast<double>(heads * n);
-    p.bytes = 2.0 * static_cast<double>(heads * n) * static_cast<double>(dtype_size(dt));
-    return p;
+    Problem prob;
+    prob.args = {{"x", x, Role::input}, {"out", out.slice(1, 0, p.n), Role::output}};
+    prob.flops = 2.0 * static_cast<double>(p.heads * p.n);
+    prob.bytes =
+        2.0 * static_cast<double>(p.heads * p.n) * static_cast<double>(dtype_size(p.dtype));
+    return prob;
   }
 
-  TensorMap reference(const Problem& p) const override {
-    const int64_t heads = p.kernel_params.at("heads").get<int64_t>();
-    if (heads & (heads - 1)) throw InvalidConfig("heads must be a power of two");
-    const double alpha = p.kernel_params.at("alpha").get<double>();
-    const Tensor& x = p.arg("x");
+  nlohmann::json kernel_params(const P& p, const Problem&) const override {
+    return {{"alpha", kAlpha}, {"heads", p.heads}};
+  }
+
+  TensorMap reference(const Problem& prob, const P&) const override {
+    const Tensor& x = prob.arg("x");
     Tensor out = Tensor::empty(DType::f64, x.shape());
-    x.for_each_index([&](const Index& idx, int64_t) { out.set(idx, alpha * x.get(idx) + 1.0); });
+    x.for_each_index([&](const Index& idx, int64_t) { out.set(idx, kAlpha * x.get(idx) + 1.0); });
     return {{"out", out}};
   }
 
-  std::vector<OutputCheck> checks(const Problem& p, const TensorMap&) const override {
+  std::vector<OutputCheck> checks(const Problem& prob, const P&, const TensorMap&) const override {
     Budget b;
-    const double u = unit_roundoff(p.arg("out").dtype());
+    const double u = unit_roundoff(prob.arg("out").dtype());
     b.rtol = u;
     b.atol = 1e-30;
     b.why = "one rounding of an exact f64 value to the output dtype: |err| <= u |e|";
     return {{"out", b, {}, {}}};
   }
+
+ private:
+  static constexpr double kAlpha = 0.5;
 };
 
 const OpRegistrar kRegister(std::make_unique<SelftestAxpyOp>());
