@@ -31,7 +31,11 @@ struct RunArgs {
   std::string arch;     // known-bug scope override
   std::string shard = "0/1";
   int repeat = 2;
-  int jobs = 1;
+  int jobs = 0;               // workers in all; 0: pools per GPU sized from cores and memory
+  int jobs_per_gpu = 0;       // --jobs-per-gpu: workers per GPU; 0: from cores and memory
+  std::string gpus = "auto";  // --gpus: auto, none, or a list of ids ("0,1")
+  std::string durations;      // --durations: ci/case-durations.json (shards by time)
+  bool profile = false;       // --profile: where the time went, per phase and per op
   std::string out;
   double timeout_s = 120;
   bool in_process = false;
@@ -72,6 +76,7 @@ struct BenchArgs {
 
 struct WorkerArgs {
   std::string kernels, arch, repro_dir, repro_extra;
+  std::vector<std::string> golden_checked;  // "op=stamp" (GoldenStore::trust_checked)
   int repeat = 2;
   bool allow_missing_goldens = false;
   int stress = 0;

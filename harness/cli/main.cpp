@@ -96,9 +96,24 @@ int main(int argc, char** argv) {
                    "launches per case (>=2: never-written elements, determinism)")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
-  run_cmd->add_option("--jobs", run.jobs, "worker processes")
-      ->check(CLI::Range(1, 256))
+  run_cmd
+      ->add_option("--jobs", run.jobs,
+                   "worker processes in all, spread over the GPUs [a pool per GPU: the cores "
+                   "shared by the GPUs, at most one worker per 6 GiB of the GPU's memory]")
+      ->check(CLI::Range(1, 1024));
+  run_cmd
+      ->add_option("--jobs-per-gpu", run.jobs_per_gpu,
+                   "worker processes per GPU (instead of the size from cores and memory)")
+      ->check(CLI::Range(1, 256));
+  run_cmd
+      ->add_option("--gpus", run.gpus,
+                   "GPUs for the worker pools: auto (the visible ones), none, or ids (0,1)")
       ->capture_default_str();
+  run_cmd->add_option("--durations", run.durations,
+                      "case durations of an earlier run (ci/case-durations.json): shards "
+                      "balanced by time, longest cases first");
+  run_cmd->add_flag("--profile", run.profile,
+                    "print where the time went: totals per phase and per op, the pools");
   run_cmd->add_option("--out", run.out,
                       "results directory (run.json, results.jsonl, junit.xml, repro/)");
   run_cmd->add_option("--timeout", run.timeout_s, "seconds per case before it counts as hung")
@@ -193,6 +208,7 @@ int main(int argc, char** argv) {
   worker_cmd->add_option("--repro-extra", worker.repro_extra);
   worker_cmd->add_flag("--allow-missing-goldens", worker.allow_missing_goldens);
   worker_cmd->add_option("--import-timeout", worker.import_timeout_s);
+  worker_cmd->add_option("--golden-checked", worker.golden_checked);
 
   KernelsArgs kernels;
   kernels.kernels = env_or("ATTNCHECK_KERNELS", "");

@@ -1,5 +1,6 @@
 // `attncheck run` and `attncheck worker`: cases in worker processes, live progress, summary,
 // failures with repro lines, and the results directory.
+#include <sched.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -11,17 +12,19 @@
 #include <iostream>
 #include <iterator>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <sstream>
 
 #include "cli/commands.h"
 #include "core/safe_output.h"
-#include "run/golden.h"
 #include "run/cases.h"
 #include "run/evaluate.h"
+#include "run/golden.h"
 #include "run/pool.h"
 #include "run/provenance.h"
 #include "run/results.h"
+#include "run/scheduling.h"
 #include "run/sha256.h"
 #include "run/worker.h"
 
@@ -47,6 +50,10 @@ int cmd_worker(const Paths& p, const WorkerArgs& a) {
   cfg.repro_extra = a.repro_extra;
   cfg.allow_missing_goldens = a.allow_missing_goldens;
   cfg.import_timeout_s = a.import_timeout_s;
+  for (const auto& checked : a.golden_checked) {
+    const auto eq = checked.find('=');
+    if (eq != std::string::npos) cfg.golden_checked[checked.substr(0, eq)] = checked.substr(eq + 1);
+  }
   return worker_main(cfg);
 }
 
@@ -170,6 +177,158 @@ class Progress {
   bool live_;
 };
 
+// The stamps (golden_file_stamp) of these cases' golden files, taken before the run checks them
+// (set_aside_unreadable_goldens): "op=stamp" for the workers' --golden-checked, so that a worker
+// checks again only a file that changed since (run/golden.h, GoldenStore::trust_checked).
+std::map<std::string, std::string> golden_stamps(const std::string& dir,
+                                                 const std::vector<Case>& cases) {
+  std::map<std::string, std::string> stamps;
+  const GoldenStore store(dir);
+  for (const auto& c : cases)
+    if (!stamps.count(c.op) && store.has_op(c.op))
+      if (std::string stamp = golden_file_stamp(store.path_of(c.op)); !stamp.empty())
+        stamps[c.op] = stamp;
+  return stamps;
+}
+
+// The pools of this run: GPUs from --gpus (auto: the visible ones; none in reference mode),
+// sizes from --jobs / --jobs-per-gpu or the cores and each GPU's memory. Throws
+// std::invalid_argument for a bad --gpus.
+PoolPlan pools_for(const RunArgs& a, bool kernel_mode) {
+  std::string variable;
+  std::vector<VisibleGpu> gpus;
+  if (kernel_mode && a.gpus != "none") {
+    const auto visible = visible_gpus(&variable);
+    if (a.gpus == "auto") {
+      gpus = visible;
+    } else {
+      std::istringstream in(a.gpus);
+      for (std::string id; std::getline(in, id, ',');) {
+        if (id.empty()) throw std::invalid_argument("--gpus '" + a.gpus + "': an empty id");
+        VisibleGpu g{id, 0};
+        for (const auto& v : visible)
+          if (v.id == id) g = v;
+        gpus.push_back(g);
+      }
+      if (variable.empty()) variable = "CUDA_VISIBLE_DEVICES";
+      // A device backend with its own variable: the ids are that backend's.
+      if (std::getenv("HIP_VISIBLE_DEVICES") && !std::getenv("CUDA_VISIBLE_DEVICES"))
+        variable = "HIP_VISIBLE_DEVICES";
+    }
+  }
+  // The cores this process may run on (taskset, cgroups' cpusets), not the host's.
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  const int cores = ::sched_getaffinity(0, sizeof allowed, &allowed) == 0
+                        ? CPU_COUNT(&allowed)
+                        : static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
+  PoolPlan plan = plan_pools(gpus, std::max(cores, 1), a.jobs, a.jobs_per_gpu);
+  plan.variable = variable;
+  if (const char* threads = std::getenv("OMP_NUM_THREADS"); threads && std::atoi(threads) > 0)
+    plan.cpu_threads = std::atoi(threads);  // the user's choice stands
+  return plan;
+}
+
+std::string describe_pools(const PoolPlan& plan) {
+  std::ostringstream os;
+  if (plan.pools.empty()) {
+    os << plan.jobs << " worker(s)";
+  } else {
+    for (size_t i = 0; i < plan.pools.size(); ++i)
+      os << (i ? ", " : "") << "GPU " << plan.pools[i].gpu.id << ": " << plan.pools[i].jobs;
+    os << " worker(s) (" << plan.variable << ")";
+  }
+  os << ", " << plan.cpu_threads << " reference thread(s) each; " << plan.why;
+  return os.str();
+}
+
+// Per pool (GPU): cases, the sum of their round trips, and when its last case ended.
+struct PoolUse {
+  std::string gpu;
+  int jobs = 0;
+  int64_t cases = 0;
+  double busy_s = 0;
+  double finished_s = 0;
+};
+
+nlohmann::json pools_json(const std::vector<PoolUse>& use) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const auto& u : use)
+    j.push_back({{"gpu", u.gpu},
+                 {"jobs", u.jobs},
+                 {"cases", u.cases},
+                 {"busy_s", std::round(u.busy_s * 1e3) / 1e3},
+                 {"finished_s", std::round(u.finished_s * 1e3) / 1e3}});
+  return j;
+}
+
+// Seconds per phase over every result.
+std::map<std::string, double> phase_seconds(const std::vector<Result>& results) {
+  std::map<std::string, double> s;
+  for (const auto& name : timing_phase_names()) s[name] = 0;
+  for (const auto& r : results)
+    for (const auto& name : timing_phase_names()) s[name] += timing_of(r.timings, name) / 1e3;
+  return s;
+}
+
+// --profile: where the time went.
+void print_profile(const std::vector<Result>& results, double wall_s, double parent_s,
+                   const std::vector<PoolUse>& pools, int jobs) {
+  const auto phases = phase_seconds(results);
+  double sum = 0;
+  for (const auto& [name, v] : phases) sum += v;
+  std::cout << "\nprofile: " << results.size() << " cases in " << std::fixed << std::setprecision(1)
+            << wall_s
+            << " s wall = " << (wall_s > 0 ? static_cast<double>(results.size()) / wall_s : 0.0)
+            << " cases/s with " << jobs << " worker(s); case time " << sum
+            << " s in all (worker-seconds), the parent's result handling " << std::setprecision(2)
+            << parent_s << " s\n";
+  std::cout << "  phase        seconds   share   (summed over cases)\n";
+  for (const auto& name : timing_phase_names()) {
+    const double v = phases.at(name);
+    std::cout << "  " << std::left << std::setw(11) << name << std::right << std::setw(9)
+              << std::setprecision(2) << v << std::setw(7) << std::setprecision(1)
+              << (sum > 0 ? 100 * v / sum : 0) << "%\n";
+  }
+  std::map<std::string, std::vector<const Result*>> per_op;
+  for (const auto& r : results) per_op[r.op].push_back(&r);
+  std::cout << "  op                            cases  seconds  ms/case  largest phases\n";
+  for (const auto& [op, rs] : per_op) {
+    std::map<std::string, double> ph;
+    double total = 0;
+    for (const Result* r : rs)
+      for (const auto& name : timing_phase_names()) {
+        ph[name] += timing_of(r->timings, name) / 1e3;
+        total += timing_of(r->timings, name) / 1e3;
+      }
+    std::vector<std::pair<double, std::string>> top;
+    for (const auto& [name, v] : ph) top.emplace_back(v, name);
+    std::sort(top.rbegin(), top.rend());
+    std::ostringstream largest;
+    for (size_t i = 0; i < std::min<size_t>(3, top.size()); ++i)
+      if (top[i].first > 0)
+        largest << (i ? ", " : "") << top[i].second << " " << std::setprecision(0) << std::fixed
+                << (total > 0 ? 100 * top[i].first / total : 0) << "%";
+    std::cout << "  " << std::left << std::setw(28) << op << std::right << std::setw(7) << rs.size()
+              << std::setw(9) << std::setprecision(2) << total << std::setw(9)
+              << std::setprecision(1) << 1e3 * total / static_cast<double>(rs.size()) << "  "
+              << largest.str() << "\n";
+  }
+  if (pools.size() > 1) {
+    double first = 1e300, last = 0;
+    for (const auto& p : pools) {
+      std::cout << "  pool GPU " << p.gpu << ": " << p.jobs << " worker(s), " << p.cases
+                << " cases, busy " << std::setprecision(1) << p.busy_s << " s, last case ended at "
+                << p.finished_s << " s\n";
+      first = std::min(first, p.finished_s);
+      last = std::max(last, p.finished_s);
+    }
+    std::cout << "  pools ended within " << std::setprecision(1)
+              << (last > 0 ? 100 * (last - first) / last : 0) << "% of each other\n";
+  }
+  std::cout << std::defaultfloat;
+}
+
 }  // namespace
 
 int cmd_run(const Paths& paths, const RunArgs& a) {
@@ -182,6 +341,16 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
   } catch (const std::invalid_argument& e) {
     std::cerr << "attncheck: " << e.what() << "\n";
     return 2;
+  }
+  std::optional<CaseDurations> durations;
+  if (!a.durations.empty()) {
+    try {
+      durations = CaseDurations::load(a.durations);
+    } catch (const std::exception& e) {
+      std::cerr << "attncheck: --durations: " << e.what() << "\n";
+      return 2;
+    }
+    sel.durations = &*durations;
   }
   std::vector<CaseFile> files;
   std::vector<Case> cases;
@@ -220,9 +389,13 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
   // is read once, here; its cases (moved behind the `runnable` others) fail at once, naming it.
   size_t runnable = cases.size();
   std::map<std::string, std::string> unreadable_goldens;
+  std::map<std::string, std::string> checked_goldens;  // op -> stamp, for the workers
   try {
-    if (fs::is_directory(paths.golden))
+    if (fs::is_directory(paths.golden)) {
+      checked_goldens = golden_stamps(paths.golden, cases);
       unreadable_goldens = set_aside_unreadable_goldens(paths.golden, cases, runnable);
+      for (const auto& [op, why] : unreadable_goldens) checked_goldens.erase(op);
+    }
   } catch (const std::exception& e) {
     std::cerr << "attncheck: " << e.what() << "\n";
     return 2;
@@ -254,6 +427,36 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
   const std::string started = utc_now_iso();
   const auto t0 = Clock::now();
 
+  const bool kernels_given = !kernels.empty();
+  PoolPlan plan;
+  try {
+    plan = pools_for(a, kernels_given);
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "attncheck: " << e.what() << "\n";
+    return 2;
+  }
+  if (a.in_process) plan = PoolPlan{};
+  const auto slot_env = plan.slot_env();
+  std::vector<PoolUse> pool_use;
+  if (plan.pools.empty()) pool_use.push_back({"", plan.jobs});
+  for (const auto& p : plan.pools) pool_use.push_back({p.gpu.id, p.jobs});
+  // The pool of a worker slot (slot_env's order: the pools interleaved).
+  auto pool_of_slot = [&](size_t slot) -> PoolUse& {
+    if (plan.pools.empty()) return pool_use.front();
+    const std::string setting = slot_env[slot % slot_env.size()].front();
+    const std::string gpu = setting.substr(setting.find('=') + 1);
+    for (auto& u : pool_use)
+      if (u.gpu == gpu) return u;
+    return pool_use.front();
+  };
+  double parent_s = 0;  // the parent's own time per result: parsing, writing, printing
+  std::vector<Result> results(cases.size());
+  // Seconds per phase over the results so far (run.json "timings_s"; the merge sums them).
+  auto timings_s = [&] {
+    nlohmann::json j = nlohmann::json::object();
+    for (const auto& [name, v] : phase_seconds(results)) j[name] = std::round(v * 1e3) / 1e3;
+    return j;
+  };
   // run.json describes the run; written now (no "finished") so that a run killed halfway still
   // leaves a directory the report reads, and rewritten complete at the end.
   const auto run_json = [&](const std::optional<nlohmann::json>& h, const Summary* done_summary,
@@ -291,7 +494,12 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
         {"repeat", a.repeat},
         {"stress", a.stress},
         {"sanitizer", a.sanitizer},
-        {"smem_poison", !a.no_smem_poison}};
+        {"smem_poison", !a.no_smem_poison},
+        {"jobs", a.in_process ? 0 : plan.jobs},
+        {"cpu_threads", plan.cpu_threads},
+        {"pools", pools_json(pool_use)},
+        {"durations", a.durations},
+        {"timings_s", timings_s()}};
   };
   std::optional<JsonlWriter> jsonl;
   if (!a.out.empty()) {
@@ -304,7 +512,6 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
       return 2;
     }
   }
-  std::vector<Result> results(cases.size());
   Summary summary;
   Progress progress(cases.size());
   std::optional<nlohmann::json> hello;
@@ -323,9 +530,16 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
     else
       std::cout << "  REFERENCE ONLY, kernels not checked: " << h.value("no_device", "")
                 << "\n  checking the reference against the goldens\n";
+    if (!a.in_process) std::cout << "  pools: " << describe_pools(plan) << "\n";
     std::cout << std::flush;
   };
   auto record = [&](size_t i, const Result& r) {
+    const auto record_start = Clock::now();
+    struct AddTime {  // the parent's time on this result, on every way out
+      double& into;
+      Clock::time_point since;
+      ~AddTime() { into += std::chrono::duration<double>(Clock::now() - since).count(); }
+    } parent_time{parent_s, record_start};
     summary.add(r);
     if (jsonl)
       jsonl->append(r.to_json().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
@@ -340,9 +554,9 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
   };
 
   if (a.in_process) {
-    WorkerConfig cfg{"",        paths.golden,      kernels,  a.arch,
-                     repro_dir, path_flags(paths), a.repeat, a.allow_missing_goldens,
-                     a.stress,  a.import_timeout_s};
+    WorkerConfig cfg{"",        paths.golden,       kernels,  a.arch,
+                     repro_dir, path_flags(paths),  a.repeat, a.allow_missing_goldens,
+                     a.stress,  a.import_timeout_s, {}};
     std::unique_ptr<CaseContext> ctx;
     try {
       ctx = make_context_within_limit(
@@ -361,10 +575,11 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
     }
   } else {
     WorkerSpec spec;
-    spec.jobs = a.jobs;
+    spec.jobs = plan.jobs;
+    spec.slot_env = slot_env;
     spec.case_timeout_s = a.timeout_s;
     try {
-      spec.memory_limit = worker_memory_limit(a.worker_memory, a.jobs);
+      spec.memory_limit = worker_memory_limit(a.worker_memory, plan.jobs);
     } catch (const std::invalid_argument& e) {
       std::cerr << "attncheck: " << e.what() << "\n";
       return 2;
@@ -379,6 +594,8 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
       spec.args.insert(spec.args.end(), {"--repro-extra", path_flags(paths)});
     if (a.allow_missing_goldens) spec.args.push_back("--allow-missing-goldens");
     if (a.stress > 0) spec.args.insert(spec.args.end(), {"--stress", std::to_string(a.stress)});
+    for (const auto& [op, stamp] : checked_goldens)
+      spec.args.insert(spec.args.end(), {"--golden-checked", op + "=" + stamp});
     std::string sanitizer_log;
     if (!a.sanitizer.empty()) {
       try {
@@ -393,16 +610,35 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
     const double import_limit = a.import_timeout_s * (a.sanitizer.empty() ? 1.0 : 5.0);
     spec.args.insert(spec.args.end(), {"--import-timeout", std::to_string(import_limit)});
     spec.start_timeout_s = import_limit > 0 ? import_limit + 60 : 7 * 24 * 3600.0;
+    // With measured durations the longest cases start first, so no long case starts last.
+    std::vector<size_t> order(runnable);
+    std::iota(order.begin(), order.end(), size_t{0});
+    if (durations) {
+      std::vector<std::string> ids;
+      for (size_t i = 0; i < runnable; ++i) ids.push_back(cases[i].id);
+      order = longest_first(ids, *durations);
+    }
     std::vector<PoolTask> tasks;
-    for (size_t i = 0; i < runnable; ++i) tasks.push_back({cases[i].id, case_to_json(cases[i])});
+    for (size_t i : order) tasks.push_back({cases[i].id, case_to_json(cases[i])});
+    std::vector<double> round_trip_ms(cases.size(), 0);
     RunOptions lost_opt;
     lost_opt.kernels_path = kernels;
     lost_opt.repro_extra = path_flags(paths);
     PoolCallbacks cb;
     cb.on_hello = announce;
-    cb.on_result = [&](size_t i, const nlohmann::json& j) {
+    cb.on_round_trip = [&](size_t t, size_t slot, double ms) {
+      round_trip_ms[order[t]] = ms;
+      PoolUse& u = pool_of_slot(slot);
+      ++u.cases;
+      u.busy_s += ms / 1e3;
+      u.finished_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    };
+    cb.on_result = [&, order](size_t t, const nlohmann::json& j) {
+      const size_t i = order[t];
       try {
-        record(i, Result::from_json(j));
+        Result r = Result::from_json(j);
+        r.timings.ipc_ms = std::max(0.0, round_trip_ms[i] - r.timings.total_ms());
+        record(i, r);
       } catch (const std::invalid_argument& e) {
         lost_opt.arch = hello ? hello->value("arch", "") : a.arch;
         Result r =
@@ -426,7 +662,8 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
         } catch (const std::invalid_argument&) {  // on_result reports the unreadable line
         }
       };
-    cb.on_lost = [&](size_t i, const std::string& what) {
+    cb.on_lost = [&, order](size_t t, const std::string& what) {
+      const size_t i = order[t];
       lost_opt.arch = hello ? hello->value("arch", "") : a.arch;
       const Mode mode =
           hello && hello->value("mode", "") == "kernel" ? Mode::kernel : Mode::reference;
@@ -482,6 +719,7 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
       std::cout << "  " << n << " case(s) under " << name << "\n";
   }
   print_stress_summary(results, a.stress);
+  if (a.profile) print_profile(results, wall_s, parent_s, pool_use, a.in_process ? 0 : plan.jobs);
   std::cout << "wall time " << std::fixed << std::setprecision(1) << wall_s << " s\n";
 
   if (!a.out.empty()) {

@@ -103,6 +103,30 @@ const nlohmann::json& field(const nlohmann::json& j, const char* key) {
   return j.at(key);
 }
 
+// results.jsonl's "timings_ms" keys, one per phase of Timings.
+constexpr std::pair<const char*, double Timings::*> kTimingKeys[] = {
+    {"generate", &Timings::generate_ms},   {"golden", &Timings::golden_ms},
+    {"reference", &Timings::reference_ms}, {"budgets", &Timings::budgets_ms},
+    {"upload", &Timings::upload_ms},       {"kernel", &Timings::kernel_ms},
+    {"relaunch", &Timings::relaunch_ms},   {"download", &Timings::download_ms},
+    {"guards", &Timings::guards_ms},       {"compare", &Timings::compare_ms},
+    {"other", &Timings::other_ms},         {"ipc", &Timings::ipc_ms}};
+
+// Rounded to microseconds: the file stays small and nothing finer is meaningful.
+nlohmann::json timings_json(const Timings& t) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [key, member] : kTimingKeys)
+    if (t.*member != 0 || member == &Timings::generate_ms)
+      j[key] = std::round(t.*member * 1e3) / 1e3;
+  return j;
+}
+
+Timings timings_from_json(const nlohmann::json& j) {
+  Timings t;
+  for (const auto& [key, member] : kTimingKeys) t.*member = j.value(key, 0.0);
+  return t;
+}
+
 }  // namespace
 
 std::string_view verdict_name(Verdict v) {
@@ -137,6 +161,24 @@ double number_from_json(const nlohmann::json& j) {
   throw std::invalid_argument("not a number: " + j.dump());
 }
 
+double Timings::total_ms() const {
+  double sum = 0;
+  for (const auto& [key, member] : kTimingKeys) sum += this->*member;
+  return sum;
+}
+
+std::vector<std::string> timing_phase_names() {
+  std::vector<std::string> names;
+  for (const auto& [key, member] : kTimingKeys) names.emplace_back(key);
+  return names;
+}
+
+double timing_of(const Timings& t, const std::string& phase) {
+  for (const auto& [key, member] : kTimingKeys)
+    if (phase == key) return t.*member;
+  return 0;
+}
+
 nlohmann::json Result::to_json() const {
   nlohmann::json checks_j = nlohmann::json::array();
   for (const auto& c : checks) {
@@ -161,14 +203,12 @@ nlohmann::json Result::to_json() const {
                       {"mode", mode_name(mode)},
                       {"message", message},
                       {"checks", checks_j},
-                      {"timings_ms",
-                       {{"generate", timings.generate_ms},
-                        {"reference", timings.reference_ms},
-                        {"kernel", timings.kernel_ms}}},
+                      {"timings_ms", timings_json(timings)},
                       {"arch", arch},
                       {"repro", repro},
                       {"kernel_entry", kernel_entry},
                       {"expected_from", expected_from}};
+  if (timings.launches) j["launches"] = timings.launches;
   if (!bundle.empty()) j["bundle"] = bundle;
   if (!contract.empty()) j["contract"] = contract;
   if (device_error) j["device_error"] = true;
@@ -211,10 +251,8 @@ Result Result::from_json(const nlohmann::json& j) {
       cr.metrics = metrics_from_json(c.value("metrics", nlohmann::json::object()));
       r.checks.push_back(std::move(cr));
     }
-    const auto t = j.value("timings_ms", nlohmann::json::object());
-    r.timings.generate_ms = t.value("generate", 0.0);
-    r.timings.reference_ms = t.value("reference", 0.0);
-    r.timings.kernel_ms = t.value("kernel", 0.0);
+    r.timings = timings_from_json(j.value("timings_ms", nlohmann::json::object()));
+    r.timings.launches = j.value("launches", 0);
     r.arch = j.value("arch", "");
     r.repro = j.value("repro", "");
     r.kernel_entry = j.value("kernel_entry", "");

@@ -38,11 +38,29 @@ enum class Mode { kernel, reference, none };
 std::string_view mode_name(Mode m);
 std::optional<Mode> parse_mode(std::string_view name);
 
+// Where a case's time went (results.jsonl "timings_ms"; `attncheck run --profile` sums them).
+// The phases are disjoint: their sum is the case's round trip as the parent saw it.
 struct Timings {
-  double generate_ms = 0;
-  double reference_ms = 0;
-  double kernel_ms = 0;  // wall time of the first launch
+  double generate_ms = 0;   // the problem: inputs generated, quantized, laid out
+  double reference_ms = 0;  // the CPU reference (0 when the golden was the expectation)
+  double kernel_ms = 0;     // wall time of the first launch
+  double golden_ms = 0;     // the golden read (first read of an op's file checks it too)
+  double budgets_ms = 0;    // the comparison budgets derived from the expected outputs
+  double upload_ms = 0;     // device allocations and host-to-device copies, every launch
+  double relaunch_ms = 0;   // launches after the first (repeat, stress, refusal probes)
+  double download_ms = 0;   // device-to-host copies and releases, every launch
+  double guards_ms = 0;     // guard bytes, bytes the kernel must not write, every launch
+  double compare_ms = 0;    // outputs against the expected ones, and launches against each other
+  double other_ms = 0;      // the rest of the worker's time on the case (bundles, known bugs)
+  double ipc_ms = 0;        // parent-side: the round trip minus the worker's time (queueing,
+                            // JSON, pipes); 0 in-process
+  int launches = 0;
+  double total_ms() const;  // the sum of the phases
 };
+// The phases' names as results.jsonl writes them ("generate", "golden", ...), in the order of a
+// case's life, and one phase's value by that name.
+std::vector<std::string> timing_phase_names();
+double timing_of(const Timings& t, const std::string& phase);
 
 // The stress mode's record (`attncheck run --stress N`, docs/verification.md V12b): N more
 // launches under varying conditions, each output compared bitwise with the first launch's.

@@ -12,6 +12,7 @@
 #include <toml++/toml.h>
 
 #include "run/covering.h"
+#include "run/scheduling.h"
 
 namespace attncheck {
 
@@ -731,9 +732,8 @@ std::vector<Case> select_cases(const std::vector<CaseFile>& files, const Selecti
     }
   std::optional<IdRegex> re;
   if (!sel.filter.empty()) re.emplace(sel.filter, "--filter");
-  std::vector<Case> out;
+  std::vector<const Case*> all;  // the tier's full list, before --op and --filter
   std::set<std::string> ids;
-  size_t index = 0;
   for (const auto& f : files) {
     std::vector<const Case*> list;
     if (sel.tier == "all") {
@@ -746,14 +746,25 @@ std::vector<Case> select_cases(const std::vector<CaseFile>& files, const Selecti
     } else if (const auto it = f.tiers.find(sel.tier); it != f.tiers.end()) {
       for (const auto& c : it->second) list.push_back(&c);
     }
-    for (const Case* c : list) {
-      const size_t pos = index++;
-      if (static_cast<int>(pos % static_cast<size_t>(sel.shard.count)) != sel.shard.index) continue;
-      if (!sel.ops.empty() && std::find(sel.ops.begin(), sel.ops.end(), c->op) == sel.ops.end())
-        continue;
-      if (re && !re->search(c->id)) continue;
-      out.push_back(*c);
-    }
+    all.insert(all.end(), list.begin(), list.end());
+  }
+  std::vector<int> shard_of;
+  if (sel.durations && sel.shard.count > 1) {
+    std::vector<std::string> all_ids;
+    for (const Case* c : all) all_ids.push_back(c->id);
+    shard_of = balanced_shards(all_ids, sel.shard.count, *sel.durations);
+  }
+  std::vector<Case> out;
+  for (size_t pos = 0; pos < all.size(); ++pos) {
+    const Case* c = all[pos];
+    const int shard = shard_of.empty()
+                          ? static_cast<int>(pos % static_cast<size_t>(sel.shard.count))
+                          : shard_of[pos];
+    if (shard != sel.shard.index) continue;
+    if (!sel.ops.empty() && std::find(sel.ops.begin(), sel.ops.end(), c->op) == sel.ops.end())
+      continue;
+    if (re && !re->search(c->id)) continue;
+    out.push_back(*c);
   }
   return out;
 }

@@ -95,6 +95,8 @@ std::vector<CaseFile> load_case_dir(const std::string& dir);
 std::vector<Case> expand_group(const Op& op, const CaseFile& file, const CaseGroup& group,
                                std::string_view tier);
 
+class CaseDurations;
+
 struct Shard {
   int index = 0;  // 0-based
   int count = 1;
@@ -123,11 +125,14 @@ struct Selection {
   std::vector<std::string> ops;  // empty: every op
   std::string filter;            // IdRegex searched in case ids; empty: all
   Shard shard;
+  // Measured durations (--durations): shards balanced by time instead of by count.
+  const CaseDurations* durations = nullptr;
 };
 
-// Cases of the selection in file order, then group order. Sharding is by position in the
-// tier's full list (before --op/--filter), index % count == shard index: the same case lands in the
-// same shard whatever the filters. Throws std::invalid_argument for an unknown tier/op or bad
+// Cases of the selection in file order, then group order. Sharding is over the tier's full list
+// (before --op/--filter), so the same case lands in the same shard whatever the filters: by
+// position (index % count == shard index), or with durations by balanced_shards
+// (run/scheduling.h). Throws std::invalid_argument for an unknown tier/op or bad
 // regex.
 std::vector<Case> select_cases(const std::vector<CaseFile>& files, const Selection& sel);
 

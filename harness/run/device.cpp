@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
@@ -373,13 +374,29 @@ class SmemPoisonFor {
 };
 }  // namespace
 
+namespace {
+double ms_between(std::chrono::steady_clock::time_point a,
+                  std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+}  // namespace
+
 DeviceOutcome DeviceRunner::run_unguarded(const Problem& p, const LaunchConditions& when) const {
   const auto& api = lib_.api();
   DeviceOutcome out;
+  // Declared before the buffers: their release (in ~DeviceBuffers) counts as download time.
+  struct DownloadClock {
+    LaunchTimings& t;
+    std::chrono::steady_clock::time_point since = std::chrono::steady_clock::now();
+    ~DownloadClock() { t.download_ms += ms_between(since, std::chrono::steady_clock::now()); }
+  };
+  std::optional<DownloadClock> release_clock;
+  const auto upload_start = std::chrono::steady_clock::now();
   DeviceBuffers bufs(lib_);
   const bool rocm = arch_.rfind("gfx", 0) == 0;
   Marshalled m = marshal(p, bufs, rocm);
   prepare_launch(when);
+  timings_.upload_ms += ms_between(upload_start, std::chrono::steady_clock::now());
   const std::string params = p.kernel_params.dump();
   const std::string kernel = p.kernel;
   char msg[kMsg] = {0};
@@ -394,13 +411,23 @@ DeviceOutcome DeviceRunner::run_unguarded(const Problem& p, const LaunchConditio
                        static_cast<int>(m.args.size()), msg, kMsg);
   out.wall_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  timings_.launch_ms += out.wall_ms;
+  ++timings_.launches;
   out.message = msg;
   if (out.status != ATTNCHECK_OK && out.status != ATTNCHECK_REFUSED &&
       out.status != ATTNCHECK_UNSUPPORTED)
     return out;
 
   for (auto& s : bufs.all()) {
+    const auto read_start = std::chrono::steady_clock::now();
     const auto back = bufs.read_back(s);
+    const auto checks_start = std::chrono::steady_clock::now();
+    timings_.download_ms += ms_between(read_start, checks_start);
+    struct GuardClock {  // every exit of this iteration
+      LaunchTimings& t;
+      std::chrono::steady_clock::time_point since;
+      ~GuardClock() { t.guards_ms += ms_between(since, std::chrono::steady_clock::now()); }
+    } guard_clock{timings_, checks_start};
     const size_t G = kGuardBytes;
     std::string who;
     for (const auto& n : s.arg_names) who += (who.empty() ? "'" : ", '") + n + "'";
@@ -461,6 +488,7 @@ DeviceOutcome DeviceRunner::run_unguarded(const Problem& p, const LaunchConditio
       out.outputs[a.name] = a.tensor.held_rows().rebased(restored);
     }
   }
+  release_clock.emplace(timings_);
   return out;
 }
 

@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attncheck_abi.h"
@@ -68,6 +69,15 @@ struct LaunchConditions {
   std::string smem_poison;
 };
 
+// Where the launches' time went since the last take_timings() (the case's Timings).
+struct LaunchTimings {
+  double upload_ms = 0;    // allocations and host-to-device copies
+  double launch_ms = 0;    // the library's run(), every launch
+  double download_ms = 0;  // device-to-host copies and releases
+  double guards_ms = 0;    // guard bytes and bytes the kernel must not write
+  int launches = 0;
+};
+
 class DeviceRunner {
  public:
   explicit DeviceRunner(const KernelLibrary& lib, std::string arch = "");
@@ -84,6 +94,8 @@ class DeviceRunner {
   double time(const Problem& p, int warmup, int iters, std::string* err) const;
   const KernelLibrary& library() const { return lib_; }
   const std::string& arch() const { return arch_; }
+  // The launches' timings since the last call, and a fresh start.
+  LaunchTimings take_timings() const { return std::exchange(timings_, LaunchTimings{}); }
 
   static constexpr size_t kGuardBytes = 4096;
 
@@ -93,6 +105,7 @@ class DeviceRunner {
   const KernelLibrary& lib_;
   std::string arch_;
   mutable void* l2_scratch_ = nullptr;  // allocated on the first flush
+  mutable LaunchTimings timings_;
 };
 
 // The byte the guard region holds at position i (a pattern no plausible kernel write reproduces).

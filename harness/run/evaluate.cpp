@@ -21,6 +21,19 @@ double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
+// Adds the time until the end of its scope to one phase of a case's Timings.
+class PhaseClock {
+ public:
+  explicit PhaseClock(double& into) : into_(into) {}
+  ~PhaseClock() { into_ += ms_since(t0_); }
+  PhaseClock(const PhaseClock&) = delete;
+  PhaseClock& operator=(const PhaseClock&) = delete;
+
+ private:
+  double& into_;
+  Clock::time_point t0_ = Clock::now();
+};
+
 std::string join(const std::vector<std::string>& parts) {
   std::string s;
   for (const auto& p : parts) s += (s.empty() ? "" : "; ") + p;
@@ -118,8 +131,8 @@ class ContractJudge {
  public:
   // `declared`: the entry's contract; nullopt for ops whose budgets no contract changes.
   ContractJudge(const Op& op, const Problem& p, const TensorMap& expected,
-                std::optional<Contract> declared)
-      : op_(op), p_(p), expected_(expected), declared_(declared) {}
+                std::optional<Contract> declared, Timings& timings)
+      : op_(op), p_(p), expected_(expected), declared_(declared), timings_(timings) {}
 
   bool applies() const { return declared_.has_value(); }
   const Contract& declared() const { return *declared_; }
@@ -127,6 +140,7 @@ class ContractJudge {
   const std::vector<OutputCheck>& checks_for(const Contract& c) {
     for (const auto& [contract, checks] : derived_)
       if (contract == c) return checks;
+    const PhaseClock clock(timings_.budgets_ms);
     derived_.emplace_back(
         c, c.is_default() ? op_.checks(p_, expected_) : op_.contract_checks(p_, expected_, c));
     return derived_.back().second;
@@ -136,12 +150,12 @@ class ContractJudge {
   // (the default's failed); *default_failures: the default's failures then, in words.
   std::vector<CheckResult> check(const TensorMap& outputs, bool* declared_used = nullptr,
                                  std::string* default_failures = nullptr) {
-    auto results = check_outputs(checks_for(Contract{}), expected_, outputs);
+    auto results = timed_check(checks_for(Contract{}), outputs);
     if (declared_used) *declared_used = false;
     if (all_passed(results) || !applies() || declared_->is_default()) return results;
     if (default_failures) *default_failures = failures_of(results);
     if (declared_used) *declared_used = true;
-    return check_outputs(checks_for(*declared_), expected_, outputs);
+    return timed_check(checks_for(*declared_), outputs);
   }
 
   // The first known contract, other than the default and the declared one, whose budgets every
@@ -149,16 +163,23 @@ class ContractJudge {
   std::optional<Contract> explaining(const TensorMap& outputs) {
     for (const Contract& c : known_contracts()) {
       if (c.is_default() || c == *declared_) continue;
-      if (all_passed(check_outputs(checks_for(c), expected_, outputs))) return c;
+      if (all_passed(timed_check(checks_for(c), outputs))) return c;
     }
     return std::nullopt;
   }
 
  private:
+  std::vector<CheckResult> timed_check(const std::vector<OutputCheck>& checks,
+                                       const TensorMap& outputs) {
+    const PhaseClock clock(timings_.compare_ms);
+    return check_outputs(checks, expected_, outputs);
+  }
+
   const Op& op_;
   const Problem& p_;
   const TensorMap& expected_;
   std::optional<Contract> declared_;
+  Timings& timings_;
   std::deque<std::pair<Contract, std::vector<OutputCheck>>> derived_;  // stable references
 };
 
@@ -196,6 +217,7 @@ void stress_launches(Result& r, const Op& op, const Problem& p, const TensorMap&
       ++st.launches;
       for (const auto& v : again.violations) problems.push_back(which + ": " + v);
       bool differs = false;
+      const PhaseClock clock(r.timings.compare_ms);
       for (const auto& [name, t] : first) {
         const auto cmp = compare_exact(name, t, again.outputs.at(name));
         if (cmp.passed) continue;
@@ -249,7 +271,9 @@ void judge_kernel(Result& r, const Op& op, const Problem& p, ContractJudge& judg
     if (!ch.passed) problems.push_back(ch.name + ": " + ch.message);
 
   if (opt.repeat >= 2) {
+    std::optional<PhaseClock> poison_clock(std::in_place, r.timings.guards_ms);
     const Problem q = with_flipped_poison(p);
+    poison_clock.reset();
     const auto o2 = device.run(q);
     r.device_error = o2.status == ATTNCHECK_ERROR;
     if (o2.status != ATTNCHECK_OK) {
@@ -259,6 +283,7 @@ void judge_kernel(Result& r, const Op& op, const Problem& p, ContractJudge& judg
     } else {
       for (const auto& v : o2.violations) problems.push_back("second launch: " + v);
       bool unwritten = false;
+      poison_clock.emplace(r.timings.guards_ms);
       for (const auto& a : p.args) {
         if (a.role != Role::output || !o.outputs.count(a.name) || !o2.outputs.count(a.name))
           continue;
@@ -267,8 +292,10 @@ void judge_kernel(Result& r, const Op& op, const Problem& p, ContractJudge& judg
         if (!u.empty()) problems.push_back(u);
         unwritten = unwritten || !u.empty();
       }
+      poison_clock.reset();
       // Unwritten elements differ between the launches by construction: not nondeterminism.
       if (!unwritten && op.deterministic()) {
+        const PhaseClock clock(r.timings.compare_ms);
         for (const auto& [name, t] : o.outputs) {
           const auto cmp = compare_exact(name, t, o2.outputs.at(name));
           if (!cmp.passed)
@@ -292,6 +319,7 @@ void judge_kernel(Result& r, const Op& op, const Problem& p, ContractJudge& judg
       problems.push_back(later.message);
       break;
     }
+    const PhaseClock clock(r.timings.compare_ms);
     for (const auto& [name, t] : o.outputs) {
       const auto cmp = compare_exact(name, t, again.outputs.at(name));
       if (!cmp.passed) {
@@ -361,6 +389,7 @@ void judge_refusal(Result& r, const Problem& p, const std::optional<GoldenCase>&
     return;
   }
   const auto o = ctx.device->run(p);
+  r.timings.kernel_ms = o.wall_ms;
   if (o.status == ATTNCHECK_REFUSED || o.status == ATTNCHECK_UNSUPPORTED) {
     r.verdict = o.violations.empty() ? Verdict::refused_as_expected : Verdict::failed;
     r.message = o.violations.empty() ? "refused: " + o.message
@@ -397,20 +426,23 @@ void evaluate_kernel(Result& r, const Op& op, const Case& c, const Problem& p,
   r.mode = Mode::kernel;
   if (!p.expect_refusal.empty()) return judge_refusal(r, p, golden, ctx);
 
-  auto t0 = Clock::now();
   TensorMap expected;
-  if (ctx.golden_as_expected && golden && golden->expect_refusal.empty() &&
-      golden->input_digests == input_digests(p)) {
+  bool golden_fits = false;
+  if (ctx.golden_as_expected && golden && golden->expect_refusal.empty()) {
+    const PhaseClock clock(r.timings.golden_ms);  // the inputs' digests against the golden's
+    golden_fits = golden->input_digests == input_digests(p);
+  }
+  if (golden_fits) {
     expected = golden->outputs;
     r.expected_from = "golden";
   } else {
+    const PhaseClock clock(r.timings.reference_ms);
     expected = op.reference(p);
     r.expected_from = "reference";
   }
-  r.timings.reference_ms = ms_since(t0);
   if (artifacts) artifacts->expected = expected;
   ContractJudge judge(op, p, expected,
-                      op.contract_dependent() ? declared : std::optional<Contract>());
+                      op.contract_dependent() ? declared : std::optional<Contract>(), r.timings);
   judge_kernel(r, op, p, judge, *ctx.device, ctx.options, artifacts);
 }
 
@@ -431,12 +463,13 @@ void evaluate_reference(Result& r, const Op& op, const Case& c, const Problem& p
       return;
     }
     // Reference vs nothing: the reference and its budgets must still run without error.
-    auto t0 = Clock::now();
     const std::string ran = "the reference and its budgets ran without error";
+    std::optional<PhaseClock> clock(std::in_place, r.timings.reference_ms);
     const TensorMap now = op.reference(p);
+    clock.emplace(r.timings.budgets_ms);
     (void)op.checks(p, now);
+    clock.reset();
     if (artifacts) artifacts->actual = now;
-    r.timings.reference_ms = ms_since(t0);
     r.verdict = Verdict::skipped;
     r.message = std::string("nothing compared: no golden for this case") +
                 (golden_tier ? "" : " (goldens cover the smoke and quick tiers)") + "; " + ran +
@@ -448,15 +481,17 @@ void evaluate_reference(Result& r, const Op& op, const Case& c, const Problem& p
   r.expected_from = "golden";
   if (artifacts) artifacts->expected = golden->outputs;
   std::vector<std::string> problems;
+  std::optional<PhaseClock> clock(std::in_place, r.timings.golden_ms);
   const std::string digests = digest_difference(golden->input_digests, input_digests(p));
   if (!digests.empty())
     problems.push_back("inputs differ from those the golden was computed from (" + digests +
                        "): the input generator changed; regenerate the golden deliberately");
-  auto t0 = Clock::now();
+  clock.emplace(r.timings.reference_ms);
   const TensorMap now = op.reference(p);
-  r.timings.reference_ms = ms_since(t0);
+  clock.emplace(r.timings.compare_ms);
   if (artifacts) artifacts->actual = now;
   r.checks = compare_with_golden(*golden, now, problems);
+  clock.reset();
   for (const auto& ch : r.checks)
     if (!ch.passed) problems.push_back("reference drift: " + ch.name + ": " + ch.message);
   r.verdict = problems.empty() ? Verdict::passed : Verdict::failed;
@@ -540,7 +575,39 @@ void apply_sanitizer_report(Result& r, const std::string& report, const std::str
   }
 }
 
+namespace {
+
+// The launches' share of the case's time (the device runner's clocks), and the rest of `total_ms`
+// as "other".
+void complete_timings(Timings& t, const DeviceRunner* device, double total_ms) {
+  if (device) {
+    const LaunchTimings l = device->take_timings();
+    t.upload_ms += l.upload_ms;
+    t.relaunch_ms += std::max(0.0, l.launch_ms - t.kernel_ms);
+    t.download_ms += l.download_ms;
+    t.guards_ms += l.guards_ms;
+    t.launches += l.launches;
+  }
+  t.other_ms = 0;
+  t.ipc_ms = 0;
+  t.other_ms = std::max(0.0, total_ms - t.total_ms());
+}
+
+Result evaluate_timed(const Case& c, const EvalContext& ctx, CaseArtifacts* artifacts);
+
+}  // namespace
+
 Result evaluate(const Case& c, const EvalContext& ctx, CaseArtifacts* artifacts) {
+  const auto t0 = Clock::now();
+  if (ctx.device) (void)ctx.device->take_timings();  // nothing of an earlier case
+  Result r = evaluate_timed(c, ctx, artifacts);
+  complete_timings(r.timings, ctx.device, ms_since(t0));
+  return r;
+}
+
+namespace {
+
+Result evaluate_timed(const Case& c, const EvalContext& ctx, CaseArtifacts* artifacts) {
   Result r = skeleton(c, ctx.options);
   const Op* op = find_op(c.op);
   if (!op) {
@@ -559,6 +626,7 @@ Result evaluate(const Case& c, const EvalContext& ctx, CaseArtifacts* artifacts)
     }
     std::optional<GoldenCase> golden;
     if (ctx.goldens) {
+      const PhaseClock clock(r.timings.golden_ms);
       try {
         golden = ctx.goldens->load(c.op, c.id);
       } catch (const std::exception& e) {
@@ -585,6 +653,8 @@ Result evaluate(const Case& c, const EvalContext& ctx, CaseArtifacts* artifacts)
   }
   return r;
 }
+
+}  // namespace
 
 Result lost_case_result(const Case& c, Mode mode, const RunOptions& opt, const std::string& what) {
   Result r = skeleton(c, opt);

@@ -89,6 +89,10 @@ class GoldenStore {
   // std::runtime_error naming the file when it is unreadable (corrupt, truncated).
   std::optional<GoldenCase> load(const std::string& op, const std::string& id);
   std::vector<std::string> case_ids(const std::string& op);  // ids stored for op
+  // The file of `op` was checked (MANIFEST and a parse in a child process) by the process that
+  // started this one, and had this stamp (golden_file_stamp): while the file keeps it, the check
+  // is not repeated here (`attncheck run` checks each file once for all its workers).
+  void trust_checked(const std::string& op, const std::string& stamp) { trusted_[op] = stamp; }
   // An in-memory golden that load() returns instead of the file's (tests of the comparison).
   void put(const std::string& op, GoldenCase g) { overrides_[op + "\n" + g.id] = std::move(g); }
   std::string path_of(const std::string& op) const;
@@ -101,7 +105,11 @@ class GoldenStore {
   std::map<std::string, std::unique_ptr<H5File>> open_;
   std::map<std::string, std::string> unreadable_;  // op -> golden_file_verdict()
   std::map<std::string, GoldenCase> overrides_;
+  std::map<std::string, std::string> trusted_;  // op -> stamp (trust_checked)
 };
+
+// "<bytes>:<mtime in ns>" of a file, "" when it cannot be read: what trust_checked compares.
+std::string golden_file_stamp(const std::string& path);
 
 // What differs between two input-digest records, in words; empty when equal.
 std::string digest_difference(const nlohmann::json& golden, const nlohmann::json& now);

@@ -39,10 +39,19 @@ struct Worker {
   uint64_t seq = 0;       // the request number of `busy`
   std::string sent_id;    // its id as the request carried it (invalid UTF-8 replaced)
   Clock::time_point deadline;
-  int serial = -1;    // spawn number ("{worker}" in the wrapper's arguments)
-  long pending = -1;  // one_case_per_worker: task whose result waits for the exit
+  Clock::time_point sent_at;  // when the request of `busy` was written
+  size_t slot = 0;            // its place in the pool (WorkerSpec::slot_env)
+  int serial = -1;            // spawn number ("{worker}" in the wrapper's arguments)
+  long pending = -1;          // one_case_per_worker: task whose result waits for the exit
   nlohmann::json pending_result;
 };
+
+// A slot whose worker is gone: the next one spawned there gets the slot's environment.
+Worker vacant(size_t slot) {
+  Worker w;
+  w.slot = slot;
+  return w;
+}
 
 void close_fd(int& fd) {
   if (fd >= 0) ::close(fd);
@@ -53,7 +62,24 @@ std::chrono::milliseconds ms(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1e3));
 }
 
-Worker spawn(const WorkerSpec& spec, int serial) {
+// The environment of a worker in `slot`: the parent's, with the slot's settings replacing the
+// variables they name.
+std::vector<std::string> slot_environment(const WorkerSpec& spec, size_t slot) {
+  std::vector<std::string> env;
+  if (spec.slot_env.empty()) return env;
+  const auto& settings = spec.slot_env[slot % spec.slot_env.size()];
+  auto name_of = [](const std::string& kv) { return kv.substr(0, kv.find('=')); };
+  for (char** e = environ; e && *e; ++e) {
+    const std::string kv(*e);
+    if (std::none_of(settings.begin(), settings.end(),
+                     [&](const std::string& s) { return name_of(s) == name_of(kv); }))
+      env.push_back(kv);
+  }
+  env.insert(env.end(), settings.begin(), settings.end());
+  return env;
+}
+
+Worker spawn(const WorkerSpec& spec, int serial, size_t slot) {
   int pin[2], pout[2], perr[2];
   if (::pipe2(pin, O_CLOEXEC) || ::pipe2(pout, O_CLOEXEC) || ::pipe2(perr, O_CLOEXEC))
     throw std::runtime_error(std::string("cannot create pipes for a worker: ") +
@@ -70,6 +96,11 @@ Worker spawn(const WorkerSpec& spec, int serial) {
   std::vector<char*> argv;
   for (auto& s : store) argv.push_back(s.data());
   argv.push_back(nullptr);
+  std::vector<std::string> env_store = slot_environment(spec, slot);
+  std::vector<char*> envp;
+  for (auto& s : env_store) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  char** const child_env = env_store.empty() ? environ : envp.data();
   const std::string exec_failed = "attncheck: cannot exec " + program + "\n";
   const pid_t parent = ::getpid();
 
@@ -84,7 +115,7 @@ Worker spawn(const WorkerSpec& spec, int serial) {
     ::dup2(pout[1], 1);
     ::dup2(perr[1], 2);
     ::close_range(3, ~0u, 0);  // nothing else of the parent (result files, ...) leaks into workers
-    ::execv(program.c_str(), argv.data());
+    ::execve(program.c_str(), argv.data(), child_env);
     [[maybe_unused]] auto n = ::write(2, exec_failed.data(), exec_failed.size());
     ::_exit(127);
   }
@@ -95,6 +126,7 @@ Worker spawn(const WorkerSpec& spec, int serial) {
   Worker w;
   w.pid = pid;
   w.serial = serial;
+  w.slot = slot;
   w.in = pin[1];
   w.out = pout[0];
   w.err = perr[0];
@@ -336,6 +368,7 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
   if (!spec.log_path.empty()) log.open(spec.log_path, std::ios::app);
   const int jobs = std::max(1, std::min<int>(spec.jobs, static_cast<int>(tasks.size())));
   std::vector<Worker> workers(static_cast<size_t>(jobs));
+  for (size_t k = 0; k < workers.size(); ++k) workers[k].slot = k;
   size_t next = 0, done = 0;
   uint64_t seq = 0;
   int start_failures = 0, spawned = 0;
@@ -376,7 +409,7 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
     } else if (w.busy >= 0 || !w.ready) {
       lose_or_fail_start(w, what, false);
     }
-    w = Worker{};
+    w = vacant(w.slot);
   };
 
   // A one-case worker has exited (or been killed after answering): its case's result counts now.
@@ -420,6 +453,9 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
       return false;
     }
     w.busy = -1;
+    if (cb.on_round_trip)
+      cb.on_round_trip(idx, w.slot,
+                       std::chrono::duration<double, std::milli>(Clock::now() - w.sent_at).count());
     if (spec.one_case_per_worker) {
       // Delivered (and counted done) once the worker and its wrapper have exited.
       w.pending = static_cast<long>(idx);
@@ -442,7 +478,7 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
   while (done < tasks.size()) {
     const auto now = Clock::now();
     for (auto& w : workers) {
-      if (w.pid < 0 && next < tasks.size()) w = spawn(spec, spawned++);
+      if (w.pid < 0 && next < tasks.size()) w = spawn(spec, spawned++, w.slot);
       if (w.pid >= 0 && w.ready && !w.retiring && w.busy < 0 && next < tasks.size()) {
         w.seq = ++seq;
         const std::string line =
@@ -452,6 +488,7 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
         w.sent_id = nlohmann::json::parse(line)["id"].get<std::string>();
         w.busy = static_cast<long>(next++);
         w.deadline = now + ms(spec.case_timeout_s);
+        w.sent_at = Clock::now();
         // A failed or short write: the worker is gone, and its end of file arrives through poll.
         size_t at = 0;
         while (at < line.size()) {
@@ -519,7 +556,7 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
         const bool exited = reap(w, status, false);
         if (w.retiring && w.busy < 0) {  // left as announced, owing nothing
           if (w.pending >= 0) deliver_pending(w);
-          w = Worker{};
+          w = vacant(w.slot);
           continue;
         }
         lose_or_fail_start(w,
@@ -529,7 +566,7 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
                                                 "the kernel or an adapter close descriptors?) "
                                                 "and was killed"),
                            false);
-        w = Worker{};
+        w = vacant(w.slot);
         continue;
       }
       if (const auto it = rss.find(w.pid); it != rss.end() && it->second > spec.memory_limit) {
@@ -545,7 +582,7 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
                                  "); the worker was killed",
                              false);
         }
-        w = Worker{};
+        w = vacant(w.slot);
         continue;
       }
       if ((w.busy >= 0 || !w.ready || w.retiring) && Clock::now() > w.deadline) {
@@ -553,7 +590,7 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
         reap(w, status, true);
         if (w.pending >= 0) {  // ran its case, then did not exit in time: deliver what it said
           deliver_pending(w);
-          w = Worker{};
+          w = vacant(w.slot);
           continue;
         }
         if (w.ready || w.busy >= 0) {
@@ -570,7 +607,7 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
                                  " s; the worker was killed",
                              true);
         }
-        w = Worker{};
+        w = vacant(w.slot);
       }
     }
   }

@@ -45,6 +45,10 @@ struct WorkerSpec {
   // killed and the case fails naming the limit (why RSS and not an rlimit: docs/verification.md).
   uint64_t memory_limit = 0;
   std::string memory_limit_flag = "--worker-memory";  // named in that message
+  // Environment settings per worker slot (slot k gets slot_env[k % size], on top of the parent's
+  // environment), e.g. {"CUDA_VISIBLE_DEVICES=1", "OMP_NUM_THREADS=2"}: one pool per GPU is the
+  // slots of that GPU. Empty: the parent's environment as it is.
+  std::vector<std::vector<std::string>> slot_env;
 };
 
 // One case for a worker: its id (checked against the answer) and the request's "case" payload.
@@ -59,6 +63,10 @@ struct PoolCallbacks {
   // The result of task `index` (the "result" member of the worker's answer), whose id is the
   // task's: checked before this is called.
   std::function<void(size_t index, const nlohmann::json& result)> on_result;
+  // Milliseconds from the request of task `index` being written to its answer being read (the
+  // worker's time on the case plus the pipes and queueing), and the slot of the worker that ran
+  // it (WorkerSpec::slot_env); called just before on_result.
+  std::function<void(size_t index, size_t slot, double round_trip_ms)> on_round_trip;
   // Task `index` produced no acceptable result: `what` says why (signal, exit status, timeout,
   // memory, a rejected line) and ends with the worker's last output lines.
   std::function<void(size_t index, const std::string& what)> on_lost;

@@ -23,9 +23,10 @@ std::unique_ptr<CaseContext> make_context(const WorkerConfig& cfg) {
   auto ctx = std::make_unique<CaseContext>();
   if (!cfg.cases_dir.empty()) ctx->files = load_case_dir(cfg.cases_dir);
   ctx->repro_dir = cfg.repro_dir;
-  if (fs::is_directory(cfg.golden_dir))
+  if (fs::is_directory(cfg.golden_dir)) {
     ctx->goldens = std::make_unique<GoldenStore>(cfg.golden_dir);
-  else if (!cfg.allow_missing_goldens)
+    for (const auto& [op, stamp] : cfg.golden_checked) ctx->goldens->trust_checked(op, stamp);
+  } else if (!cfg.allow_missing_goldens)
     throw std::runtime_error("golden directory '" + cfg.golden_dir +
                              "' does not exist (pass --golden DIR, or --allow-missing-goldens to "
                              "run without goldens)");
@@ -255,6 +256,7 @@ int worker_main(const WorkerConfig& cfg) {
   std::string line;
   while (channel.read_line(line)) {
     if (line.empty()) continue;
+    const auto received = std::chrono::steady_clock::now();
     nlohmann::json seq = nullptr;
     std::string id;
     Result r;
@@ -280,6 +282,12 @@ int worker_main(const WorkerConfig& cfg) {
                    "they cannot touch the next case\n"
                 << std::flush;
     }
+    // The request's parsing and the process scan are this worker's time on the case too: the
+    // parent's round trip minus the phases is then the channel's and the queue's alone.
+    const double worker_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - received)
+            .count();
+    r.timings.other_ms += std::max(0.0, worker_ms - r.timings.total_ms());
     const bool retire = r.device_error || !leftovers.empty();
     emit({{"seq", seq}, {"id", id}, {"result", r.to_json()}, {"retire", retire}});
     // A GPU fault can leave the context unusable for every later launch: this worker ends, and

@@ -28,6 +28,8 @@ struct WorkerConfig {
   // Loading the kernel library (a Python adapter's import, a library's constructors) and the
   // device may take this long; past it the process reports what hung and exits. 0: no limit.
   double import_timeout_s = 120;
+  // Golden files the parent checked (GoldenStore::trust_checked): op -> stamp.
+  std::map<std::string, std::string> golden_checked;
 };
 
 struct CaseContext {

@@ -25,6 +25,7 @@
 #include "run/cases.h"
 #include "run/device.h"
 #include "run/evaluate.h"
+#include "run/scheduling.h"
 
 namespace attncheck::devtest {
 
@@ -100,6 +101,10 @@ inline std::optional<Gpu> open_gpu(const std::string& path, std::string* why,
     *why = "no kernel library at " + path;
     return std::nullopt;
   }
+  use_ctest_gpu();  // under ctest's resource spec: the GPU ctest gave this test
+  if (const char* given = std::getenv("CTEST_RESOURCE_GROUP_0_GPUS"))
+    std::fprintf(stderr, "device test on GPU %s (ctest resource group: %s)\n",
+                 std::getenv("CUDA_VISIBLE_DEVICES"), given);
   Gpu g;
   g.lib = KernelLibrary::open(path);
   auto dev = g.lib->device(why);

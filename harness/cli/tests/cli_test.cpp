@@ -569,3 +569,39 @@ TEST_F(Cli, ReportRunsTheDebianPythonPackage) {
 }
 
 }  // namespace
+
+// Worker pools per GPU (--gpus, --jobs-per-gpu): each pool's workers get their GPU through the
+// environment; run.json records the pools and the seconds per phase, every result its phases;
+// --profile prints them; a durations file with a bad field stops the run naming it.
+TEST_F(Cli, PoolsPerGpuProfileAndDurations) {
+  const fs::path d = dir("pools");
+  fs::create_directories(d);
+  const Output o =
+      sh("env -u CUDA_VISIBLE_DEVICES -u HIP_VISIBLE_DEVICES " + at() + " run --kernels " + kFake +
+         " --gpus 0,1 --jobs-per-gpu 2 --profile --out " + (d / "out").string());
+  EXPECT_NE(o.status, 2) << o.text;
+  EXPECT_TRUE(has(o.text, "pools: GPU 0: 2, GPU 1: 2 worker(s) (CUDA_VISIBLE_DEVICES)")) << o.text;
+  EXPECT_TRUE(has(o.text, "\nprofile: ")) << o.text;
+  EXPECT_TRUE(has(o.text, "pools ended within")) << o.text;
+  const auto run = nlohmann::json::parse(read(d / "out" / "run.json"));
+  EXPECT_EQ(run["jobs"], 4);
+  ASSERT_EQ(run["pools"].size(), 2u);
+  const auto results = results_of(d / "out");
+  EXPECT_EQ(run["pools"][0]["cases"].get<int>() + run["pools"][1]["cases"].get<int>(),
+            static_cast<int>(results.size()));
+  EXPECT_TRUE(run["timings_s"].contains("upload")) << run.dump();
+  int launched = 0;
+  for (const auto& [id, r] : results)
+    if (r.value("launches", 0) > 0) {
+      ++launched;
+      EXPECT_TRUE(r["timings_ms"].contains("kernel")) << r.dump();
+    }
+  EXPECT_GT(launched, 0);
+
+  std::ofstream(d / "durations.json") << R"({"cases": {"page_indices/x": -1}})";
+  const Output bad = sh(at() + " run --kernels " + kFake + " --durations " +
+                        (d / "durations.json").string() + " --shard 0/2");
+  EXPECT_EQ(bad.status, 2) << bad.text;
+  EXPECT_TRUE(has(bad.text, "--durations: ")) << bad.text;
+  EXPECT_TRUE(has(bad.text, "cases.\"page_indices/x\"")) << bad.text;
+}

@@ -19,6 +19,10 @@ def main(argv):
     assert argv[0] == "run", argv
     opts, i = {}, 1
     while i < len(argv):
+        if argv[i] in ("--profile", "--allow-missing-goldens"):  # flags
+            opts[argv[i].lstrip("-")] = True
+            i += 1
+            continue
         opts[argv[i].lstrip("-")] = argv[i + 1]
         i += 2
     arch = os.environ.get("FAKE_ARCH", "gfx942")

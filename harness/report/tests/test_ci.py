@@ -43,7 +43,7 @@ def test_scripts_those_scripts_call_exist_too():
         if path.suffix not in (".cjs", ".py"):
             body = "\n".join(line for line in path.read_text().splitlines()
                              if not line.lstrip().startswith("#"))
-            todo += [s for s in scripts_called(body) if not s.endswith((".log", ".txt"))]
+            todo += [s for s in scripts_called(body) if not s.endswith((".log", ".txt", ".json"))]
     assert {"ci/build", "ci/docker-run", "ci/install-deps", "ci/lint"} <= seen
 
 
@@ -127,7 +127,7 @@ def shard_runs(out):
     return runs
 
 
-def test_gpu_job_shards_one_process_per_visible_gpu(fake_machine):
+def test_gpu_job_runs_one_process_with_a_pool_per_visible_gpu(fake_machine):
     f = fake_machine
     tool(f, "rocminfo", "printf '  Name:    AMD EPYC 9654\\n  Name:    gfx942\\n"
                         "  Name:    gfx942\\n'\n")
@@ -138,18 +138,20 @@ def test_gpu_job_shards_one_process_per_visible_gpu(fake_machine):
                 GITHUB_STEP_SUMMARY=str(summary))
     assert p.returncode == 0, p.stdout + p.stderr
     runs = shard_runs(f["out"])
-    assert [(r["shard"], r["device"]) for r, _ in runs] == [
-        ("0/2", "HIP_VISIBLE_DEVICES=3"), ("1/2", "HIP_VISIBLE_DEVICES=5")]
-    for run, argv in runs:
-        assert argv[:3] == ["run", "--tier", "quick"] and "--kernels" in argv
-        assert run["kernels_library"].endswith("libattncheck_kernels_hip.so")
+    (run, argv), = runs  # attncheck run's pools (--gpus) share the GPUs, no fixed split
+    assert argv[:3] == ["run", "--tier", "quick"] and "--kernels" in argv and "--profile" in argv
+    assert argv[argv.index("--gpus") + 1] == "3,5" and "--shard" not in argv
+    assert run["kernels_library"].endswith("libattncheck_kernels_hip.so")
     merged = json.loads((f["out"] / "results" / "run.json").read_text())
     assert merged["case_count"] == sum(r["case_count"] for r, _ in runs) > 0
     assert (f["out"] / "report.html").is_file()
     md = (f["out"] / "summary.md").read_text()
     assert "✅ **PASSED**" in md and md in summary.read_text()
     assert "**Mutation score** 1/1" in md  # the stand-in fails every case of a mutant
-    assert "kernel mode, tier quick, arch gfx942, backend hip, 2 process(es)" in p.stdout
+    assert "kernel mode, tier quick, arch gfx942, backend hip, GPUs 3,5" in p.stdout
+    # each mutant run on one GPU, with its share of that GPU's pool
+    margv = json.loads((f["out"] / "mutants" / "demo" / "argv.json").read_text())
+    assert margv[margv.index("--gpus") + 1] in ("3", "5") and "--jobs-per-gpu" in margv
 
 
 def test_gpu_job_pools_the_mutation_runs_on_one_gpu(fake_machine):
@@ -194,9 +196,9 @@ def test_gpu_job_fails_when_cases_fail_and_names_them(fake_machine):
                 CUDA_VISIBLE_DEVICES="6")
     assert p.returncode == 1, p.stdout + p.stderr
     (run, argv), = shard_runs(f["out"])
-    assert run["shard"] == "1/4" and run["device"] == "CUDA_VISIBLE_DEVICES=6"
+    assert run["shard"] == "1/4" and argv[argv.index("--gpus") + 1] == "6"
     assert argv[argv.index("--filter") + 1] == "rope|indexer"
-    assert "arch sm_90, backend cuda, 1 process(es)" in p.stdout
+    assert "arch sm_90, backend cuda, GPUs 6" in p.stdout
     assert "FAILED" in (f["out"] / "summary.md").read_text()
 
 

@@ -71,3 +71,30 @@ def test_broken_shard_is_refused_before_writing(tmp_path):
     with pytest.raises(ResultsError, match=r"results\.jsonl:1: not valid JSON"):
         merge([a], tmp_path / "m")
     assert not (tmp_path / "m" / "results.jsonl").exists()
+
+
+def test_merge_sums_counts_and_timings_and_keeps_the_pools(tmp_path):
+    records = synthetic.other_cases("gfx942")
+    a = shard(tmp_path, "s0", records[:3], 0, compared=3, jobs=8, wall_s=40.0,
+              timings_s={"generate": 1.5, "reference": 10.0, "ipc": 0.25},
+              pools=[{"gpu": "0", "jobs": 8, "cases": 3, "busy_s": 39.0, "finished_s": 40.0}])
+    b = shard(tmp_path, "s1", records[3:], 1, compared=2, jobs=6, wall_s=36.0,
+              timings_s={"generate": 0.5, "reference": 4.0, "upload": 2.0},
+              pools=[{"gpu": "1", "jobs": 6, "cases": 2, "busy_s": 30.0, "finished_s": 36.0}])
+    summary = merge([a, b], tmp_path / "m")
+    meta = json.loads((tmp_path / "m" / "run.json").read_text())
+    assert meta["compared"] == 5  # not one shard's count
+    assert meta["case_count"] == len(records) and meta["jobs"] == 14
+    assert meta["timings_s"] == {"generate": 2.0, "reference": 14.0, "ipc": 0.25, "upload": 2.0}
+    assert [(p["gpu"], p["jobs"], p["shard"]) for p in meta["pools"]] == [("0", 8, "0/2"),
+                                                                          ("1", 6, "1/2")]
+    assert meta["wall_s"] == 40.0 and meta["shard_wall_s"] == [40.0, 36.0]
+    assert meta["imbalance"] == 0.1 and summary["imbalance"] == 0.1
+
+
+def test_shards_run_with_different_settings_are_refused(tmp_path):
+    records = synthetic.other_cases("gfx942")
+    a = shard(tmp_path, "s0", records[:3], 0, repeat=2)
+    b = shard(tmp_path, "s1", records[3:], 1, repeat=3)
+    with pytest.raises(ResultsError, match="shards disagree on repeat"):
+        merge([a, b], tmp_path / "m")

@@ -14,6 +14,7 @@
 #include <set>
 
 #include "run/provenance.h"
+#include "run/scheduling.h"
 #include "run/worker.h"
 
 namespace attncheck {
@@ -45,18 +46,6 @@ std::vector<Case> smoke_cases() {
   return cases;
 }
 
-// ctest's resource allocation: "id:3,slots:1" -> this process sees GPU 3 only.
-void use_ctest_gpu() {
-  const char* spec = std::getenv("CTEST_RESOURCE_GROUP_0_GPUS");
-  if (!spec) return;
-  const std::string s = spec;
-  const auto id = s.find("id:");
-  if (id == std::string::npos) return;
-  const std::string gpu = s.substr(id + 3, s.find(',', id) - id - 3);
-  ::setenv("HIP_VISIBLE_DEVICES", gpu.c_str(), 1);
-  ::setenv("CUDA_VISIBLE_DEVICES", gpu.c_str(), 1);
-}
-
 CaseContext& context() {
   static std::unique_ptr<CaseContext> ctx = [] {
     use_ctest_gpu();
@@ -82,8 +71,8 @@ TEST_P(Smoke, Case) {
   const Case& c = GetParam();
   CaseContext& ctx = context();
   const Result r = run_case_id(ctx, c.id);
-  EXPECT_FALSE(r.failing()) << c.id << " (" << c.source << "): " << verdict_name(r.verdict)
-                            << ": " << r.message << "\nrepro: " << r.repro;
+  EXPECT_FALSE(r.failing()) << c.id << " (" << c.source << "): " << verdict_name(r.verdict) << ": "
+                            << r.message << "\nrepro: " << r.repro;
   if (r.mode != Mode::kernel)
     GTEST_SKIP() << "REFERENCE ONLY, kernels not checked (" << mode_name(r.mode)
                  << " mode): " << r.message;

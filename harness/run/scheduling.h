@@ -1,0 +1,83 @@
+// How a run spreads its cases (docs/ci.md "Throughput"): worker pools per visible GPU, sized from
+// the cores and the GPU's memory, and case durations measured by an earlier run, so that shards
+// (CI matrix jobs) take about the same time and each pool starts the longest cases first.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace attncheck {
+
+struct VisibleGpu {
+  std::string id;             // as the visibility variable takes it ("0", "GPU-<uuid>", ...)
+  uint64_t memory_bytes = 0;  // 0: unknown
+};
+
+// The GPUs this process may use, without initializing a GPU runtime: the list in
+// CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES / ROCR_VISIBLE_DEVICES when set, else nvidia-smi's
+// list, else the AMD GPUs in /sys/class/kfd. *variable: the variable that selects one of them
+// for a worker. Empty when there is none.
+std::vector<VisibleGpu> visible_gpus(std::string* variable);
+
+struct GpuPool {
+  VisibleGpu gpu;
+  int jobs = 0;
+};
+
+struct PoolPlan {
+  std::vector<GpuPool> pools;  // empty: one pool, no GPU selected per worker
+  int jobs = 1;                // workers in all
+  int cpu_threads = 1;         // OpenMP threads of each worker's CPU reference
+  std::string variable;        // CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES
+  std::string why;             // how the sizes were chosen, in words
+  // Per worker slot: the settings of its environment (WorkerSpec::slot_env), the pools
+  // interleaved so that the first workers spread over every GPU.
+  std::vector<std::vector<std::string>> slot_env() const;
+};
+
+// ctest's resource allocation (`ctest --resource-spec-file ci/ctest-resources.json`): when
+// CTEST_RESOURCE_GROUP_0_GPUS is set ("id:3,slots:1"), this process sees only that GPU
+// (HIP_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES). Call before any GPU runtime is initialized.
+void use_ctest_gpu();
+
+// The memory one worker's cases may hold on a GPU at once: the largest problems (sparse caches
+// past 2^31 bytes) need a few GiB, with the runtime's context beside them.
+constexpr uint64_t kGpuMemoryPerWorker = uint64_t{6} << 30;
+
+// Pools for `gpus` on a host of `cores` cores. jobs > 0: that many workers in all, spread over
+// the GPUs; else jobs_per_gpu > 0 per GPU; else per GPU min(cores / GPUs, memory /
+// kGpuMemoryPerWorker), at least 1. No GPU: `jobs` (or `cores`) workers in one pool. Each worker's
+// reference gets cores / workers threads (at least 1), so that workers never oversubscribe the
+// host.
+PoolPlan plan_pools(const std::vector<VisibleGpu>& gpus, int cores, int jobs, int jobs_per_gpu);
+
+// ci/case-durations.json: milliseconds per case id, as a run measured them.
+class CaseDurations {
+ public:
+  // Throws std::runtime_error naming the file and the field.
+  static CaseDurations load(const std::string& path);
+  static CaseDurations from_map(std::map<std::string, double> ms);
+  // The case's measured duration; for an unmeasured case, the median of its op's measured cases
+  // (the op is the id's part before '/'), else of all, else 1 ms.
+  double estimate_ms(const std::string& id) const;
+  size_t size() const { return ms_.size(); }
+
+ private:
+  std::map<std::string, double> ms_;
+  std::map<std::string, double> op_median_;
+  double median_ = 1;
+};
+
+// Shard of each of `ids` (0..count-1): longest first, each to the shard with the least time so
+// far (ties: the lower shard, then the earlier case), so shards end close together. Deterministic
+// for one list and one durations file.
+std::vector<int> balanced_shards(const std::vector<std::string>& ids, int count,
+                                 const CaseDurations& durations);
+
+// Indices of `ids`, longest estimated first (stable): the order a pool starts them in.
+std::vector<size_t> longest_first(const std::vector<std::string>& ids,
+                                  const CaseDurations& durations);
+
+}  // namespace attncheck
