@@ -29,7 +29,6 @@ ONLY = set(sys.argv[3:])
 ADAPTER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "adapters", "hostile.py")
 FILTER = "^page_indices/bs1-"
 CASES = 5
-FIRST = "page_indices/bs1-b1-ctx1-contiguous-s0"  # the first launch, the one that misbehaves
 
 # probe -> (extra arguments, exit status, words of the misbehaving case's message or None when
 # every case must pass, check that started processes are gone). The fork probes fork on every
@@ -86,9 +85,11 @@ def check(probe, extra, status, words, no_leftovers):
     if words is None and failing:
         problems.append("failing: " + "; ".join(f"{r['id']}: {r['verdict']}: {r.get('message', '')[:200]}" for r in failing))
     if words is not None:
-        hit = [r for r in failing if r["id"] == FIRST and any(w in r.get("message", "") for w in words.split("|"))]
+        # The first launch misbehaves; which case that is depends on the pool's order (longest
+        # cases first when durations are known), so any one case may be it.
+        hit = [r for r in failing if any(w in r.get("message", "") for w in words.split("|"))]
         if len(failing) != 1 or len(hit) != 1:
-            problems.append(f"expected exactly one failing case, {FIRST}, with {words!r}; got " +
+            problems.append(f"expected exactly one failing case (the first launched) with {words!r}; got " +
                             "; ".join(f"{r['id']}: {r['verdict']}: {r.get('message', '')[:300]}" for r in failing))
     if no_leftovers:
         pids_file = os.path.join(out, "pids")
