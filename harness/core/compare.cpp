@@ -165,4 +165,36 @@ CheckResult compare(const std::string& name, const Tensor& expected, const Tenso
   return {};
 }
 
+double check_margin(const CheckResult& c) {
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  const Metrics& m = c.metrics;
+  const Budget& b = c.budget;
+  double margin = 0;
+  if (b.kind == Budget::Kind::exact) {
+    margin = m.bit_mismatches > 0 || m.mismatches > 0 ? inf : 0.0;
+  } else if (b.kind == Budget::Kind::topk_set) {
+    const double bad = static_cast<double>(m.topk_missing + m.topk_invalid);
+    const double allowed = b.max_mismatch_frac * static_cast<double>(m.count);
+    margin = allowed > 0 ? bad / allowed : (bad > 0 ? inf : 0.0);
+  } else if (m.nan_actual > 0 || m.nan_expected > 0 || m.neginf_mask_mismatch > 0) {
+    margin = inf;
+  } else {
+    if (b.max_mismatch_frac > 0)
+      margin = m.mismatch_frac / b.max_mismatch_frac;
+    else if (!m.worst.index.empty())
+      margin = m.worst.ratio;
+    else
+      margin = m.mismatches > 0 ? inf : 0.0;
+    if (b.max_calc_diff >= 0) {
+      const double calc = std::max(m.calc_diff, 0.0);
+      margin = std::max(margin, b.max_calc_diff > 0 ? calc / b.max_calc_diff
+                                : calc > 0          ? inf
+                                                    : 0.0);
+    }
+  }
+  if (std::isnan(margin)) margin = inf;
+  if (!c.passed && margin <= 1.0) margin = inf;  // failed for a reason the metrics do not scale
+  return std::max(margin, 0.0);
+}
+
 }  // namespace attncheck

@@ -58,6 +58,13 @@ struct CheckResult {
   std::string message;  // human summary: metric vs budget, worst element
 };
 
+// How far a check is from its budget (the report's margin, written beside each check): 1 is the
+// edge, above 1 fails, inf for NaN or bit errors. numeric: the worst element's |a - e| / (atol +
+// rtol |e|) when no element may exceed the budget, else the used fraction of the allowed
+// mismatches; max_calc_diff adds calc_diff / max_calc_diff. exact: 0 or inf. topk_set: missing +
+// invalid indices over the allowance. A failed check is never below 1.
+double check_margin(const CheckResult& c);
+
 // Numeric comparison of two tensors of the same shape (any dtype, any strides).
 CheckResult compare_numeric(const std::string& name, const Tensor& expected, const Tensor& actual,
                             const Budget& budget);

@@ -193,7 +193,8 @@ nlohmann::json Result::to_json() const {
                         {"passed", c.passed},
                         {"message", c.message},
                         {"budget", b},
-                        {"metrics", metrics_json(c.metrics)}});
+                        {"metrics", metrics_json(c.metrics)},
+                        {"margin", json_number(check_margin(c))}});
   }
   nlohmann::json j = {{"id", id},
                       {"op", op},

@@ -72,6 +72,25 @@ TEST(CompareNumeric, MismatchFractionBudget) {
   EXPECT_FALSE(compare_numeric("o", e, a, b).passed);
 }
 
+TEST(CheckMargin, WorstElementFractionCalcDiffAndFailures) {
+  const Tensor e = vec(DType::f32, {0, 0, 0, 0, 0, 0, 0, 0, 0, 0});
+  const Tensor a = vec(DType::f32, {0, 0, 0, 0, 0, 0, 0, 0, 0, 0.25});
+  Budget b = numeric(0.5, 0.0);
+  EXPECT_DOUBLE_EQ(check_margin(compare_numeric("o", e, a, b)), 0.5);  // worst |a - e| / atol
+  const Tensor far = vec(DType::f32, {0, 0, 0, 0, 0, 0, 0, 0, 0, 1});
+  EXPECT_DOUBLE_EQ(check_margin(compare_numeric("o", e, far, b)), 2.0);
+  b.max_mismatch_frac = 0.2;  // 1 of 10 elements outside, half the allowance used
+  EXPECT_DOUBLE_EQ(check_margin(compare_numeric("o", e, far, b)), 0.5);
+  const auto nan = compare_numeric("o", vec(DType::f32, {1, kNaN}), vec(DType::f32, {1, 1}), b);
+  EXPECT_TRUE(std::isinf(check_margin(nan)));
+  const auto bits = compare_exact("o", vec(DType::i32, {1, 2}), vec(DType::i32, {1, 3}));
+  EXPECT_TRUE(std::isinf(check_margin(bits)));
+  EXPECT_EQ(check_margin(compare_exact("o", vec(DType::i32, {1, 2}), vec(DType::i32, {1, 2}))), 0);
+  CheckResult missing;  // failed for a reason no metric scales: never below the edge
+  missing.passed = false;
+  EXPECT_TRUE(std::isinf(check_margin(missing)));
+}
+
 TEST(CompareNumeric, CalcDiffBudget) {
   const Tensor e = vec(DType::f64, {1, 2, 3, 4});
   const Tensor a = vec(DType::f64, {1, 2, 3, 4.5});

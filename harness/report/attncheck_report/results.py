@@ -228,7 +228,14 @@ def _parse_check(raw: Any, where: str) -> Check:
         raise ResultsError(f"{where}: unknown budget kind {kind!r}")
     name = str(raw.get("name", "?"))
     passed = bool(raw.get("passed", False))
-    ratio = check_ratio(kind, budget, metrics, passed, f"{where}: check '{name}'")
+    # The runner writes each check's margin (core/compare.h check_margin); records written before
+    # it had one are measured here the same way.
+    if raw.get("margin") is not None:
+        ratio = max(to_float(raw["margin"], f"{where}: check '{name}': margin"), 0.0)
+        if math.isnan(ratio):
+            ratio = INF
+    else:
+        ratio = check_ratio(kind, budget, metrics, passed, f"{where}: check '{name}'")
     return Check(name, passed, str(raw.get("message", "")), kind, budget, metrics, ratio)
 
 
@@ -291,9 +298,16 @@ def _parse_case(raw: Any, run: Run, where: str) -> CaseResult:
         run=run,
         contract=contract,
     )
-    bundle = run.path / "repro" / (case.id.replace("/", "__") + ".h5")
-    if bundle.is_file():
-        case.bundle = bundle
+    # The record names its bundle; when the run directory moved since (a CI artifact, merged
+    # shards), the file of that name in this run's repro/. Records without the field follow the
+    # runner's naming.
+    named = raw.get("bundle")
+    if isinstance(named, str) and named:
+        given = Path(named)
+        candidates = [given if given.is_absolute() else run.path / given, run.path / "repro" / given.name]
+    else:
+        candidates = [run.path / "repro" / (case.id.replace("/", "__") + ".h5")]
+    case.bundle = next((c for c in candidates if c.is_file()), None)
     return case
 
 

@@ -253,3 +253,26 @@ def test_contract_is_read_and_must_be_a_string(tmp_path):
     del rec["contract"]
     plain = load_run(synthetic.write_results(tmp_path / "plain", [rec])).cases[0]
     assert plain.contract == "" and not plain.under_declared_contract
+
+
+def test_margin_and_bundle_are_read_from_the_record(tmp_path):
+    # The runner writes each check's margin and the bundle's path: the report takes them as
+    # written (a metrics-derived margin of 0.5 would say otherwise).
+    check = dict(synthetic.numeric_check("out", 0.5), margin=0.75)
+    rec = good_record(checks=[check], bundle="/elsewhere/repro/named.h5")
+    d = write(tmp_path, [rec])
+    (d / "repro").mkdir()
+    (d / "repro" / "named.h5").write_bytes(b"x")
+    case = load_run(d).cases[0]
+    assert case.checks[0].ratio == 0.75
+    assert case.bundle == d / "repro" / "named.h5"  # the run moved: the same name in its repro/
+
+
+def test_records_without_margin_or_bundle_are_measured_and_named_as_before(tmp_path):
+    rec = good_record(checks=[synthetic.numeric_check("out", 0.5)])
+    d = write(tmp_path, [rec])
+    (d / "repro").mkdir()
+    (d / "repro" / "page_indices__bs16-b4-ctx300-contiguous-s0.h5").write_bytes(b"x")
+    case = load_run(d).cases[0]
+    assert case.checks[0].ratio == pytest.approx(0.5)
+    assert case.bundle.name == "page_indices__bs16-b4-ctx300-contiguous-s0.h5"
