@@ -64,18 +64,6 @@ def gfx(monkeypatch):
     return use
 
 
-@pytest.fixture()
-def invalid_case():
-    """Sets what attncheck sends before a case's launches (the ABI's case_context): the op and its
-    invalid() reason; no case again after the test."""
-
-    def set_case(op, reason):
-        ab._set_case({"op": op, "id": f"{op}/test", "params": {}, "invalid": reason, "fields": []})
-
-    yield set_case
-    ab._set_case(None)
-
-
 # The op's reason for an invalid MLA head count (reference/mla_decode.cpp, mla_num_heads_message).
 MLA_HEADS = ("Aiter MLA requires that num_heads be multiples or divisors of 16, but provided {n} number of heads.\n"
              "Try adjusting tensor_parallel_size value.")

@@ -238,18 +238,6 @@ MLA_HEADS_12 = ("Aiter MLA requires that num_heads be multiples or divisors of 1
                 "Try adjusting tensor_parallel_size value.")
 
 
-@pytest.fixture()
-def invalid_case():
-    """Sets what attncheck sends before a case's launches (the ABI's case_context): the op and its
-    invalid() reason; no case again after the test."""
-
-    def set_case(op, reason):
-        ab._set_case({"op": op, "id": f"{op}/test", "params": {}, "invalid": reason, "fields": []})
-
-    yield set_case
-    ab._set_case(None)
-
-
 @pytest.mark.parametrize("entry", ["mla_decode", "sparse_mla"])
 def test_mla_head_counts_the_op_calls_invalid_are_refused_with_its_reason(invalid_case, entry):
     invalid_case(entry, MLA_HEADS_12)

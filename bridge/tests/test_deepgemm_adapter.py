@@ -16,18 +16,6 @@ from sm90_test_support import aligned, fake_torch  # noqa: E402
 T_ = ab.Tensor.from_numpy
 
 
-@pytest.fixture()
-def invalid_case():
-    """Sets what attncheck sends before a case's launches (the ABI's case_context): the op and its
-    invalid() reason; no case again after the test."""
-
-    def set_case(op, reason):
-        ab._set_case({"op": op, "id": f"{op}/test", "params": {}, "invalid": reason, "fields": []})
-
-    yield set_case
-    ab._set_case(None)
-
-
 def prefill(M=4, H=32, N=70, fmt="e4m3fn", weights_stride=None, q_offset=0):
     w = aligned((M, weights_stride or H), np.float32)[:, :H]
     t = {

@@ -20,18 +20,6 @@ MLA_HEADS = ("Aiter MLA requires that num_heads be multiples or divisors of 16, 
              "Try adjusting tensor_parallel_size value.")
 
 
-@pytest.fixture()
-def invalid_case():
-    """Sets what attncheck sends before a case's launches (the ABI's case_context): the op and its
-    invalid() reason; no case again after the test."""
-
-    def set_case(op, reason):
-        ab._set_case({"op": op, "id": f"{op}/test", "params": {}, "invalid": reason, "fields": []})
-
-    yield set_case
-    ab._set_case(None)
-
-
 def token_head_view(layout, T, N, L):
     """q/out views as attncheck lays them out (harness/ops/mla_inputs.h): contiguous, strided
     (head stride L + 40, token stride N (L + 40) + 24, element offset 3), transposed."""

@@ -17,18 +17,6 @@ import vllm_triton
 T_ = ab.Tensor.from_numpy
 
 
-@pytest.fixture()
-def invalid_case():
-    """Sets what attncheck sends before a case's launches (the ABI's case_context): the op and its
-    invalid() reason; no case again after the test."""
-
-    def set_case(op, reason):
-        ab._set_case({"op": op, "id": f"{op}/test", "params": {}, "invalid": reason, "fields": []})
-
-    yield set_case
-    ab._set_case(None)
-
-
 # ------------------------------------------------------------------------------------------------
 # Isolation: loading vLLM touches sys.modules, sys.meta_path and sys.path.
 
