@@ -386,9 +386,14 @@ DeviceOutcome DeviceRunner::run_unguarded(const Problem& p, const LaunchConditio
   DeviceOutcome out;
   // Declared before the buffers: their release (in ~DeviceBuffers) counts as download time.
   struct DownloadClock {
+    // A constructor, not an aggregate: clang 14 (the fuzz preset) has no parenthesized
+    // aggregate initialization for optional::emplace.
+    explicit DownloadClock(LaunchTimings& timings) : t(timings) {}
+    DownloadClock(const DownloadClock&) = delete;
+    DownloadClock& operator=(const DownloadClock&) = delete;
+    ~DownloadClock() { t.download_ms += ms_between(since, std::chrono::steady_clock::now()); }
     LaunchTimings& t;
     std::chrono::steady_clock::time_point since = std::chrono::steady_clock::now();
-    ~DownloadClock() { t.download_ms += ms_between(since, std::chrono::steady_clock::now()); }
   };
   std::optional<DownloadClock> release_clock;
   const auto upload_start = std::chrono::steady_clock::now();
