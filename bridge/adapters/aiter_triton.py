@@ -572,9 +572,7 @@ def _sparse_mla_torch_ref(t, f, r, local):
 
 
 # ------------------------------------------------------------------------------------------------
-# indexer logits
-
-HEAD_DIM, TOKEN_BYTES = 128, 132
+# indexer logits: the arguments are checked by rocm_aiter's indexer_logits_*_args (shared)
 
 
 @ADAPTER.entry("indexer_logits_prefill")
@@ -582,19 +580,7 @@ def indexer_logits_prefill(t, p):
     """docs/ops/indexer.md through fp8_mqa_logits (its logits, allocated by it, copied into the
     harness's view)."""
     ab.refuse_if_invalid()
-    q, kf, ks, w, ks_, ke, logits = (t[n] for n in ("q", "k_fp8", "k_scale", "weights", "cu_seqlen_ks", "cu_seqlen_ke", "logits"))
-    fmt = p.get("fp8_format")
-    if fmt not in ("e4m3fn", "e4m3fnuz"):
-        raise Refuse(f"fp8_format must be e4m3fn or e4m3fnuz, got {fmt!r}")
-    for x in (q, kf):
-        ab.expect_dtype(x, "u8")
-    ab.expect_ndim(q, 3)
-    M, H, D = q.shape
-    N = kf.shape[0]
-    if D != HEAD_DIM or kf.shape != (N, D) or ks.shape != (N,) or w.shape != (M, H) or logits.shape != (M, N):
-        raise Refuse(f"q {q.shape}, k_fp8 {kf.shape}, k_scale {ks.shape}, weights {w.shape}, logits {logits.shape} disagree")
-    if N > 1 and kf.strides[0] % 4:
-        raise Refuse("k_fp8 rows must be 4-byte aligned")
+    fmt, (q, kf, ks, w, ks_, ke, logits), H = _ra().indexer_logits_prefill_args(t, p)
     if IMPL == "kernel":
         _expect_platform_fp8(fmt, "fp8_mqa_logits")
     torch = _torch()
@@ -621,18 +607,8 @@ def indexer_logits_decode(t, p):
     logits."""
     ab.refuse_if_invalid()
     torch = _torch()
-    q, cache, w, lens, table, logits = (t[n] for n in ("q", "kv_cache", "weights", "context_lens", "block_table", "logits"))
-    fmt = p.get("fp8_format")
-    if fmt not in ("e4m3fn", "e4m3fnuz"):
-        raise Refuse(f"fp8_format must be e4m3fn or e4m3fnuz, got {fmt!r}")
-    ab.expect_dtype(q, "u8")
-    ab.expect_ndim(q, 4)
-    B, nn, H, D = q.shape
-    chunk = min(int(p.get("chunk_q", 64)), H)
     ra = _ra()
-    nb, bs = ra._indexer_cache(cache)
-    if D != HEAD_DIM or w.shape != (B * nn, H) or lens.shape != (B,) or table.shape[0] != B or logits.ndim != 2 or logits.shape[0] != B * nn:
-        raise Refuse(f"q {q.shape}, weights {w.shape}, context_lens {lens.shape}, block_table {table.shape}, logits {logits.shape} disagree")
+    fmt, (q, cache, w, lens, table, logits), (B, nn, H, D), chunk, (nb, bs) = ra.indexer_logits_decode_args(t, p)
     if IMPL == "torch_ref":
         raise Unsupported("op_tests/triton_tests/attention has no torch reference of the paged MQA logits")
     _expect_platform_fp8(fmt, "deepgemm_fp8_paged_mqa_logits")

@@ -823,7 +823,10 @@ def plan_indexer_gather(t, p, host, arch):
     return Plan([call], "cp_gather_indexer_k_quant_cache")
 
 
-def plan_indexer_logits_prefill(t, p, host, arch):
+def indexer_logits_prefill_args(t, p):
+    """The prefill logits' arguments as docs/ops/indexer.md defines them, checked once for both
+    AITER adapters (this one and aiter_triton); Refuse otherwise. Returns the fp8 format, the
+    tensors (q, k_fp8, k_scale, weights, cu_seqlen_ks, cu_seqlen_ke, logits) and the head count."""
     q, kf, ks, w, ks_, ke, logits = (_need(t, n) for n in ("q", "k_fp8", "k_scale", "weights", "cu_seqlen_ks", "cu_seqlen_ke", "logits"))
     fmt = _fp8_format(p, "the indexer logits")
     for x in (q, kf):
@@ -835,6 +838,11 @@ def plan_indexer_logits_prefill(t, p, host, arch):
         raise Refuse(f"q {q.shape}, k_fp8 {kf.shape}, k_scale {ks.shape}, weights {w.shape}, logits {logits.shape} disagree")
     if N > 1 and kf.strides[0] % 4:
         raise Refuse("k_fp8 rows must be 4-byte aligned")
+    return fmt, (q, kf, ks, w, ks_, ke, logits), H
+
+
+def plan_indexer_logits_prefill(t, p, host, arch):
+    fmt, (q, kf, ks, w, ks_, ke, logits), H = indexer_logits_prefill_args(t, p)
     _arch_supported(arch)
     _platform_format(fmt, arch, "fp8_mqa_logits (vLLM passes current_platform.fp8_dtype())")
     if H & (H - 1):
@@ -845,7 +853,11 @@ def plan_indexer_logits_prefill(t, p, host, arch):
     return Plan([call, Copy(arg("logits"), work("mqa_logits"))], "fp8_mqa_logits")
 
 
-def plan_indexer_logits_decode(t, p, host, arch):
+def indexer_logits_decode_args(t, p):
+    """The paged decode logits' arguments as docs/ops/indexer.md defines them, checked once for
+    both AITER adapters; Refuse otherwise. Returns the fp8 format, the tensors (q, kv_cache,
+    weights, context_lens, block_table, logits), q's [B, next_n, H, D], the ChunkQ asked for (at
+    most H) and the cache's (blocks, block size)."""
     q, cache, w, lens, table, logits = (_need(t, n) for n in ("q", "kv_cache", "weights", "context_lens", "block_table", "logits"))
     fmt = _fp8_format(p, "the indexer logits")
     ab.expect_dtype(q, "u8")
@@ -855,6 +867,11 @@ def plan_indexer_logits_decode(t, p, host, arch):
     nb, bs = _indexer_cache(cache)
     if D != HEAD_DIM or w.shape != (B * nn, H) or lens.shape != (B,) or table.shape[0] != B or logits.ndim != 2 or logits.shape[0] != B * nn:
         raise Refuse(f"q {q.shape}, weights {w.shape}, context_lens {lens.shape}, block_table {table.shape}, logits {logits.shape} disagree")
+    return fmt, (q, cache, w, lens, table, logits), (B, nn, H, D), chunk, (nb, bs)
+
+
+def plan_indexer_logits_decode(t, p, host, arch):
+    fmt, (q, cache, w, lens, table, logits), (B, nn, H, D), chunk, (nb, bs) = indexer_logits_decode_args(t, p)
     _arch_supported(arch)
     _platform_format(fmt, arch, "deepgemm_fp8_paged_mqa_logits")
     if chunk != H:

@@ -57,8 +57,17 @@ class GoldenSuite : public ::testing::Test {
     generated_ = sh(at() + " golden generate");
   }
   static void TearDownTestSuite() { std::filesystem::remove_all(tmp_); }
-  // The binary with the test case files and goldens.
-  static std::string at() { return kBin + " --cases " + kData + "/cases --golden " + golden_; }
+  // The binary with the test case files and the suite's goldens, or another golden directory.
+  static std::string at() { return at(golden_); }
+  static std::string at(const std::filesystem::path& golden) {
+    return kBin + " --cases " + kData + "/cases --golden " + golden.string();
+  }
+  // A copy of the suite's goldens in a fresh directory of the running test (to damage).
+  std::filesystem::path golden_copy() {
+    const std::filesystem::path copy = dir("golden");
+    std::filesystem::copy(golden_, copy, std::filesystem::copy_options::recursive);
+    return copy;
+  }
   // A fresh directory for the running test.
   std::filesystem::path dir(const std::string& name) {
     const std::filesystem::path d =

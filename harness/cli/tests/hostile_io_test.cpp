@@ -44,15 +44,10 @@ class HostileIo : public GoldenSuite<HostileIo> {
     generate_goldens("attncheck_hostile_io_");
     ASSERT_EQ(generated_.status, 0) << generated_.text;
   }
-  using GoldenSuite<HostileIo>::at;
-  static std::string at(const fs::path& golden) {
-    return kBin + " --cases " + kData + "/cases --golden " + golden.string();
-  }
   // A copy of the goldens whose page_indices.h5 makes libhdf5 loop forever (a damaged file found
   // by fuzz_golden_h5), with a MANIFEST that vouches for it, so that it is parsed.
   fs::path looping_golden() {
-    const fs::path g = dir("golden");
-    fs::copy(golden_, g, fs::copy_options::recursive);
+    const fs::path g = golden_copy();
     const fs::path loop =
         fs::path(ATTNCHECK_FUZZ_REGRESSIONS) / "golden_h5" / "libhdf5_loops_on_damaged_metadata.h5";
     fs::copy_file(loop, g / "page_indices.h5", fs::copy_options::overwrite_existing);

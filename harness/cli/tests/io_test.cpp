@@ -44,15 +44,6 @@ class Io : public GoldenSuite<Io> {
     generate_goldens("attncheck_io_");
     ASSERT_EQ(generated_.status, 0) << generated_.text;
   }
-  using GoldenSuite<Io>::at;
-  static std::string at(const fs::path& golden) {
-    return kBin + " --cases " + kData + "/cases --golden " + golden.string();
-  }
-  fs::path golden_copy() {
-    const fs::path copy = dir("golden");
-    fs::copy(golden_, copy, fs::copy_options::recursive);
-    return copy;
-  }
 };
 
 bool is_a_fifo(const fs::path& p) {

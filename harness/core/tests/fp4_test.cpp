@@ -11,8 +11,12 @@
 #include <limits>
 #include <vector>
 
+#include "test_util.h"
+
 namespace attncheck::fp4 {
 namespace {
+
+using testing_util::SameValue;
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr E2m1Rounding kRoundings[] = {E2m1Rounding::nearest_even,
@@ -44,13 +48,6 @@ double defined_e4m3fn(unsigned code) {
   const double v = e == 0 ? power_of_two(-6) * (m / 8.0)
                           : power_of_two(static_cast<int>(e) - 7) * (1.0 + m / 8.0);
   return s ? -v : v;
-}
-
-::testing::AssertionResult SameValue(double expected, double actual) {
-  if (std::isnan(expected) && std::isnan(actual)) return ::testing::AssertionSuccess();
-  if (expected == actual && std::signbit(expected) == std::signbit(actual))
-    return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "expected " << expected << ", got " << actual;
 }
 
 TEST(E2m1, AllSixteenCodesMatchTheDefinition) {

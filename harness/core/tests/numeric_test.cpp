@@ -10,11 +10,15 @@
 #include <limits>
 #include <vector>
 
+#include "test_util.h"
+
 #include "core/rng.h"
 #include "core/tensor.h"
 
 namespace attncheck {
 namespace {
+
+using testing_util::SameValue;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
@@ -63,14 +67,6 @@ double defined_value(unsigned code, DType t) {
     for (int i = 0; i < -p; ++i) v /= 2.0;
   }
   return s ? -v : v;
-}
-
-// Same value, NaN equal to NaN, and the sign of zero respected.
-::testing::AssertionResult SameValue(double expected, double actual) {
-  if (std::isnan(expected) && std::isnan(actual)) return ::testing::AssertionSuccess();
-  if (expected == actual && std::signbit(expected) == std::signbit(actual))
-    return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "expected " << expected << ", got " << actual;
 }
 
 TEST(Fp8Decode, AllCodesOfEveryFormatMatchTheDefinition) {

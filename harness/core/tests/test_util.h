@@ -2,6 +2,7 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
@@ -24,6 +25,14 @@ std::string error_of(Fn&& fn) {
   }
   ADD_FAILURE() << "no exception thrown";
   return "";
+}
+
+// Same value, NaN equal to NaN, and the sign of zero respected (codec tests against a definition).
+inline ::testing::AssertionResult SameValue(double expected, double actual) {
+  if (std::isnan(expected) && std::isnan(actual)) return ::testing::AssertionSuccess();
+  if (expected == actual && std::signbit(expected) == std::signbit(actual))
+    return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "expected " << expected << ", got " << actual;
 }
 
 }  // namespace attncheck::testing_util
