@@ -102,6 +102,22 @@ typedef struct attncheck_plugin_ext_v1 {
      the launches of every case ("null" for a problem made by hand, with no case); the string is
      valid during the call only. NULL: not wanted. */
   int (*case_context)(const char* case_json, char* msg, size_t msg_len);
+  /* (see invariance) */
+  const char* (*properties)(const char* op);
+  /* Graph replay (docs/abi.md "Graph capture"): captures the launches one `run` of entry `op`
+     makes into a CUDA/HIP graph (or, for Python adapters, a torch.cuda.CUDAGraph) without
+     running them as part of the capture; *graph gets a handle. The library may run the entry
+     once beforehand (warm-up: workspaces are allocated outside the capture). The harness then
+     changes the contents (never the addresses or shapes) of the arguments' buffers and calls
+     graph_replay, which runs the captured launches and waits for them; a kernel or wrapper that
+     read argument contents on the host at capture time replays stale values. Returns
+     ATTNCHECK_UNSUPPORTED (msg says why) for an entry that cannot be captured: the harness skips
+     the step with that reason. graph_release frees a handle (NULL is ignored). NULL, or a library
+     whose `size` ends before these fields: no graph replay. */
+  int (*graph_capture)(const char* op, const char* params_json, const attncheck_arg* args,
+                       int n_args, void** graph, char* msg, size_t msg_len);
+  int (*graph_replay)(void* graph, char* msg, size_t msg_len);
+  void (*graph_release)(void* graph);
 } attncheck_plugin_ext_v1;
 
 /* Whether `ext` (may be NULL) holds a non-NULL `field`: a library built against an older, shorter

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "gpu_compat.h"
 #include "kernel_api.h"
@@ -81,6 +82,7 @@ struct Stage1Args {
   int k_main, k_pitch, rope_cols, dmodel, v_pitch;  // staged widths (see the launcher)
   int off_k, off_rope, off_v, off_p, off_stat, off_rows;
   float qk_scale, acc_scale, cap;
+  int host_max_len;  // AC_MUTANT_DECODE_BAKED_SEQ_LENS only: the lengths' maximum read on the host
   int fp8_format;  // -1: the cache has the q dtype; else AcFp8
   bool q_bf16, k_as_v, round_p, vec8;
 };
@@ -194,7 +196,11 @@ __global__ void __launch_bounds__(kThreads) decode_stage1(Stage1Args a) {
   const int kvh = g / a.progs_per_kv;
   const int h0 = kvh * a.group + (g % a.progs_per_kv) * a.valid_block_h;
   const int nh = min(a.valid_block_h, (kvh + 1) * a.group - h0);
+#if defined(AC_MUTANT_DECODE_BAKED_SEQ_LENS)
+  const int len = min(a.lens[b * a.lens_s], a.host_max_len);
+#else
   const int len = a.lens[b * a.lens_s];
+#endif
   const int per = (len + a.splits - 1) / a.splits;
   const int start = per * split, end = min(start + per, len);
   if (end <= start) return;  // empty split: stage 2 skips it by the same bounds
@@ -345,12 +351,17 @@ struct Stage2Args {
   float* lse;
   int64_t lens_s, o_sb, o_sh, lse_sb, lse_sh;
   int hq, lv, splits;
+  int host_max_len;  // as in Stage1Args
   bool o_bf16;
 };
 
 __global__ void decode_stage2(Stage2Args a) {
   const int b = blockIdx.x, h = blockIdx.y;
+#if defined(AC_MUTANT_DECODE_BAKED_SEQ_LENS)
+  const int len = min(a.lens[b * a.lens_s], a.host_max_len);
+#else
   const int len = a.lens[b * a.lens_s];
+#endif
   const int per = (len + a.splits - 1) / a.splits;
   const int64_t slot_w = a.lv + 1;
   const float* base = a.partials + (static_cast<int64_t>(b) * a.hq + h) * a.splits * slot_w;
@@ -413,19 +424,37 @@ size_t shared_memory_limit() {
 }
 
 // Split partials: grown on demand, kept between calls, NaN-filled before every launch so a split
-// that stage 1 skips and stage 2 reads shows up.
-float* partials_workspace(size_t floats) {
+// that stage 1 skips and stage 2 reads shows up. The fill is queued on the launch stream, so a
+// graph capture records it; growing is not allowed while capturing (the runtime's warm-up run
+// allocates first).
+float* partials_workspace(size_t floats, hipStream_t stream) {
   static float* buf = nullptr;
   static size_t cap = 0;
+  if (floats > cap && ack::capturing())
+    throw std::runtime_error("decode_attention: the partials workspace would grow during a capture");
   if (floats > cap) {
     if (buf) check(hipFree(buf), "hipFree");
     buf = nullptr;
     check(hipMalloc(reinterpret_cast<void**>(&buf), floats * sizeof(float)), "hipMalloc");
     cap = floats;
   }
-  check(hipMemset(buf, 0xFF, floats * sizeof(float)), "hipMemset");
+  check(hipMemsetAsync(buf, 0xFF, floats * sizeof(float), stream), "hipMemsetAsync");
   return buf;
 }
+
+#if defined(AC_MUTANT_DECODE_BAKED_SEQ_LENS)
+int host_max_seq_len(const ack::KTensor& lens) {
+  std::vector<int32_t> h(static_cast<size_t>(lens.size(0)));
+  int m = 0;
+  for (size_t b = 0; b < h.size(); ++b) {
+    check(hipMemcpy(&h[b], lens.ptr<int32_t>() + static_cast<int64_t>(b) * lens.stride(0), 4,
+                    hipMemcpyDeviceToHost),
+          "read b_seq_len");
+    m = std::max(m, static_cast<int>(h[b]));
+  }
+  return m;
+}
+#endif
 
 bool is_16bit_float(const ack::KTensor& t, bool* bf16) {
   *bf16 = t.dtype.code == kDLBfloat;
@@ -556,7 +585,8 @@ void run_decode_attention(const ack::KParams& p, const ack::KArgs& args) {
 
   const int64_t progs_per_kv = (group + valid_block_h - 1) / valid_block_h;
   if (hkv * progs_per_kv > 65535) throw ack::Refusal("too many head groups for grid dim y");
-  float* partials = partials_workspace(static_cast<size_t>(B * hq * S * (lv + 1)));
+  const auto stream = static_cast<hipStream_t>(ack::launch_stream());
+  float* partials = partials_workspace(static_cast<size_t>(B * hq * S * (lv + 1)), stream);
 
   Stage1Args a{};
   a.q = q.data;
@@ -608,6 +638,12 @@ void run_decode_attention(const ack::KParams& p, const ack::KArgs& args) {
   a.round_p = t.grouped;
   a.vec8 = vec8;
 
+#if defined(AC_MUTANT_DECODE_BAKED_SEQ_LENS)
+  // Seed bug (vLLM #46329, SGLang #27664 class): the wrapper reads b_seq_len to the host at
+  // launch and bounds the work by its maximum, a host scalar; a graph captured at shorter
+  // lengths replays that bound after the lengths grew.
+  a.host_max_len = host_max_seq_len(lens);
+#endif
   Stage1Fn stage1 = pick_stage1(t.block_h, static_cast<int>(cols));
 #if defined(AC_CUDA)
   // Above 48 KiB NVIDIA needs the opt-in; HIP's limit is the LDS size, no attribute.
@@ -617,7 +653,7 @@ void run_decode_attention(const ack::KParams& p, const ack::KArgs& args) {
 #endif
   const dim3 grid1(static_cast<unsigned>(B), static_cast<unsigned>(hkv * progs_per_kv),
                    static_cast<unsigned>(S));
-  hipLaunchKernelGGL(stage1, grid1, dim3(kThreads), static_cast<size_t>(smem), 0, a);
+  hipLaunchKernelGGL(stage1, grid1, dim3(kThreads), static_cast<size_t>(smem), stream, a);
   check(hipGetLastError(), "decode_attention stage 1 launch");
 
   Stage2Args a2{};
@@ -634,11 +670,12 @@ void run_decode_attention(const ack::KParams& p, const ack::KArgs& args) {
   a2.lv = static_cast<int>(lv);
   a2.splits = static_cast<int>(S);
   a2.o_bf16 = q_bf16;
+  a2.host_max_len = a.host_max_len;
   hipLaunchKernelGGL(decode_stage2, dim3(static_cast<unsigned>(B), static_cast<unsigned>(hq)),
-                     dim3(128), 0, 0, a2);
+                     dim3(128), 0, stream, a2);
   check(hipGetLastError(), "decode_attention stage 2 launch");
 }
 
-const ack::KernelRegistrar kRegister("decode_attention", run_decode_attention);
+const ack::KernelRegistrar kRegister("decode_attention", run_decode_attention, ack::kGraphSafe);
 
 }  // namespace

@@ -39,6 +39,20 @@ using hipDeviceProp_t = cudaDeviceProp;
 #define hipEventSynchronize cudaEventSynchronize
 #define hipEventElapsedTime cudaEventElapsedTime
 #define hipEventDestroy cudaEventDestroy
+// Streams and graphs (graph capture, runtime.hip).
+using hipGraph_t = cudaGraph_t;
+using hipGraphExec_t = cudaGraphExec_t;
+#define hipStreamCreateWithFlags cudaStreamCreateWithFlags
+#define hipStreamNonBlocking cudaStreamNonBlocking
+#define hipStreamSynchronize cudaStreamSynchronize
+#define hipStreamDestroy cudaStreamDestroy
+#define hipStreamBeginCapture cudaStreamBeginCapture
+#define hipStreamEndCapture cudaStreamEndCapture
+#define hipStreamCaptureModeRelaxed cudaStreamCaptureModeRelaxed
+#define hipGraphInstantiateWithFlags cudaGraphInstantiateWithFlags
+#define hipGraphLaunch cudaGraphLaunch
+#define hipGraphExecDestroy cudaGraphExecDestroy
+#define hipGraphDestroy cudaGraphDestroy
 #define hipFuncSetAttribute(f, a, v) cudaFuncSetAttribute(f, a, v)
 #define hipFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
 #define hipLaunchKernelGGL(kernel, grid, block, shmem, stream, ...) \

@@ -275,6 +275,27 @@ __global__ void indexer_sum_head_chunks(const float* partial, int chunks, int64_
   out[r * out_rs + c] = v;
 }
 
+// Per-head-chunk partial logits: grown on demand and kept between calls (a per-launch allocation
+// would need a synchronous free, which a graph capture cannot hold); never grown while capturing
+// (the runtime's warm-up run allocates first).
+float* head_chunk_workspace(size_t floats) {
+  static float* buf = nullptr;
+  static size_t cap = 0;
+  if (floats <= cap) return buf;
+  if (ack::capturing())
+    throw std::runtime_error("indexer_logits_decode: the workspace would grow during a capture");
+  if (buf) {
+    (void)hipDeviceSynchronize();  // earlier launches may still use it
+    (void)hipFree(buf);
+    buf = nullptr;
+    cap = 0;
+  }
+  if (hipMalloc(reinterpret_cast<void**>(&buf), floats * sizeof(float)) != hipSuccess)
+    throw std::runtime_error("indexer_logits_decode: workspace allocation failed");
+  cap = floats;
+  return buf;
+}
+
 void run_paged_logits(const ack::KParams& p, const ack::KArgs& args) {
   const auto& q = args.get("q");
   const auto& cache = args.get("kv_cache");
@@ -358,9 +379,7 @@ void run_paged_logits(const ack::KParams& p, const ack::KArgs& args) {
     a.chunk_stride = 0;
     a.direct = true;
   } else {
-    if (hipMalloc(reinterpret_cast<void**>(&partial),
-                  static_cast<size_t>(chunks * rows * width) * sizeof(float)) != hipSuccess)
-      throw std::runtime_error("indexer_logits_decode: workspace allocation failed");
+    partial = head_chunk_workspace(static_cast<size_t>(chunks * rows * width));
     a.out = partial;
     a.out_rs = width;
     a.chunk_stride = rows * width;
@@ -370,18 +389,15 @@ void run_paged_logits(const ack::KParams& p, const ack::KArgs& args) {
   const dim3 grid(static_cast<unsigned>(rows),
                   static_cast<unsigned>((width + idx::kSplit - 1) / idx::kSplit),
                   static_cast<unsigned>(chunks));
-  hipLaunchKernelGGL(indexer_paged_logits, grid, dim3(4 * ws), 0, 0, a);
+  const auto stream = static_cast<hipStream_t>(ack::launch_stream());
+  hipLaunchKernelGGL(indexer_paged_logits, grid, dim3(4 * ws), 0, stream, a);
   const hipError_t e = hipGetLastError();
   if (e == hipSuccess && partial) {
     hipLaunchKernelGGL(
         indexer_sum_head_chunks,
         dim3(static_cast<unsigned>(rows), static_cast<unsigned>((width + 255) / 256)), dim3(256), 0,
-        0, partial, static_cast<int>(chunks), rows * width, width, lens.ptr<int32_t>(),
+        stream, partial, static_cast<int>(chunks), rows * width, width, lens.ptr<int32_t>(),
         lens.stride(0), static_cast<int>(NN), out.ptr<float>(), out.stride(0));
-  }
-  if (partial) {
-    (void)hipDeviceSynchronize();
-    (void)hipFree(partial);
   }
   if (e != hipSuccess)
     throw std::runtime_error(std::string("indexer_paged_logits: ") + hipGetErrorString(e));
@@ -390,6 +406,7 @@ void run_paged_logits(const ack::KParams& p, const ack::KArgs& args) {
 
 const ack::KernelRegistrar kRegisterKCache("indexer_k_cache", run_k_cache);
 const ack::KernelRegistrar kRegisterGather("indexer_gather", run_gather);
-const ack::KernelRegistrar kRegisterDecode("indexer_logits_decode", run_paged_logits);
+const ack::KernelRegistrar kRegisterDecode("indexer_logits_decode", run_paged_logits,
+                                           ack::kGraphSafe);
 
 }  // namespace

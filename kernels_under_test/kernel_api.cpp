@@ -87,18 +87,33 @@ const std::string& KParams::s(const std::string& key) const {
 }
 
 namespace {
-std::map<std::string, KernelFn>& registry() {
-  static std::map<std::string, KernelFn> r;
+struct Entry {
+  KernelFn fn = nullptr;
+  GraphSafety graph = kNotGraphSafe;
+};
+std::map<std::string, Entry>& registry() {
+  static std::map<std::string, Entry> r;
   return r;
 }
+thread_local void* current_stream = nullptr;
 }  // namespace
 
-KernelRegistrar::KernelRegistrar(const char* op, KernelFn fn) {
-  registry()[op] = fn;
+KernelRegistrar::KernelRegistrar(const char* op, KernelFn fn, GraphSafety graph) {
+  registry()[op] = Entry{fn, graph};
 }
 KernelFn find_kernel(const std::string& op) {
   auto it = registry().find(op);
-  return it == registry().end() ? nullptr : it->second;
+  return it == registry().end() ? nullptr : it->second.fn;
+}
+bool graph_safe(const std::string& op) {
+  auto it = registry().find(op);
+  return it != registry().end() && it->second.graph == kGraphSafe;
+}
+void* launch_stream() {
+  return current_stream;
+}
+void set_launch_stream(void* stream) {
+  current_stream = stream;
 }
 std::string kernel_names() {
   std::string s;

@@ -67,11 +67,27 @@ class KParams {
 // errors.
 using KernelFn = void (*)(const KParams& params, const KArgs& args);
 
+// kGraphSafe: the entry may be captured into a graph (docs/abi.md "Graph capture"): it launches
+// only on launch_stream() and, once its workspaces exist, makes no synchronous host read,
+// allocation or copy.
+enum GraphSafety { kNotGraphSafe = 0, kGraphSafe = 1 };
+
 struct KernelRegistrar {
-  KernelRegistrar(const char* op, KernelFn fn);
+  KernelRegistrar(const char* op, KernelFn fn, GraphSafety graph = kNotGraphSafe);
 };
 KernelFn find_kernel(const std::string& op);
+bool graph_safe(const std::string& op);
 std::string kernel_names();
+
+// The stream entries launch on (a hipStream_t / cudaStream_t): the capturing stream while the
+// runtime captures a graph, else nullptr (the default stream).
+void* launch_stream();
+void set_launch_stream(void* stream);
+// Whether a graph capture is in progress: workspaces must not grow then (their new buffer would
+// outlive nothing the graph refers to).
+inline bool capturing() {
+  return launch_stream() != nullptr;
+}
 
 // Validation helpers: each throws Refusal naming the tensor and what is wrong.
 void expect_dtype(const KTensor& t, const char* name, DLDataTypeCode code, int bits);

@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -114,7 +115,7 @@ bool smem_poison_pattern(uint32_t* pattern) {
 // Launches enough blocks of the largest dynamic shared memory a block may have to occupy every
 // SM/CU (two per multiprocessor: one resident at a time each, the second catches a scheduler that
 // doubled up). The sizes are queried once.
-hipError_t poison_shared_memory() {
+hipError_t poison_shared_memory(hipStream_t stream = 0) {
   uint32_t pattern = 0;
   if (!smem_poison_pattern(&pattern)) return hipSuccess;
   static int bytes = -1, blocks = 0;
@@ -138,8 +139,8 @@ hipError_t poison_shared_memory() {
       if (e != hipSuccess) return e;
     }
   }
-  hipLaunchKernelGGL(fill_shared_memory, dim3(blocks), dim3(256), static_cast<size_t>(bytes), 0,
-                     pattern, static_cast<uint32_t>(bytes / 4));
+  hipLaunchKernelGGL(fill_shared_memory, dim3(blocks), dim3(256), static_cast<size_t>(bytes),
+                     stream, pattern, static_cast<uint32_t>(bytes / 4));
   return hipGetLastError();
 }
 
@@ -222,6 +223,128 @@ int roofline(double* copy_gbps, double* matrix_tflops, char* msg, size_t msg_len
   }
 }
 
+// ---- graph capture (docs/abi.md "Graph capture") ----
+// One captured run of an entry: the non-blocking stream it was captured on (and is replayed on),
+// the graph and its executable instance.
+struct CapturedGraph {
+  hipStream_t stream = nullptr;
+  hipGraph_t graph = nullptr;
+  hipGraphExec_t exec = nullptr;
+  ~CapturedGraph() {
+    if (exec) (void)hipGraphExecDestroy(exec);
+    if (graph) (void)hipGraphDestroy(graph);
+    if (stream) (void)hipStreamDestroy(stream);
+  }
+};
+
+// Entries launch on the capturing stream for the lifetime of this object, however the capture
+// ends; the capture is ended (its partial graph dropped) if nothing else ended it.
+class CaptureScope {
+ public:
+  explicit CaptureScope(CapturedGraph& g) : g_(g) { ack::set_launch_stream(g.stream); }
+  ~CaptureScope() {
+    ack::set_launch_stream(nullptr);
+    if (open_) {
+      hipGraph_t dropped = nullptr;
+      if (hipStreamEndCapture(g_.stream, &dropped) == hipSuccess && dropped)
+        (void)hipGraphDestroy(dropped);
+      (void)hipGetLastError();
+    }
+  }
+  CaptureScope(const CaptureScope&) = delete;
+  CaptureScope& operator=(const CaptureScope&) = delete;
+  hipError_t end() {
+    open_ = false;
+    ack::set_launch_stream(nullptr);
+    return hipStreamEndCapture(g_.stream, &g_.graph);
+  }
+
+ private:
+  CapturedGraph& g_;
+  bool open_ = true;
+};
+
+// Relaxed mode on a non-blocking stream: a wrapper that reads argument contents on the host while
+// capturing is not stopped by the runtime, it bakes what it read, and the replay's outputs show it.
+int capture_entry(ack::KernelFn fn, const char* op, const char* params_json,
+                  const attncheck_arg* args, int n_args, CapturedGraph& g, char* msg,
+                  size_t msg_len) {
+  const ack::KParams params(params_json);
+  const ack::KArgs kargs(args, n_args);
+  hipError_t e = hipStreamCreateWithFlags(&g.stream, hipStreamNonBlocking);
+  if (e == hipSuccess) e = hipStreamBeginCapture(g.stream, hipStreamCaptureModeRelaxed);
+  if (e != hipSuccess) {
+    put(msg, msg_len, gpu_error("begin graph capture", e));
+    return ATTNCHECK_ERROR;
+  }
+  CaptureScope scope(g);
+  e = poison_shared_memory(g.stream);
+  if (e == hipSuccess) fn(params, kargs);
+  const hipError_t ended = scope.end();
+  if (e == hipSuccess) e = ended;
+  if (e == hipSuccess) e = hipGraphInstantiateWithFlags(&g.exec, g.graph, 0);
+  if (e != hipSuccess) {
+    (void)hipGetLastError();
+    put(msg, msg_len, gpu_error((std::string("graph capture of ") + op).c_str(), e));
+    return ATTNCHECK_ERROR;
+  }
+  return ATTNCHECK_OK;
+}
+
+int graph_capture(const char* op, const char* params_json, const attncheck_arg* args, int n_args,
+                  void** graph, char* msg, size_t msg_len) {
+  *graph = nullptr;
+  const std::string name = op ? op : "";
+  ack::KernelFn fn = ack::find_kernel(name);
+  if (!fn) {
+    put(msg, msg_len, "no kernel for op '" + name + "'");
+    return ATTNCHECK_UNKNOWN_OP;
+  }
+  if (!ack::graph_safe(name)) {
+    put(msg, msg_len,
+        "entry '" + name +
+            "' is not capturable in this library: its wrapper reads metadata on the host or "
+            "allocates per launch");
+    return ATTNCHECK_UNSUPPORTED;
+  }
+  // Warm-up: an ordinary run allocates the workspaces the captured launches will use.
+  const int warm = launch(op, params_json, args, n_args, 1, /*poison=*/true, msg, msg_len);
+  if (warm != ATTNCHECK_OK) return warm;
+  auto g = std::make_unique<CapturedGraph>();
+  try {
+    const int st = capture_entry(fn, op, params_json, args, n_args, *g, msg, msg_len);
+    if (st != ATTNCHECK_OK) return st;
+  } catch (const ack::Refusal& r) {
+    put(msg, msg_len, std::string("refused while capturing: ") + r.what());
+    return ATTNCHECK_REFUSED;
+  } catch (const std::exception& ex) {
+    put(msg, msg_len, std::string("failed while capturing: ") + ex.what());
+    return ATTNCHECK_HOST_ERROR;
+  }
+  *graph = g.release();
+  return ATTNCHECK_OK;
+}
+
+int graph_replay(void* graph, char* msg, size_t msg_len) {
+  auto* g = static_cast<CapturedGraph*>(graph);
+  if (!g || !g->exec) {
+    put(msg, msg_len, "graph_replay: no captured graph");
+    return ATTNCHECK_HOST_ERROR;
+  }
+  hipError_t e = hipGraphLaunch(g->exec, g->stream);
+  if (e == hipSuccess) e = hipStreamSynchronize(g->stream);
+  if (e == hipSuccess) e = hipGetLastError();
+  if (e != hipSuccess) {
+    put(msg, msg_len, gpu_error("graph replay", e));
+    return ATTNCHECK_ERROR;
+  }
+  return ATTNCHECK_OK;
+}
+
+void graph_release(void* graph) {
+  delete static_cast<CapturedGraph*>(graph);
+}
+
 __global__ void fill_bytes(uint8_t* dst, size_t bytes, uint32_t pattern) {
   const size_t step = static_cast<size_t>(gridDim.x) * blockDim.x;
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < bytes; i += step)
@@ -295,8 +418,10 @@ int background(uint32_t microseconds, char* msg, size_t msg_len) {
 }
 
 // contract NULL: every entry computes under the default arithmetic contract (fp32-accumulate).
-const attncheck_plugin_ext_v1 kExtension = {sizeof(attncheck_plugin_ext_v1), fill, background,
-                                            nullptr};
+// case_context and properties NULL: not wanted, none declared.
+const attncheck_plugin_ext_v1 kExtension = {
+    sizeof(attncheck_plugin_ext_v1), fill, background, nullptr, nullptr, nullptr,
+    graph_capture, graph_replay, graph_release};
 
 const attncheck_plugin_v1 kTable = {
     ATTNCHECK_ABI_VERSION,
