@@ -652,13 +652,59 @@ int case_context(const char* case_json, char* msg, size_t msg_len) {
   return ATTNCHECK_OK;
 }
 
+// The extension's graph capture (docs/bridge.md "Graph replay"): the entry, if it declared itself
+// graph-capturable, captured into a torch.cuda.CUDAGraph that the Python side keeps under a
+// handle (never 0); the handle travels as the opaque pointer.
+int graph_capture(const char* op, const char* params_json, const attncheck_arg* args, int n_args,
+                  void** graph, char* msg, size_t msg_len) {
+  if (graph) *graph = nullptr;
+  if (!graph || !ready(msg, msg_len)) return ATTNCHECK_HOST_ERROR;
+  Gil gil;
+  Ref list(arg_list(args, n_args));
+  if (!list) {
+    put(msg, msg_len, who() + ": cannot marshal the arguments: " + take_error());
+    return ATTNCHECK_HOST_ERROR;
+  }
+  Ref r(PyObject_CallMethod(g.host, "graph_capture", "OssOs", g.adapter, g.spec.c_str(),
+                            op ? op : "", list.get(), params_json ? params_json : "{}"));
+  exit_if_forked_copy();
+  int status = ATTNCHECK_HOST_ERROR;
+  const char* text = "";
+  unsigned long long handle = 0;
+  if (!r || !PyArg_ParseTuple(r.get(), "isK", &status, &text, &handle)) {
+    put(msg, msg_len, who() + ": bridge failure in graph_capture: " + take_error());
+    return ATTNCHECK_HOST_ERROR;
+  }
+  put(msg, msg_len, text);
+  if (status == ATTNCHECK_OK) *graph = reinterpret_cast<void*>(static_cast<uintptr_t>(handle));
+  return status;
+}
+
+int graph_replay(void* graph, char* msg, size_t msg_len) {
+  if (!ready(msg, msg_len)) return ATTNCHECK_HOST_ERROR;
+  Gil gil;
+  Ref r(PyObject_CallMethod(g.host, "graph_replay", "sK", g.spec.c_str(),
+                            static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(graph))));
+  return status_of(r.get(), msg, msg_len, "graph_replay");
+}
+
+void graph_release(void* graph) {
+  if (!graph || !ready()) return;
+  Gil gil;
+  Ref r(PyObject_CallMethod(g.host, "graph_release", "K",
+                            static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(graph))));
+  if (!r) PyErr_Clear();
+}
+
 attncheck_plugin_v1 g_table = {
     ATTNCHECK_ABI_VERSION, "attncheck-pybridge", ops, device_info, alloc,   release,
     copy_to_device,        copy_to_host,         run, time,        roofline};
 
 // No fill or background work: the harness uploads poison and runs without concurrent kernels.
-const attncheck_plugin_ext_v1 g_extension = {sizeof(attncheck_plugin_ext_v1), nullptr, nullptr,
-                                             contract, case_context};
+// properties NULL: none declared.
+const attncheck_plugin_ext_v1 g_extension = {
+    sizeof(attncheck_plugin_ext_v1), nullptr, nullptr, contract, case_context, nullptr,
+    graph_capture, graph_replay, graph_release};
 
 }  // namespace
 

@@ -724,7 +724,11 @@ def _decode_checks(t, p):
                 sm_scale=sm_scale, cap=cap, k_scale=k_scale, v_scale=v_scale, is_mla=is_mla, fmt=fmt)
 
 
-@ADAPTER.entry("decode_attention", contract=DECODE_CONTRACT)
+# graph_capturable: decode_attention_fwd reads b_seq_len and req_to_token only inside its Triton
+# kernels (tl.load(B_Seqlen + cur_batch) in stage 1 and 2) and sizes its grids from shapes and
+# num_kv_splits, as vLLM's Triton backend captures it in CUDA graphs; this entry reads no argument
+# contents on the host either (attn_logits is allocated from shapes).
+@ADAPTER.entry("decode_attention", contract=DECODE_CONTRACT, graph_capturable=True)
 def decode_attention(t, p):
     """decode_attention_fwd(q, k_buffer, v_buffer, o, lse, req_to_token, b_seq_len, attn_logits,
     num_kv_splits, sm_scale, page_size, logit_cap[, k_scale, v_scale], is_mla); attn_logits, the

@@ -295,6 +295,13 @@ class DecodeAttentionOp final : public ContractDependentTypedOp<DecodeAttentionP
     return prob;
   }
 
+  // Graph replay: captured at half the lengths (min 1: L = 0 is undefined upstream) and another
+  // page order, replayed with the case's own, so a bound or a page read on the host at capture
+  // is stale.
+  std::optional<GraphVariant> graph_variant(const Problem& prob) const override {
+    return metadata_variant(prob, {halved("b_seq_len", 1), permuted_block_ids("req_to_token")});
+  }
+
   nlohmann::json kernel_params(const P& p, const Problem&) const override {
     nlohmann::json kp = {
         {"num_kv_splits", p.splits}, {"sm_scale", p.sm_scale()},

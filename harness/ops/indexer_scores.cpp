@@ -187,6 +187,14 @@ class IndexerLogitsDecodeOp final : public TypedOp<LogitsDecodeParams> {
     return prob;
   }
 
+  // Graph replay: captured at half the context lengths (never below next_n, the rows' causal
+  // minimum) and another page order, replayed with the case's own.
+  std::optional<GraphVariant> graph_variant(const Problem& prob) const override {
+    const int64_t next_n = prob.arg("q").size(1);
+    return metadata_variant(prob, {halved("context_lens", next_n),
+                                   permuted_block_ids("block_table")});
+  }
+
   nlohmann::json kernel_params(const P& p, const Problem&) const override {
     return {{"fp8_format", fp8_format_name(p.fp8)}, {"chunk_q", p.chunk_q}};
   }

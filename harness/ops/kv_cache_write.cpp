@@ -206,6 +206,11 @@ class KvCacheWriteOp final : public TypedOp<KvCacheWriteParams> {
     return p.quant == Quant::per_token ? make_pertoken(c, p) : make_per_tensor(c, p);
   }
 
+  // Graph replay: captured with the slot mapping reversed (each token written to another's slot).
+  std::optional<GraphVariant> graph_variant(const Problem& prob) const override {
+    return metadata_variant(prob, {reversed("slot_mapping")});
+  }
+
   nlohmann::json kernel_params(const P& p, const Problem&) const override {
     const DType cache_dtype = kv_cache_dtype(p.kv, p.dtype);
     nlohmann::json kp;

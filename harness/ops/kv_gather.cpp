@@ -195,6 +195,11 @@ class KvGatherOp final : public TypedOp<KvGatherParams> {
     return prob;
   }
 
+  // Graph replay: captured with the block ids permuted (each request gathers other pages).
+  std::optional<GraphVariant> graph_variant(const Problem& prob) const override {
+    return metadata_variant(prob, {permuted_block_ids("block_tables")});
+  }
+
   nlohmann::json kernel_params(const P& p, const Problem& inputs) const override {
     const DType cache_dtype = cache_dtype_of(p);
     nlohmann::json kp = {

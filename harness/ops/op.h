@@ -15,6 +15,7 @@
 
 #include "core/case.h"
 #include "core/policy.h"
+#include "ops/graph_variant.h"
 
 namespace attncheck {
 
@@ -79,6 +80,13 @@ class Op {
   virtual std::any bind_any(const Params& params) const {
     (void)params;
     return {};
+  }
+  // Graph replay (ops/graph_variant.h): the problem to capture the launch with, whose metadata
+  // inputs (lengths, block tables, positions, slots, indices) hold other contents than `p`'s;
+  // nothing for ops without mutable metadata, or when `p` leaves nothing to change.
+  virtual std::optional<GraphVariant> graph_variant(const Problem& p) const {
+    (void)p;
+    return std::nullopt;
   }
   // Why these (completed) parameters describe no case at all (a case-file error), or nothing.
   virtual std::optional<std::string> case_error(const Params& params) const {

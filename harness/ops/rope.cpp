@@ -207,6 +207,11 @@ class RopeOp final : public TypedOp<RopeParams> {
     return prob;
   }
 
+  // Graph replay: captured with the positions reversed (each token rotated by another's angle).
+  std::optional<GraphVariant> graph_variant(const Problem& prob) const override {
+    return metadata_variant(prob, {reversed("positions")});
+  }
+
   nlohmann::json kernel_params(const P& p, const Problem&) const override {
     return {{"is_neox", p.style == ref::RopeStyle::neox}};
   }

@@ -141,6 +141,34 @@ class DeviceBuffers {
     return staging;
   }
   std::vector<DeviceStorage>& all() { return storages_; }
+  // Graph replay: the device buffers of `from`'s storages get the bytes of `to`'s (the same
+  // arguments' storages, same sizes; shared ones again, since the capture's warm-up launch wrote
+  // outputs and inouts) and stand for them from here on. Guards stay as they are.
+  void replace_contents(const Problem& from, const Problem& to) {
+    std::map<const Storage*, std::shared_ptr<Storage>> next;
+    for (size_t i = 0; i < from.args.size(); ++i) {
+      const auto& old = from.args[i].tensor.storage();
+      const auto& now = to.args.at(i).tensor.storage();
+      const auto [it, fresh] = next.emplace(old.get(), now);
+      if (!fresh && it->second != now)
+        throw std::runtime_error("graph replay: argument '" + to.args[i].name +
+                                 "' does not share storage as in the captured problem");
+    }
+    char msg[kMsg] = {0};
+    for (auto& s : storages_) {
+      const auto it = next.find(s.host.get());
+      if (it == next.end()) continue;  // every storage: the capture's warm-up wrote outputs
+      const Storage& host = *it->second;
+      if (host.bytes.size() != s.bytes || host.window_begin != s.host->window_begin ||
+          host.extent != s.host->extent)
+        throw std::runtime_error("graph replay: the storage of " + s.arg_names.front() +
+                                 " differs in size from the captured problem's");
+      auto* dev = static_cast<std::byte*>(s.device) + DeviceRunner::kGuardBytes + host.window_begin;
+      if (s.bytes && api_.copy_to_device(dev, host.bytes.data(), s.bytes, msg, kMsg) != ATTNCHECK_OK)
+        throw std::runtime_error("copy to device for '" + s.arg_names.front() + "' failed: " + msg);
+      s.host = it->second;
+    }
+  }
 
  private:
   // A sparse storage: the whole extent on the device, guards around it, the host window uploaded
@@ -381,59 +409,22 @@ double ms_between(std::chrono::steady_clock::time_point a,
 }
 }  // namespace
 
-DeviceOutcome DeviceRunner::run_unguarded(const Problem& p, const LaunchConditions& when) const {
-  const auto& api = lib_.api();
-  DeviceOutcome out;
-  // Declared before the buffers: their release (in ~DeviceBuffers) counts as download time.
-  struct DownloadClock {
-    // A constructor, not an aggregate: clang 14 (the fuzz preset) has no parenthesized
-    // aggregate initialization for optional::emplace.
-    explicit DownloadClock(LaunchTimings& timings) : t(timings) {}
-    DownloadClock(const DownloadClock&) = delete;
-    DownloadClock& operator=(const DownloadClock&) = delete;
-    ~DownloadClock() { t.download_ms += ms_between(since, std::chrono::steady_clock::now()); }
-    LaunchTimings& t;
-    std::chrono::steady_clock::time_point since = std::chrono::steady_clock::now();
-  };
-  std::optional<DownloadClock> release_clock;
-  const auto upload_start = std::chrono::steady_clock::now();
-  DeviceBuffers bufs(lib_);
-  const bool rocm = arch_.rfind("gfx", 0) == 0;
-  Marshalled m = marshal(p, bufs, rocm);
-  prepare_launch(when);
-  timings_.upload_ms += ms_between(upload_start, std::chrono::steady_clock::now());
-  const std::string params = p.kernel_params.dump();
-  const std::string kernel = p.kernel;
-  char msg[kMsg] = {0};
-  if (!send_case_context(lib_, p, msg)) {
-    out.status = ATTNCHECK_HOST_ERROR;
-    out.message = std::string("the library did not take the case context: ") + msg;
-    return out;
-  }
-  const SmemPoisonFor poison(when.smem_poison);
-  const auto t0 = std::chrono::steady_clock::now();
-  out.status = api.run(kernel.c_str(), params.c_str(), m.args.data(),
-                       static_cast<int>(m.args.size()), msg, kMsg);
-  out.wall_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  timings_.launch_ms += out.wall_ms;
-  ++timings_.launches;
-  out.message = msg;
-  if (out.status != ATTNCHECK_OK && out.status != ATTNCHECK_REFUSED &&
-      out.status != ATTNCHECK_UNSUPPORTED)
-    return out;
-
+namespace {
+// After a launch: every storage read back, its guards and the bytes no output may write checked
+// (violations), the output and inout views rebuilt over the bytes that came back.
+void read_back_outputs(const Problem& p, DeviceBuffers& bufs, DeviceOutcome& out,
+                       LaunchTimings& timings) {
   for (auto& s : bufs.all()) {
     const auto read_start = std::chrono::steady_clock::now();
     const auto back = bufs.read_back(s);
     const auto checks_start = std::chrono::steady_clock::now();
-    timings_.download_ms += ms_between(read_start, checks_start);
+    timings.download_ms += ms_between(read_start, checks_start);
     struct GuardClock {  // every exit of this iteration
       LaunchTimings& t;
       std::chrono::steady_clock::time_point since;
       ~GuardClock() { t.guards_ms += ms_between(since, std::chrono::steady_clock::now()); }
-    } guard_clock{timings_, checks_start};
-    const size_t G = kGuardBytes;
+    } guard_clock{timings, checks_start};
+    const size_t G = DeviceRunner::kGuardBytes;
     std::string who;
     for (const auto& n : s.arg_names) who += (who.empty() ? "'" : ", '") + n + "'";
     for (size_t i = 0; i < G; ++i) {
@@ -493,7 +484,103 @@ DeviceOutcome DeviceRunner::run_unguarded(const Problem& p, const LaunchConditio
       out.outputs[a.name] = a.tensor.held_rows().rebased(restored);
     }
   }
+}
+}  // namespace
+
+DeviceOutcome DeviceRunner::run_unguarded(const Problem& p, const LaunchConditions& when) const {
+  const auto& api = lib_.api();
+  DeviceOutcome out;
+  // Declared before the buffers: their release (in ~DeviceBuffers) counts as download time.
+  struct DownloadClock {
+    // A constructor, not an aggregate: clang 14 (the fuzz preset) has no parenthesized
+    // aggregate initialization for optional::emplace.
+    explicit DownloadClock(LaunchTimings& timings) : t(timings) {}
+    DownloadClock(const DownloadClock&) = delete;
+    DownloadClock& operator=(const DownloadClock&) = delete;
+    ~DownloadClock() { t.download_ms += ms_between(since, std::chrono::steady_clock::now()); }
+    LaunchTimings& t;
+    std::chrono::steady_clock::time_point since = std::chrono::steady_clock::now();
+  };
+  std::optional<DownloadClock> release_clock;
+  const auto upload_start = std::chrono::steady_clock::now();
+  DeviceBuffers bufs(lib_);
+  const bool rocm = arch_.rfind("gfx", 0) == 0;
+  Marshalled m = marshal(p, bufs, rocm);
+  prepare_launch(when);
+  timings_.upload_ms += ms_between(upload_start, std::chrono::steady_clock::now());
+  const std::string params = p.kernel_params.dump();
+  const std::string kernel = p.kernel;
+  char msg[kMsg] = {0};
+  if (!send_case_context(lib_, p, msg)) {
+    out.status = ATTNCHECK_HOST_ERROR;
+    out.message = std::string("the library did not take the case context: ") + msg;
+    return out;
+  }
+  const SmemPoisonFor poison(when.smem_poison);
+  const auto t0 = std::chrono::steady_clock::now();
+  out.status = api.run(kernel.c_str(), params.c_str(), m.args.data(),
+                       static_cast<int>(m.args.size()), msg, kMsg);
+  out.wall_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  timings_.launch_ms += out.wall_ms;
+  ++timings_.launches;
+  out.message = msg;
+  if (out.status != ATTNCHECK_OK && out.status != ATTNCHECK_REFUSED &&
+      out.status != ATTNCHECK_UNSUPPORTED)
+    return out;
+
+  read_back_outputs(p, bufs, out, timings_);
   release_clock.emplace(timings_);
+  return out;
+}
+
+bool DeviceRunner::can_capture_graphs() const {
+  const auto* ext = lib_.extension();
+  return ATTNCHECK_EXT_HAS(ext, graph_capture) && ATTNCHECK_EXT_HAS(ext, graph_replay) &&
+         ATTNCHECK_EXT_HAS(ext, graph_release);
+}
+
+DeviceOutcome DeviceRunner::replay(const Problem& captured, const Problem& replayed) const {
+  DeviceOutcome out;
+  if (!can_capture_graphs()) {
+    out.status = ATTNCHECK_UNSUPPORTED;
+    out.message = "the kernel library " + lib_.library() + " offers no graph capture";
+    return out;
+  }
+  try {
+    const auto* ext = lib_.extension();
+    DeviceBuffers bufs(lib_);
+    Marshalled m = marshal(captured, bufs, arch_.rfind("gfx", 0) == 0);
+    const std::string params = captured.kernel_params.dump();
+    char msg[kMsg] = {0};
+    if (!send_case_context(lib_, captured, msg)) {
+      out.status = ATTNCHECK_HOST_ERROR;
+      out.message = std::string("the library did not take the case context: ") + msg;
+      return out;
+    }
+    void* graph = nullptr;
+    const auto t0 = std::chrono::steady_clock::now();
+    out.status = ext->graph_capture(captured.kernel.c_str(), params.c_str(), m.args.data(),
+                                    static_cast<int>(m.args.size()), &graph, msg, kMsg);
+    const std::unique_ptr<void, void (*)(void*)> owned(graph, ext->graph_release);
+    if (out.status != ATTNCHECK_OK) {
+      out.message = std::string("graph capture: ") + msg;
+      return out;
+    }
+    bufs.replace_contents(captured, replayed);
+    out.status = ext->graph_replay(graph, msg, kMsg);
+    out.wall_ms = ms_between(t0, std::chrono::steady_clock::now());
+    timings_.launch_ms += out.wall_ms;
+    timings_.launches += 2;
+    if (out.status != ATTNCHECK_OK) {
+      out.message = std::string("graph replay: ") + msg;
+      return out;
+    }
+    read_back_outputs(replayed, bufs, out, timings_);
+  } catch (const std::exception& e) {
+    out.status = ATTNCHECK_ERROR;
+    out.message = std::string("device I/O failed: ") + e.what();
+  }
   return out;
 }
 

@@ -90,6 +90,14 @@ class DeviceRunner {
   // Whether the library can produce these conditions (its extension table has fill / background).
   bool can_flush_l2() const;
   bool can_run_background() const;
+  // Whether the library offers graph capture (extension table: graph_capture, graph_replay,
+  // graph_release; docs/abi.md "Graph capture").
+  bool can_capture_graphs() const;
+  // Graph replay (run/graph_replay.h): captures the launch of `captured` into a graph, uploads
+  // the contents of `replayed` (same arguments, shapes and strides; its own storages) into the
+  // same device buffers, replays the graph, and reads back and checks like run(). Status
+  // ATTNCHECK_UNSUPPORTED: the library cannot capture this entry (message: why).
+  DeviceOutcome replay(const Problem& captured, const Problem& replayed) const;
   // Mean device time per launch (ms), via the library's timer.
   double time(const Problem& p, int warmup, int iters, std::string* err) const;
   const KernelLibrary& library() const { return lib_; }

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "run/cases.h"
+#include "run/graph_replay.h"
 
 namespace attncheck {
 
@@ -331,8 +332,16 @@ void judge_kernel(Result& r, const Op& op, const Problem& p, ContractJudge& judg
   }
   if (opt.stress > 0)
     stress_launches(r, op, p, o.outputs, judge, declared_used, device, opt.stress, problems);
+  // Graph replay (run/graph_replay.h), for ops that declare mutable metadata.
+  GraphReplayOutcome graph;
+  if (!r.device_error)
+    graph = graph_replay_step(op, p, device, [&](const TensorMap& out) { return judge.check(out); });
+  if (graph.kind == GraphReplayOutcome::Kind::failed) problems.push_back(graph.message);
+  r.device_error = r.device_error || graph.device_error;
   r.verdict = problems.empty() ? Verdict::passed : Verdict::failed;
   r.message = problems.empty() ? "all checks within budget" : join(problems);
+  if (problems.empty() && graph.kind != GraphReplayOutcome::Kind::not_declared)
+    r.message += "; " + graph.message;
   if (!judge.applies()) return;
   // The contract whose budgets the checks hold, and what it means for the verdict.
   const Contract& declared = judge.declared();

@@ -208,13 +208,26 @@ class Adapter:
         self.contract = contract
         self._entries: dict[str, object] = {}
         self._contracts: dict[str, str] = {}
+        self._graph_capturable: set[str] = set()
 
-    def entry(self, name: str, contract: str | None = None):
+    def entry(self, name: str, contract: str | None = None, graph_capturable: bool = False):
         """Decorator registering ``fn(tensors, params)`` as kernel entry ``name`` (the name the
         harness passes as ``op``: "page_indices", "rope_inplace", "rope_out_of_place", ...),
-        declaring arithmetic contract ``contract`` (one of ``CONTRACTS``; None: the adapter's)."""
+        declaring arithmetic contract ``contract`` (one of ``CONTRACTS``; None: the adapter's).
+
+        ``graph_capturable=True`` declares that one call may be captured into a
+        ``torch.cuda.CUDAGraph`` and replayed after the arguments' contents changed (no host read
+        of argument contents, no host synchronization): the graph-replay step (docs/bridge.md
+        "Graph replay") then judges the replay. Only a "cuda" adapter's entries can be."""
         if not isinstance(name, str) or not name or "," in name or any(c.isspace() for c in name):
             raise ValueError(f"entry name must be a non-empty word without commas, got {name!r}")
+        if not isinstance(graph_capturable, bool):
+            raise TypeError(f"entry {name!r}: graph_capturable must be True or False, got {graph_capturable!r}")
+        if graph_capturable and self.device != "cuda":
+            raise ValueError(
+                f"adapter {self.name!r}, entry {name!r}: graph_capturable needs device 'cuda' "
+                f"(torch.cuda.CUDAGraph), the adapter's device is {self.device!r}"
+            )
         if contract is None:
             contract = self.contract
         else:
@@ -230,13 +243,19 @@ class Adapter:
                 raise ValueError(f"adapter {self.name!r}: entry {name!r} registered twice")
             self._entries[name] = fn
             self._contracts[name] = contract
+            if graph_capturable:
+                self._graph_capturable.add(name)
             return fn
 
         return register
 
-    def add(self, name: str, fn, contract: str | None = None):
+    def add(self, name: str, fn, contract: str | None = None, graph_capturable: bool = False):
         """Non-decorator form of entry()."""
-        return self.entry(name, contract)(fn)
+        return self.entry(name, contract, graph_capturable)(fn)
+
+    def graph_capturable(self, name: str) -> bool:
+        """Whether entry ``name`` declared itself graph-capturable (entry(graph_capturable=True))."""
+        return name in self._graph_capturable
 
     def contract_of(self, name: str) -> str | None:
         """The contract entry ``name`` declares (canonical spelling), None if no such entry."""

@@ -386,6 +386,77 @@ def time(adapter: Adapter, spec: str, op: str, args, params_json: str, warmup: i
     return OK, "", (_time.perf_counter() - t0) * 1e3 / iters
 
 
+# --------------------------------------------------------------------------------------------
+# Graph capture (the extension table's graph_capture / graph_replay / graph_release; docs/bridge.md
+# "Graph replay")
+
+_graphs: dict = {}
+_next_graph = [1]
+
+
+def _capture_refusal(adapter: Adapter, spec: str, op: str):
+    """(UNSUPPORTED, why) when entry ``op`` cannot be captured, else None."""
+    if not adapter.graph_capturable(op):
+        return UNSUPPORTED, (
+            f"py adapter '{spec}' ({adapter.name}): entry '{op}' does not declare itself "
+            "graph-capturable (Adapter.entry(..., graph_capturable=True))"
+        )
+    if adapter.device != "cuda":
+        return UNSUPPORTED, f"py adapter '{spec}' ({adapter.name}) runs on the host: no CUDA graph"
+    return None
+
+
+def graph_capture(adapter: Adapter, spec: str, op: str, args, params_json: str):
+    """(status, message, handle): one call of entry ``op`` run once (warm-up: Triton compiles,
+    workspaces settle) and then captured into a torch.cuda.CUDAGraph; the handle names it for
+    graph_replay / graph_release. UNSUPPORTED for an entry that did not declare itself
+    graph-capturable: the harness skips the step with that reason."""
+    try:
+        fn = _entry(adapter, spec, op)
+        refusal = _capture_refusal(adapter, spec, op)
+        if refusal:
+            return refusal + (0,)
+        params = _params(spec, params_json)
+        tensors = _tensors(adapter, args)
+    except BridgeError as e:
+        return e.status, str(e), 0
+    status, msg = _call(adapter, spec, op, fn, tensors, params)
+    if status != OK:
+        return status, msg, 0
+    import torch
+
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            fn(tensors, params)
+    except BaseException as e:  # noqa: BLE001
+        status, msg = _classify(adapter, spec, op, e)
+        return status, f"capturing '{op}' into a CUDA graph: {msg}", 0
+    handle = _next_graph[0]
+    _next_graph[0] += 1
+    _graphs[handle] = (graph, tensors, params)  # the tensors stay alive as long as the graph
+    return OK, "", handle
+
+
+def graph_replay(spec: str, handle: int):
+    """(status, message): replays a captured graph and waits for it."""
+    entry = _graphs.get(handle)
+    if entry is None:
+        return HOST_ERROR, f"py adapter '{spec}': no captured graph {handle}"
+    try:
+        entry[0].replay()
+        import torch
+
+        torch.cuda.synchronize()
+    except BaseException as e:  # noqa: BLE001
+        return ERROR, f"py adapter '{spec}': graph replay failed: {_summary(e)}"
+    return OK, ""
+
+
+def graph_release(handle: int) -> None:
+    _graphs.pop(handle, None)
+
+
 def roofline(adapter: Adapter, spec: str):
     """(status, message, copy GB/s (read + write), matrix TFLOP/s)."""
     try:
