@@ -24,6 +24,13 @@
 //                    the contract $ATTNCHECK_FAKE_FAULT_CONTRACT (default: the declared one)
 //   beyond_contract  move it to twice that contract's limit (outside both)
 //
+// Graph capture (docs/abi.md "Graph capture") records the call and replays it on the buffers'
+// current contents, as a correct capture would; $ATTNCHECK_FAKE_GRAPH, read at each call, varies
+// it: "bake" replays with the input contents the capture saw (a wrapper that read its metadata on
+// the host at capture), "off" answers unsupported. $ATTNCHECK_FAKE_EXT_SIZE=before_graph, read
+// when the extension table is fetched, returns a table that ends before the graph fields (a
+// library built against the older table).
+//
 // $ATTNCHECK_FAKE_CONTRACT, when set, is the arithmetic contract every entry declares through the
 // extension table's `contract` (passed through unchecked, so a test can declare a bad name);
 // unset, the library declares none (the default).
@@ -522,14 +529,104 @@ int case_context(const char* case_json, char* msg, size_t msg_len) {
   }
 }
 
-// Neither fill nor background work: the contract and the case context.
-const attncheck_plugin_ext_v1 kExtension = {sizeof(attncheck_plugin_ext_v1), nullptr, nullptr,
-                                            contract, case_context};
+// ---- graph capture: "record the call, replay it" ----
+struct RecordedCall {
+  std::string op, params;
+  std::vector<std::string> names;
+  std::vector<std::vector<int64_t>> shapes, strides;
+  std::vector<attncheck_arg> args;
+  // "bake": the bytes of the input-only allocations at capture.
+  std::vector<std::pair<std::byte*, std::vector<std::byte>>> baked;
+};
+
+// The allocations that hold only pure inputs of the op (by its default case's roles).
+std::vector<std::pair<std::byte*, size_t>> input_allocations(const RecordedCall& call) {
+  const Op* op = op_for_kernel(call.op);
+  if (!op) return {};
+  const Problem& tmpl = template_problem(*op);
+  std::map<std::byte*, std::pair<size_t, bool>> allocs;  // base -> bytes, only inputs
+  for (const auto& a : call.args) {
+    const auto [base, bytes] = allocation_of(a.tensor.data);
+    if (!base) continue;
+    const bool input = tmpl.has_arg(a.name) &&
+                       std::find_if(tmpl.args.begin(), tmpl.args.end(), [&](const Arg& x) {
+                         return x.name == a.name;
+                       })->role == Role::input;
+    auto [it, fresh] = allocs.emplace(base, std::make_pair(bytes, input));
+    if (!fresh) it->second.second = it->second.second && input;
+  }
+  std::vector<std::pair<std::byte*, size_t>> out;
+  for (const auto& [base, info] : allocs)
+    if (info.second) out.emplace_back(base, info.first);
+  return out;
+}
+
+int graph_capture(const char* op, const char* params_json, const attncheck_arg* args, int n_args,
+                  void** graph, char* msg, size_t msg_len) {
+  *graph = nullptr;
+  const std::string mode = env("ATTNCHECK_FAKE_GRAPH");
+  if (mode == "off") {
+    put(msg, msg_len, "fake library: graph capture off (ATTNCHECK_FAKE_GRAPH=off)");
+    return ATTNCHECK_UNSUPPORTED;
+  }
+  const int warm = run(op, params_json, args, n_args, msg, msg_len);  // the warm-up launch
+  if (warm != ATTNCHECK_OK) return warm;
+  auto call = std::make_unique<RecordedCall>();
+  call->op = op ? op : "";
+  call->params = params_json ? params_json : "{}";
+  for (int i = 0; i < n_args; ++i) {
+    call->names.emplace_back(args[i].name);
+    call->shapes.emplace_back(args[i].tensor.shape, args[i].tensor.shape + args[i].tensor.ndim);
+    call->strides.emplace_back(args[i].tensor.strides,
+                               args[i].tensor.strides + args[i].tensor.ndim);
+  }
+  for (int i = 0; i < n_args; ++i) {
+    attncheck_arg a = args[i];
+    a.name = call->names[static_cast<size_t>(i)].c_str();
+    a.tensor.shape = call->shapes[static_cast<size_t>(i)].data();
+    a.tensor.strides = call->strides[static_cast<size_t>(i)].data();
+    call->args.push_back(a);
+  }
+  if (mode == "bake")
+    for (const auto& [base, bytes] : input_allocations(*call))
+      call->baked.emplace_back(base, std::vector<std::byte>(base, base + bytes));
+  *graph = call.release();
+  return ATTNCHECK_OK;
+}
+
+int graph_replay(void* graph, char* msg, size_t msg_len) {
+  auto* call = static_cast<RecordedCall*>(graph);
+  // "bake": the launch sees the inputs as captured; the buffers get their current bytes back.
+  std::vector<std::vector<std::byte>> current;
+  for (auto& [base, bytes] : call->baked) {
+    current.emplace_back(base, base + bytes.size());
+    std::memcpy(base, bytes.data(), bytes.size());
+  }
+  const int st = run(call->op.c_str(), call->params.c_str(), call->args.data(),
+                     static_cast<int>(call->args.size()), msg, msg_len);
+  for (size_t i = 0; i < current.size(); ++i)
+    std::memcpy(call->baked[i].first, current[i].data(), current[i].size());
+  return st;
+}
+
+void graph_release(void* graph) {
+  delete static_cast<RecordedCall*>(graph);
+}
+
+// Neither fill nor background work: the contract, the case context and graph capture.
+const attncheck_plugin_ext_v1 kExtension = {
+    sizeof(attncheck_plugin_ext_v1), nullptr, nullptr, contract, case_context, nullptr,
+    graph_capture, graph_replay, graph_release};
+// The same table as a library built before the graph fields would report it.
+const attncheck_plugin_ext_v1 kExtensionBeforeGraph = {
+    offsetof(attncheck_plugin_ext_v1, graph_capture), nullptr, nullptr, contract, case_context,
+    nullptr, nullptr, nullptr, nullptr};
 
 }  // namespace
 
 extern "C" __attribute__((visibility("default"))) const attncheck_plugin_ext_v1*
 attncheck_plugin_ext_v1_get(void) {
+  if (env("ATTNCHECK_FAKE_EXT_SIZE") == "before_graph") return &kExtensionBeforeGraph;
   return &kExtension;
 }
 
