@@ -362,6 +362,37 @@ TEST(PyBridge, NumpyReferenceDeclaresItsContracts) {
 // ----------------------------------------------------------------------------------------------
 // Without NumPy: metadata, error paths, stdout.
 
+// Graph capture through the extension table (docs/bridge.md "Graph replay"): an entry that did not
+// declare itself graph-capturable is unsupported (the harness skips the step), not a failure; an
+// unknown entry is unknown; a replay of no captured graph is the bridge's error.
+TEST(PyBridge, GraphCaptureOfAnUndeclaredEntryIsUnsupported) {
+  in_child("pure_python", [](const attncheck_plugin_v1&) {
+    void* h = ::dlopen(ATTNCHECK_PYBRIDGE_LIB, RTLD_NOW | RTLD_NOLOAD);
+    ASSERT_NE(h, nullptr);
+    auto get_ext = reinterpret_cast<attncheck_plugin_ext_v1_get_fn>(
+        ::dlsym(h, "attncheck_plugin_ext_v1_get"));
+    ASSERT_NE(get_ext, nullptr);
+    const attncheck_plugin_ext_v1* ext = get_ext();
+    ASSERT_TRUE(ATTNCHECK_EXT_HAS(ext, graph_capture));
+    ASSERT_TRUE(ATTNCHECK_EXT_HAS(ext, graph_replay));
+    ASSERT_TRUE(ATTNCHECK_EXT_HAS(ext, graph_release));
+    char msg[kMsg] = {0};
+    void* graph = reinterpret_cast<void*>(1);
+    EXPECT_EQ(ext->graph_capture("check_meta", "{}", nullptr, 0, &graph, msg, kMsg),
+              ATTNCHECK_UNSUPPORTED)
+        << msg;
+    EXPECT_EQ(graph, nullptr);
+    EXPECT_TRUE(contains(msg, "does not declare itself graph-capturable")) << msg;
+    EXPECT_EQ(ext->graph_capture("no_such_entry", "{}", nullptr, 0, &graph, msg, kMsg),
+              ATTNCHECK_UNKNOWN_OP)
+        << msg;
+    EXPECT_EQ(ext->graph_replay(reinterpret_cast<void*>(12345), msg, kMsg), ATTNCHECK_HOST_ERROR);
+    EXPECT_TRUE(contains(msg, "no captured graph 12345")) << msg;
+    ext->graph_release(nullptr);
+    ext->graph_release(reinterpret_cast<void*>(12345));
+  });
+}
+
 TEST(PyBridge, EntriesInheritTheAdaptersContract) {
   in_child("pure_python", [](const attncheck_plugin_v1&) {
     expect_contracts({{"check_meta", "p-in-input-type"}});

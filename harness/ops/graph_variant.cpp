@@ -52,7 +52,7 @@ bool permute_block_ids(const Tensor& table) {
   std::sort(used.begin(), used.end());
   used.erase(std::unique(used.begin(), used.end()), used.end());
   std::map<int32_t, int32_t> to;
-  for (size_t i = 0; i < used.size(); ++i) to[used[i]] = used[used.size() - 1 - i];
+  for (size_t i = 0; i < used.size(); ++i) to[used[i]] = used[(i + 1) % used.size()];
   bool changed = false;
   table.for_each_index([&](const Index& idx, int64_t) {
     auto& id = table.at<int32_t>(idx);

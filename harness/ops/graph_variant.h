@@ -31,8 +31,9 @@ Problem with_own_storages(const Problem& p, const std::vector<std::string>& name
 bool halve_lengths(const Tensor& lens, int64_t min_len);
 
 // Each block id >= 0 of a 2-D int32 table becomes another id the table uses (the used ids
-// sorted, the i-th smallest to the i-th largest): still blocks of the cache, each used as often
-// as before. Negative fillers stay. Returns whether any entry changed.
+// sorted, each to the next larger, the largest to the smallest): still blocks of the cache, each
+// used as often as before, every one moved when there are two or more. Negative fillers stay.
+// Returns whether any entry changed.
 bool permute_block_ids(const Tensor& table);
 
 // Reverses the order of a 1-D tensor's elements (positions, slot mappings): the same values, each

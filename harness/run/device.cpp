@@ -564,7 +564,8 @@ DeviceOutcome DeviceRunner::replay(const Problem& captured, const Problem& repla
                                     static_cast<int>(m.args.size()), &graph, msg, kMsg);
     const std::unique_ptr<void, void (*)(void*)> owned(graph, ext->graph_release);
     if (out.status != ATTNCHECK_OK) {
-      out.message = std::string("graph capture: ") + msg;
+      // Unsupported: the library's reason as it stands (the step is skipped with it).
+      out.message = (out.status == ATTNCHECK_UNSUPPORTED ? "" : "graph capture: ") + std::string(msg);
       return out;
     }
     bufs.replace_contents(captured, replayed);
