@@ -702,9 +702,15 @@ attncheck_plugin_v1 g_table = {
 
 // No fill or background work: the harness uploads poison and runs without concurrent kernels.
 // properties NULL: none declared.
-const attncheck_plugin_ext_v1 g_extension = {
-    sizeof(attncheck_plugin_ext_v1), nullptr, nullptr, contract, case_context, nullptr,
-    graph_capture, graph_replay, graph_release};
+const attncheck_plugin_ext_v1 g_extension = {sizeof(attncheck_plugin_ext_v1),
+                                             nullptr,
+                                             nullptr,
+                                             contract,
+                                             case_context,
+                                             nullptr,
+                                             graph_capture,
+                                             graph_replay,
+                                             graph_release};
 
 }  // namespace
 

@@ -83,7 +83,7 @@ struct Stage1Args {
   int off_k, off_rope, off_v, off_p, off_stat, off_rows;
   float qk_scale, acc_scale, cap;
   int host_max_len;  // AC_MUTANT_DECODE_BAKED_SEQ_LENS only: the lengths' maximum read on the host
-  int fp8_format;  // -1: the cache has the q dtype; else AcFp8
+  int fp8_format;    // -1: the cache has the q dtype; else AcFp8
   bool q_bf16, k_as_v, round_p, vec8;
 };
 
@@ -431,7 +431,8 @@ float* partials_workspace(size_t floats, hipStream_t stream) {
   static float* buf = nullptr;
   static size_t cap = 0;
   if (floats > cap && ack::capturing())
-    throw std::runtime_error("decode_attention: the partials workspace would grow during a capture");
+    throw std::runtime_error(
+        "decode_attention: the partials workspace would grow during a capture");
   if (floats > cap) {
     if (buf) check(hipFree(buf), "hipFree");
     buf = nullptr;

@@ -250,11 +250,13 @@ void run_kv_cache_write(const ack::KParams& p, const ack::KArgs& a) {
                                         nb, P, Hkv, D, shuffle ? x : 1);
     const float* scale = quant ? a.get(v ? "v_scale" : "k_scale").ptr<float>() : nullptr;
     if (quant)
-      hipLaunchKernelGGL(write_kv<true>, grid, block, 0, static_cast<hipStream_t>(ack::launch_stream()), tokens, c, slots.ptr<int64_t>(), scale,
-                         fmt, src_bf16);
+      hipLaunchKernelGGL(write_kv<true>, grid, block, 0,
+                         static_cast<hipStream_t>(ack::launch_stream()), tokens, c,
+                         slots.ptr<int64_t>(), scale, fmt, src_bf16);
     else
-      hipLaunchKernelGGL(write_kv<false>, grid, block, 0, static_cast<hipStream_t>(ack::launch_stream()), tokens, c, slots.ptr<int64_t>(), scale,
-                         fmt, src_bf16);
+      hipLaunchKernelGGL(write_kv<false>, grid, block, 0,
+                         static_cast<hipStream_t>(ack::launch_stream()), tokens, c,
+                         slots.ptr<int64_t>(), scale, fmt, src_bf16);
     const hipError_t e = hipGetLastError();
     if (e != hipSuccess)
       throw std::runtime_error(std::string("write_kv launch: ") + hipGetErrorString(e));
@@ -345,7 +347,8 @@ void run_kv_cache_write_pertoken_quant(const ack::KParams& p, const ack::KArgs& 
     ScaleView scales{sc.ptr<float>(),
                      {sc.stride(0), sc.stride(1), asm_layout ? sc.stride(2) : 0},
                      asm_layout ? 1 : 0};
-    hipLaunchKernelGGL(write_kv_pertoken, grid, block, 0, static_cast<hipStream_t>(ack::launch_stream()), tokens, c, scales,
+    hipLaunchKernelGGL(write_kv_pertoken, grid, block, 0,
+                       static_cast<hipStream_t>(ack::launch_stream()), tokens, c, scales,
                        slots.ptr<int64_t>(), codes, src_bf16);
     const hipError_t e = hipGetLastError();
     if (e != hipSuccess)

@@ -189,20 +189,24 @@ void launch_vec(int vec, dim3 grid, dim3 block, const GatherCache& c, const ack:
   const int64_t os0 = out.stride(0), os1 = out.stride(1);
   switch (vec) {
     case 8:
-      hipLaunchKernelGGL((gather_kv<8, ES_IN, DEQUANT>), grid, block, 0, static_cast<hipStream_t>(ack::launch_stream()), c, o, os0, os1, m,
-                         scale, fmt, out_bf16);
+      hipLaunchKernelGGL((gather_kv<8, ES_IN, DEQUANT>), grid, block, 0,
+                         static_cast<hipStream_t>(ack::launch_stream()), c, o, os0, os1, m, scale,
+                         fmt, out_bf16);
       break;
     case 4:
-      hipLaunchKernelGGL((gather_kv<4, ES_IN, DEQUANT>), grid, block, 0, static_cast<hipStream_t>(ack::launch_stream()), c, o, os0, os1, m,
-                         scale, fmt, out_bf16);
+      hipLaunchKernelGGL((gather_kv<4, ES_IN, DEQUANT>), grid, block, 0,
+                         static_cast<hipStream_t>(ack::launch_stream()), c, o, os0, os1, m, scale,
+                         fmt, out_bf16);
       break;
     case 2:
-      hipLaunchKernelGGL((gather_kv<2, ES_IN, DEQUANT>), grid, block, 0, static_cast<hipStream_t>(ack::launch_stream()), c, o, os0, os1, m,
-                         scale, fmt, out_bf16);
+      hipLaunchKernelGGL((gather_kv<2, ES_IN, DEQUANT>), grid, block, 0,
+                         static_cast<hipStream_t>(ack::launch_stream()), c, o, os0, os1, m, scale,
+                         fmt, out_bf16);
       break;
     default:
-      hipLaunchKernelGGL((gather_kv<1, ES_IN, DEQUANT>), grid, block, 0, static_cast<hipStream_t>(ack::launch_stream()), c, o, os0, os1, m,
-                         scale, fmt, out_bf16);
+      hipLaunchKernelGGL((gather_kv<1, ES_IN, DEQUANT>), grid, block, 0,
+                         static_cast<hipStream_t>(ack::launch_stream()), c, o, os0, os1, m, scale,
+                         fmt, out_bf16);
   }
   const hipError_t e = hipGetLastError();
   if (e != hipSuccess)

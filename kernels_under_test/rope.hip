@@ -171,11 +171,13 @@ void rotate(const RopeSetup& s, const View3& in, const View3& out) {
   const int lanes = static_cast<int>(std::min<int64_t>(256, in.H * (s.rot / 2)));
   const dim3 grid(static_cast<unsigned>(s.T));
   if (s.neox)
-    hipLaunchKernelGGL(rope_rotate<true>, grid, dim3(lanes), 0, static_cast<hipStream_t>(ack::launch_stream()), in, out, s.positions,
+    hipLaunchKernelGGL(rope_rotate<true>, grid, dim3(lanes), 0,
+                       static_cast<hipStream_t>(ack::launch_stream()), in, out, s.positions,
                        s.pos_is_i64, s.cache, s.cache_row_stride, s.cache_col_stride, s.cache_kind,
                        s.is_bf16);
   else
-    hipLaunchKernelGGL(rope_rotate<false>, grid, dim3(lanes), 0, static_cast<hipStream_t>(ack::launch_stream()), in, out, s.positions,
+    hipLaunchKernelGGL(rope_rotate<false>, grid, dim3(lanes), 0,
+                       static_cast<hipStream_t>(ack::launch_stream()), in, out, s.positions,
                        s.pos_is_i64, s.cache, s.cache_row_stride, s.cache_col_stride, s.cache_kind,
                        s.is_bf16);
   check_launch("rope_rotate launch");
@@ -185,7 +187,8 @@ void copy(const View3& dst, const View3& src) {
   const int64_t n = src.T * src.H * src.W;
   if (n == 0) return;
   const int blocks = static_cast<int>(std::min<int64_t>((n + 255) / 256, 1024));
-  hipLaunchKernelGGL(copy3, dim3(blocks), dim3(256), 0, static_cast<hipStream_t>(ack::launch_stream()), dst, src);
+  hipLaunchKernelGGL(copy3, dim3(blocks), dim3(256), 0,
+                     static_cast<hipStream_t>(ack::launch_stream()), dst, src);
   check_launch("copy3 launch");
 }
 
@@ -266,7 +269,7 @@ void run_indexer_qk_rope(const ack::KParams& p, const ack::KArgs& a) {
 
 const ack::KernelRegistrar kRegisterInplace("rope_inplace", run_rope_inplace, ack::kGraphSafe);
 const ack::KernelRegistrar kRegisterOutOfPlace("rope_out_of_place", run_rope_out_of_place,
-                                                 ack::kGraphSafe);
+                                               ack::kGraphSafe);
 const ack::KernelRegistrar kRegisterIndexer("indexer_qk_rope", run_indexer_qk_rope);
 
 }  // namespace

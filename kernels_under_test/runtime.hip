@@ -419,9 +419,15 @@ int background(uint32_t microseconds, char* msg, size_t msg_len) {
 
 // contract NULL: every entry computes under the default arithmetic contract (fp32-accumulate).
 // case_context and properties NULL: not wanted, none declared.
-const attncheck_plugin_ext_v1 kExtension = {
-    sizeof(attncheck_plugin_ext_v1), fill, background, nullptr, nullptr, nullptr,
-    graph_capture, graph_replay, graph_release};
+const attncheck_plugin_ext_v1 kExtension = {sizeof(attncheck_plugin_ext_v1),
+                                            fill,
+                                            background,
+                                            nullptr,
+                                            nullptr,
+                                            nullptr,
+                                            graph_capture,
+                                            graph_replay,
+                                            graph_release};
 
 const attncheck_plugin_v1 kTable = {
     ATTNCHECK_ABI_VERSION,

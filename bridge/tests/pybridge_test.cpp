@@ -369,8 +369,8 @@ TEST(PyBridge, GraphCaptureOfAnUndeclaredEntryIsUnsupported) {
   in_child("pure_python", [](const attncheck_plugin_v1&) {
     void* h = ::dlopen(ATTNCHECK_PYBRIDGE_LIB, RTLD_NOW | RTLD_NOLOAD);
     ASSERT_NE(h, nullptr);
-    auto get_ext = reinterpret_cast<attncheck_plugin_ext_v1_get_fn>(
-        ::dlsym(h, "attncheck_plugin_ext_v1_get"));
+    auto get_ext =
+        reinterpret_cast<attncheck_plugin_ext_v1_get_fn>(::dlsym(h, "attncheck_plugin_ext_v1_get"));
     ASSERT_NE(get_ext, nullptr);
     const attncheck_plugin_ext_v1* ext = get_ext();
     ASSERT_TRUE(ATTNCHECK_EXT_HAS(ext, graph_capture));

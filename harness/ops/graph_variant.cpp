@@ -14,8 +14,7 @@ Problem with_own_storages(const Problem& p, const std::vector<std::string>& name
     if (!p.has_arg(name))
       throw std::invalid_argument("graph variant: the problem has no argument '" + name + "'");
     const auto& storage = p.arg(name).storage();
-    if (!copies.count(storage.get()))
-      copies[storage.get()] = std::make_shared<Storage>(*storage);
+    if (!copies.count(storage.get())) copies[storage.get()] = std::make_shared<Storage>(*storage);
   }
   for (auto& a : q.args) {
     const auto it = copies.find(a.tensor.storage().get());

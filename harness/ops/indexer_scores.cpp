@@ -191,8 +191,8 @@ class IndexerLogitsDecodeOp final : public TypedOp<LogitsDecodeParams> {
   // minimum) and another page order, replayed with the case's own.
   std::optional<GraphVariant> graph_variant(const Problem& prob) const override {
     const int64_t next_n = prob.arg("q").size(1);
-    return metadata_variant(prob, {halved("context_lens", next_n),
-                                   permuted_block_ids("block_table")});
+    return metadata_variant(prob,
+                            {halved("context_lens", next_n), permuted_block_ids("block_table")});
   }
 
   nlohmann::json kernel_params(const P& p, const Problem&) const override {

@@ -164,7 +164,8 @@ class DeviceBuffers {
         throw std::runtime_error("graph replay: the storage of " + s.arg_names.front() +
                                  " differs in size from the captured problem's");
       auto* dev = static_cast<std::byte*>(s.device) + DeviceRunner::kGuardBytes + host.window_begin;
-      if (s.bytes && api_.copy_to_device(dev, host.bytes.data(), s.bytes, msg, kMsg) != ATTNCHECK_OK)
+      if (s.bytes &&
+          api_.copy_to_device(dev, host.bytes.data(), s.bytes, msg, kMsg) != ATTNCHECK_OK)
         throw std::runtime_error("copy to device for '" + s.arg_names.front() + "' failed: " + msg);
       s.host = it->second;
     }
@@ -565,7 +566,8 @@ DeviceOutcome DeviceRunner::replay(const Problem& captured, const Problem& repla
     const std::unique_ptr<void, void (*)(void*)> owned(graph, ext->graph_release);
     if (out.status != ATTNCHECK_OK) {
       // Unsupported: the library's reason as it stands (the step is skipped with it).
-      out.message = (out.status == ATTNCHECK_UNSUPPORTED ? "" : "graph capture: ") + std::string(msg);
+      out.message =
+          (out.status == ATTNCHECK_UNSUPPORTED ? "" : "graph capture: ") + std::string(msg);
       return out;
     }
     bufs.replace_contents(captured, replayed);

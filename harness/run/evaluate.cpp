@@ -335,7 +335,8 @@ void judge_kernel(Result& r, const Op& op, const Problem& p, ContractJudge& judg
   // Graph replay (run/graph_replay.h), for ops that declare mutable metadata.
   GraphReplayOutcome graph;
   if (!r.device_error)
-    graph = graph_replay_step(op, p, device, [&](const TensorMap& out) { return judge.check(out); });
+    graph =
+        graph_replay_step(op, p, device, [&](const TensorMap& out) { return judge.check(out); });
   if (graph.kind == GraphReplayOutcome::Kind::failed) problems.push_back(graph.message);
   r.device_error = r.device_error || graph.device_error;
   r.verdict = problems.empty() ? Verdict::passed : Verdict::failed;

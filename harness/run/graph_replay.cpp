@@ -33,8 +33,8 @@ std::string graph_variant_error(const Problem& p, const GraphVariant& variant) {
   if (!d.structure.empty()) return "it changes more than contents: " + d.structure;
   for (const auto& name : d.contents)
     if (std::find(variant.changed.begin(), variant.changed.end(), name) == variant.changed.end())
-      return "argument '" + name + "' differs but is not declared mutable (declared: " +
-             joined(variant.changed) + ")";
+      return "argument '" + name +
+             "' differs but is not declared mutable (declared: " + joined(variant.changed) + ")";
   for (const auto& a : p.args)
     if (a.role != Role::input &&
         std::find(d.contents.begin(), d.contents.end(), a.name) != d.contents.end())

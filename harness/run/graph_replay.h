@@ -19,8 +19,8 @@ namespace attncheck {
 struct GraphReplayOutcome {
   enum class Kind { not_declared, skipped, passed, failed };
   Kind kind = Kind::not_declared;
-  std::string message;          // the note for a passed case, the reason or the failure
-  bool device_error = false;    // the replay faulted on the device (a fresh process is due)
+  std::string message;        // the note for a passed case, the reason or the failure
+  bool device_error = false;  // the replay faulted on the device (a fresh process is due)
 };
 
 // The checks of one launch's outputs against the case's expected outputs (the caller's judge).

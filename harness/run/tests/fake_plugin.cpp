@@ -80,7 +80,7 @@ void put(char* dst, size_t n, const std::string& s) {
 std::mutex g_mutex;
 Params g_case_params = Params::object();  // the last case context (guarded by g_mutex)
 std::string g_case_invalid;               // its "invalid": the op's refusal reason, or empty
-std::map<std::byte*, size_t> g_allocs;  // base -> bytes
+std::map<std::byte*, size_t> g_allocs;    // base -> bytes
 int g_calls = 0;
 
 std::string env(const char* name) {
@@ -548,10 +548,10 @@ std::vector<std::pair<std::byte*, size_t>> input_allocations(const RecordedCall&
   for (const auto& a : call.args) {
     const auto [base, bytes] = allocation_of(a.tensor.data);
     if (!base) continue;
-    const bool input = tmpl.has_arg(a.name) &&
-                       std::find_if(tmpl.args.begin(), tmpl.args.end(), [&](const Arg& x) {
-                         return x.name == a.name;
-                       })->role == Role::input;
+    const bool input =
+        tmpl.has_arg(a.name) && std::find_if(tmpl.args.begin(), tmpl.args.end(), [&](const Arg& x) {
+                                  return x.name == a.name;
+                                })->role == Role::input;
     auto [it, fresh] = allocs.emplace(base, std::make_pair(bytes, input));
     if (!fresh) it->second.second = it->second.second && input;
   }
@@ -614,13 +614,26 @@ void graph_release(void* graph) {
 }
 
 // Neither fill nor background work: the contract, the case context and graph capture.
-const attncheck_plugin_ext_v1 kExtension = {
-    sizeof(attncheck_plugin_ext_v1), nullptr, nullptr, contract, case_context, nullptr,
-    graph_capture, graph_replay, graph_release};
+const attncheck_plugin_ext_v1 kExtension = {sizeof(attncheck_plugin_ext_v1),
+                                            nullptr,
+                                            nullptr,
+                                            contract,
+                                            case_context,
+                                            nullptr,
+                                            graph_capture,
+                                            graph_replay,
+                                            graph_release};
 // The same table as a library built before the graph fields would report it.
 const attncheck_plugin_ext_v1 kExtensionBeforeGraph = {
-    offsetof(attncheck_plugin_ext_v1, graph_capture), nullptr, nullptr, contract, case_context,
-    nullptr, nullptr, nullptr, nullptr};
+    offsetof(attncheck_plugin_ext_v1, graph_capture),
+    nullptr,
+    nullptr,
+    contract,
+    case_context,
+    nullptr,
+    nullptr,
+    nullptr,
+    nullptr};
 
 }  // namespace
 

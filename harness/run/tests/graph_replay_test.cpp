@@ -138,9 +138,8 @@ TEST(GraphReplayVerdict, FailuresNameGraphReplayAndTheVariant) {
   DeviceOutcome error;
   error.status = ATTNCHECK_ERROR;
   error.message = "illegal address";
-  const auto e = judge_graph_replay("lens halved", error, [](const TensorMap&) {
-    return std::vector<CheckResult>{};
-  });
+  const auto e = judge_graph_replay("lens halved", error,
+                                    [](const TensorMap&) { return std::vector<CheckResult>{}; });
   EXPECT_EQ(e.kind, GraphReplayOutcome::Kind::failed);
   EXPECT_TRUE(e.device_error);
   EXPECT_TRUE(contains(e.message, "graph replay (captured with lens halved")) << e.message;
@@ -155,16 +154,14 @@ TEST(GraphReplayVerdict, FailuresNameGraphReplayAndTheVariant) {
   EXPECT_TRUE(contains(wrong.message, "max error 3 > budget 0.1")) << wrong.message;
 
   ok.violations = {"guard after buffer of 'o' overwritten at byte +0"};
-  const auto guard = judge_graph_replay("lens halved", ok, [](const TensorMap&) {
-    return std::vector<CheckResult>{check(true)};
-  });
+  const auto guard = judge_graph_replay(
+      "lens halved", ok, [](const TensorMap&) { return std::vector<CheckResult>{check(true)}; });
   EXPECT_EQ(guard.kind, GraphReplayOutcome::Kind::failed);
   EXPECT_TRUE(contains(guard.message, "guard after buffer")) << guard.message;
 
   ok.violations.clear();
-  const auto passed = judge_graph_replay("lens halved", ok, [](const TensorMap&) {
-    return std::vector<CheckResult>{check(true)};
-  });
+  const auto passed = judge_graph_replay(
+      "lens halved", ok, [](const TensorMap&) { return std::vector<CheckResult>{check(true)}; });
   EXPECT_EQ(passed.kind, GraphReplayOutcome::Kind::passed);
   EXPECT_EQ(passed.message, "graph replay within budget (lens halved at capture)");
 }
