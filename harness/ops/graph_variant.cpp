@@ -93,7 +93,7 @@ std::optional<GraphVariant> metadata_variant(const Problem& p,
 }
 
 MetadataChange halved(const std::string& lens, int64_t min_len) {
-  return {lens, "halved (within the pages the case allocated)",
+  return {lens, "halved",
           [min_len](const Tensor& t) { return halve_lengths(t, min_len); }};
 }
 MetadataChange permuted_block_ids(const std::string& table) {
