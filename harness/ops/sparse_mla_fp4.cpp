@@ -39,9 +39,12 @@ struct SparseMlaFp4Params {
   int64_t topk = 64;
   Pattern pattern = Pattern::random;
   Scales scales = Scales::model;
+  mla::Layout layout = mla::Layout::contiguous;
+  mla::Scale scale = mla::Scale::yarn;
   int64_t seed = 0;
-  // DeepSeek-V3's production softmax scale (mla_inputs.h, "yarn").
-  static double softmax_scale() {
+  // "yarn": DeepSeek-V3's production softmax scale (mla_inputs.h); "lk": 1/sqrt(512).
+  double softmax_scale() const {
+    if (scale == mla::Scale::lk) return 1.0 / std::sqrt(static_cast<double>(rec::kDims));
     const double mscale = 0.1 * std::log(40.0) + 1.0;
     return mscale * mscale / std::sqrt(192.0);
   }
@@ -53,7 +56,11 @@ struct SparseMlaFp4Params {
 Tensor make_topk(const std::string& case_id, const SparseMlaFp4Params& p, const Tensor& seq_lens,
                  int64_t table_positions) {
   const int64_t T = p.batch * p.qlen;
-  Tensor topk = Tensor::empty(DType::i32, {T, p.topk});
+  // Views as sparse_mla's: a wider row (strided) or a column-major storage (transposed).
+  Tensor topk = p.layout == mla::Layout::contiguous ? Tensor::full(DType::i32, {T, p.topk}, -9)
+                : p.layout == mla::Layout::strided
+                    ? Tensor::full(DType::i32, {T, p.topk + 5}, -9).slice(1, 0, p.topk)
+                    : Tensor::full(DType::i32, {p.topk, T}, -9).permute({1, 0});
   Rng rng(case_id, "topk_indices", static_cast<uint64_t>(p.seed));
   for (int64_t t = 0; t < T; ++t) {
     const int64_t visible = seq_lens.at<int32_t>({t / p.qlen}) - p.qlen + t % p.qlen + 1;
@@ -157,6 +164,15 @@ class SparseMlaFp4Op final : public TypedOp<SparseMlaFp4Params> {
             {{Scales::model, "model"}, {Scales::tiny, "tiny"}, {Scales::special, "special"}},
             "block scale bytes: the writer's, tiny (e8m0 0..3 / e4m3 subnormals) or "
             "special (a zero, a saturating and the smallest byte in every record)")
+        .choice<mla::Layout>("layout", "", &P::layout,
+                             {{mla::Layout::contiguous, "contiguous"},
+                              {mla::Layout::strided, "strided"},
+                              {mla::Layout::transposed, "transposed"}},
+                             "q/out/lse/topk views as in mla_decode; strided also a strided block "
+                             "table and a cache view 64 bytes into its storage")
+        .choice<mla::Scale>("scale", "sc", &P::scale,
+                            {{mla::Scale::yarn, "yarn"}, {mla::Scale::lk, "lk"}},
+                            "softmax scale: DeepSeek-V3's yarn scale or 1/sqrt(512)")
         .add<int64_t>("seed", "s", &P::seed, "input seed");
   }
 
@@ -175,11 +191,14 @@ class SparseMlaFp4Op final : public TypedOp<SparseMlaFp4Params> {
   Problem make(const Case& c, const P& p) const override {
     const int64_t Pg = p.block_size, T = p.batch * p.qlen,
                   rec_bytes = rec::record_bytes(p.kv_format);
-    const PagedLayout pages = paged_layout(c.id, p.batch, p.ctx, Pg, false, p.seed, p.qlen);
-    // Unread bytes 0xFF, pages 64 bytes apart (the kernel must use the page stride).
-    const int64_t stride = Pg * rec_bytes + 64;
-    Tensor cache = Tensor::filled_bytes(DType::u8, {pages.num_blocks * stride}, std::byte{0xFF})
-                       .as_strided({pages.num_blocks, Pg, rec_bytes}, {stride, rec_bytes, 1}, 0);
+    const bool strided = p.layout == mla::Layout::strided;
+    const PagedLayout pages = paged_layout(c.id, p.batch, p.ctx, Pg, strided, p.seed, p.qlen);
+    // Unread bytes 0xFF, pages 64 bytes apart (the kernel must use the page stride); the strided
+    // layout starts the view 64 bytes into its storage.
+    const int64_t stride = Pg * rec_bytes + 64, offset = strided ? 64 : 0;
+    Tensor cache =
+        Tensor::filled_bytes(DType::u8, {pages.num_blocks * stride + offset}, std::byte{0xFF})
+            .as_strided({pages.num_blocks, Pg, rec_bytes}, {stride, rec_bytes, 1}, offset);
     const Rng values(c.id, "kv_cache", static_cast<uint64_t>(p.seed));
     for (int64_t r = 0; r < p.batch; ++r)
       for (int64_t t = 0; t < pages.seq_lens.at<int32_t>({r}); ++t) {
@@ -189,7 +208,7 @@ class SparseMlaFp4Op final : public TypedOp<SparseMlaFp4Params> {
         rec::write_record(cache, p.kv_format, page, t % Pg, x.data());
         if (p.scales != Scales::model) plant_scales(cache, p, page, t % Pg, slot);
       }
-    Tensor q = mla::make_token_head_view(mla::Layout::contiguous, p.dtype, T, p.heads, rec::kDims);
+    Tensor q = mla::make_token_head_view(p.layout, p.dtype, T, p.heads, rec::kDims);
     fill_normal(q, Rng(c.id, "q", static_cast<uint64_t>(p.seed)), 0.0, 3.0);
     Tensor req = Tensor::empty(DType::i32, {T});
     for (int64_t t = 0; t < T; ++t) req.at<int32_t>({t}) = static_cast<int32_t>(t / p.qlen);
@@ -201,9 +220,8 @@ class SparseMlaFp4Op final : public TypedOp<SparseMlaFp4Params> {
         {"block_table", pages.block_table, Role::input},
         {"req_id_per_token", req, Role::input},
         {"topk_indices", topk, Role::input},
-        {"out", mla::make_token_head_view(mla::Layout::contiguous, p.dtype, T, p.heads, rec::kDims),
-         Role::output},
-        {"lse", mla::make_lse_view(mla::Layout::contiguous, T, p.heads), Role::output}};
+        {"out", mla::make_token_head_view(p.layout, p.dtype, T, p.heads, rec::kDims), Role::output},
+        {"lse", mla::make_lse_view(p.layout, T, p.heads), Role::output}};
     const double keys = static_cast<double>(T * p.topk);
     prob.flops = 4.0 * keys * static_cast<double>(p.heads * rec::kDims);
     prob.bytes = keys * static_cast<double>(rec_bytes) +
@@ -212,14 +230,14 @@ class SparseMlaFp4Op final : public TypedOp<SparseMlaFp4Params> {
   }
 
   nlohmann::json kernel_params(const P& p, const Problem&) const override {
-    return {{"scale", P::softmax_scale()},
+    return {{"scale", p.softmax_scale()},
             {"kernel_block_size", p.block_size},
             {"kv_format", std::string(rec::format_name(p.kv_format))}};
   }
 
   TensorMap reference(const Problem& prob, const P& p) const override {
     const auto r = rec::sparse_mla_fp4(prob.arg("q"), prob.arg("kv_cache"), p.kv_format,
-                                       packed(prob, p), P::softmax_scale());
+                                       packed(prob, p), p.softmax_scale());
     return {{"out", r.out}, {"lse", r.lse}};
   }
 
@@ -239,7 +257,7 @@ class SparseMlaFp4Op final : public TypedOp<SparseMlaFp4Params> {
     const Tensor decoded = rec::decode_cache(prob.arg("kv_cache"), p.kv_format);
     const auto s =
         ref::mla_input_scales(prob.arg("q"), {decoded, 1.0}, slots, rec::kDims, keys_max);
-    auto checks = mla::budgets(s, p.dtype, p.dtype, rec::kDims, P::softmax_scale());
+    auto checks = mla::budgets(s, p.dtype, p.dtype, rec::kDims, p.softmax_scale());
     add_underflow(checks.at(0).budget, expected.at("out"), p.dtype);
     return checks;
   }

@@ -83,9 +83,9 @@ TensorMap kernel_emulation(const Problem& p, rec::Format f, Bug bug) {
   const int64_t P = p.arg("kv_cache").size(1);
   const auto idx = ref::sparse_mla_pack(ref::sparse_mla_global_indices(
       p.arg("topk_indices"), p.arg("req_id_per_token"), p.arg("block_table"), P));
-  const double mscale = 0.1 * std::log(40.0) + 1.0;
-  const auto r = ref::sparse_mla(q, {decode_with(p.arg("kv_cache"), f, bug), 1.0}, idx,
-                                 mscale * mscale / std::sqrt(192.0), rec::kDims);
+  const double scale = p.kernel_params.at("scale").get<double>();
+  const auto r =
+      ref::sparse_mla(q, {decode_with(p.arg("kv_cache"), f, bug), 1.0}, idx, scale, rec::kDims);
   return {{"out", r.out.to(q.dtype()).to(DType::f64)},
           {"lse", r.lse.to(DType::f32).to(DType::f64)}};
 }
