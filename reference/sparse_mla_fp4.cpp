@@ -89,7 +89,9 @@ void write_record(const Tensor& cache, Format f, int64_t page, int64_t t, const 
       // The V4.1 writer's floor keeps the e4m3 scale >= 2^-9 (its smallest subnormal).
       byte = fp8_encode(std::max(amax, 6.0 * std::ldexp(1.0, -9)) / 6.0, DType::e4m3fn);
     } else {
-      byte = fp4::mx_scale_byte(amax, fp4::MxScaleRule::ceil);
+      // The V4.1 MXFP4 packers floor amax at 6 * 2^-126: byte >= 1, never the 2^-127 byte.
+      byte =
+          fp4::mx_scale_byte(std::max(amax, 6.0 * std::ldexp(1.0, -126)), fp4::MxScaleRule::ceil);
     }
     base[scale_offset(f, P, t, b)] = byte;
     const double scale = scale_value(f, byte);

@@ -44,8 +44,10 @@ void read_record(const Tensor& cache, Format f, int64_t page, int64_t t, double*
 Tensor decode_cache(const Tensor& cache, Format f);
 
 // Quantizes 512 values into token t of page `page` as the V4.1 writers do: nvfp4 block scale
-// e4m3(max(amax, 6 * 2^-9) / 6) (round to nearest even), mxfp4 the ceil rule of core/fp4.h;
-// elements x / scale rounded to nearest even e2m1 (saturating at 6).
+// e4m3(max(amax, 6 * 2^-9) / 6) (round to nearest even, saturating at 448), mxfp4 scale byte
+// ceil(log2(max(amax, 6 * 2^-126) / 6)) + 127 (the ceil rule of core/fp4.h with the packers'
+// floor); elements x / scale rounded to nearest even e2m1 (saturating at 6). Values must be
+// finite.
 void write_record(const Tensor& cache, Format f, int64_t page, int64_t t, const double* values);
 
 // Sparse MLA over the decoded cache (sparse_mla.h: out f64 [T, N, 512], lse f64 [T, N]).

@@ -131,6 +131,34 @@ TEST_P(Fp4Record, RoundTripWithinHalfAnE2m1Step) {
   }
 }
 
+TEST_P(Fp4Record, WriterFloorsAndSaturatesTheScale) {
+  const Format f = GetParam();
+  const Tensor cache = make_cache(f, 1, 1, std::byte{0xAA});
+  std::vector<double> x(kDims, 0.0);
+  for (int64_t i = block_elems(f); i < 2 * block_elems(f); ++i) x[i] = 1e-38;      // block 1: tiny
+  for (int64_t i = 2 * block_elems(f); i < 3 * block_elems(f); ++i) x[i] = -3e38;  // block 2: huge
+  // Block 3: amax / 6 = 1.0625, halfway between e4m3's 1 and 1.125 (ties to even: 1).
+  x[3 * block_elems(f)] = 6.375;
+  write_record(cache, f, 0, 0, x.data());
+  const auto* base = page_ptr(cache, 0);
+  const uint8_t* scales = base + kDataBytes;
+  if (f == Format::nvfp4) {
+    EXPECT_EQ(scales[0], 0x01);  // zero block: the 2^-9 floor
+    EXPECT_EQ(scales[1], 0x01);
+    EXPECT_EQ(scales[2], 0x7E);  // 448: saturated
+    EXPECT_EQ(scales[3], 0x38);  // 1.0 (tie to even)
+  } else {
+    EXPECT_EQ(scales[0], 1);  // floor 6 x 2^-126: 2^-126
+    EXPECT_EQ(scales[1], 1);
+    EXPECT_EQ(scales[2], 127 + 126);  // ceil(log2(3e38 / 6)) = 126
+  }
+  for (int64_t c = 0; c < block_elems(f) / 2; ++c)
+    EXPECT_EQ(base[c], 0) << "zero block, byte " << c;
+  // Huge block: -3e38 / scale saturates or lands on -6 / -4: the sign nibble is set in every code.
+  for (int64_t c = block_elems(f); c < 3 * block_elems(f) / 2; ++c)
+    EXPECT_EQ(base[c] & 0x88, 0x88) << "huge block, byte " << c;
+}
+
 TEST_P(Fp4Record, AttentionMatchesADirectSoftmax) {
   const Format f = GetParam();
   const int64_t P = 16, pages = 3, T = 2, N = 16;
