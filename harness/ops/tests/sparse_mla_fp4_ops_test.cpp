@@ -4,6 +4,7 @@
 // regexes name, so the quick tier can kill each of them.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <regex>
 #include <set>
@@ -144,6 +145,88 @@ TEST(SparseMlaFp4Ops, QuickCasesPassTheRoundedReferenceAndKillEveryMutant) {
   }
   EXPECT_EQ(refused, 1);
   for (const auto& m : mutants) EXPECT_GT(m.killed, 0) << m.name << " survives the quick tier";
+}
+
+}  // namespace
+}  // namespace attncheck
+
+namespace attncheck {
+namespace {
+
+// The writer op: its reference writes exactly the mapped records (every other byte kept), each
+// written record decodes close to its row, and every writer mutant changes a byte somewhere in the
+// cases its regex names (so the bitwise check kills it): some nvfp4 scale rounds up (truncation
+// differs), an nvfp4 extreme case has a zero block (the floor matters), neighbouring scales differ
+// (wrong block), some byte holds two different nibbles (swap) and, at block size > 1, some record
+// sits in a token other than the page's first (interleaved layout).
+TEST(SparseMlaFp4Ops, WriterQuickCasesMakeEveryWriterMutantVisible) {
+  const Op* o = find_op("sparse_mla_fp4_k_cache");
+  ASSERT_NE(o, nullptr);
+  const CaseFile f = load_case_file(default_root() + "/cases/sparse_mla_fp4_k_cache.toml");
+  bool rounds_up = false, zero_block = false, scales_differ = false, nibbles_differ = false,
+       later_token = false;
+  std::set<std::string> seen;
+  for (const char* tier : {"smoke", "quick"})
+    for (const Case& c : f.tiers.at(tier)) {
+      if (!seen.insert(c.id).second) continue;
+      const Problem p = o->make(c);
+      const Tensor before = p.arg("kv_cache");
+      const Tensor after = o->reference(p).at("kv_cache");
+      const rec::Format fmt = format_of(c);
+      const int64_t P = before.size(1);
+      const Tensor& slots = p.arg("slot_mapping");
+      std::set<int64_t> written;
+      for (int64_t i = 0; i < slots.size(0); ++i)
+        if (slots.at<int64_t>({i}) >= 0) written.insert(slots.at<int64_t>({i}));
+      for (int64_t g = 0; g < before.size(0); ++g)
+        for (int64_t t = 0; t < P; ++t) {
+          if (written.count(g * P + t)) continue;
+          const auto* b = reinterpret_cast<const uint8_t*>(before.element_ptr(Index{g, 0, 0}));
+          const auto* a = reinterpret_cast<const uint8_t*>(after.element_ptr(Index{g, 0, 0}));
+          for (int64_t c2 = 0; c2 < rec::kDataBytes; ++c2)
+            ASSERT_EQ(a[rec::data_offset(t, c2)], b[rec::data_offset(t, c2)]) << c.id;
+          for (int64_t s = 0; s < rec::scale_bytes(fmt); ++s)
+            ASSERT_EQ(a[rec::scale_offset(fmt, P, t, s)], b[rec::scale_offset(fmt, P, t, s)]);
+        }
+      std::vector<double> y(rec::kDims);
+      for (int64_t i = 0; i < slots.size(0); ++i) {
+        const int64_t s = slots.at<int64_t>({i});
+        if (s < 0) continue;
+        later_token |= P > 1 && s % P > 0;
+        rec::read_record(after, fmt, s / P, s % P, y.data());
+        const auto* page = reinterpret_cast<const uint8_t*>(after.element_ptr(Index{s / P, 0, 0}));
+        for (int64_t b = 0; b < rec::scale_bytes(fmt); ++b) {
+          const int64_t blk = rec::block_elems(fmt);
+          double amax = 0;
+          for (int64_t d = b * blk; d < (b + 1) * blk; ++d)
+            amax = std::max(amax, std::fabs(p.arg("kv").get({i, d})));
+          const uint8_t sb = page[rec::scale_offset(fmt, P, s % P, b)];
+          if (fmt == rec::Format::nvfp4) {
+            rounds_up |= fp8_decode(sb, DType::e4m3fn) > amax / 6 && amax / 6 > 0.01;
+            zero_block |= amax == 0 && c.id.find("-vextreme") != std::string::npos;
+          }
+          scales_differ |=
+              sb != page[rec::scale_offset(fmt, P, s % P, (b + 1) % rec::scale_bytes(fmt))];
+          const double scale =
+              fmt == rec::Format::nvfp4 ? fp8_decode(sb, DType::e4m3fn) : fp4::e8m0_decode(sb);
+          for (int64_t d = b * blk; d < (b + 1) * blk; ++d) {
+            const double x = p.arg("kv").get({i, d});
+            const double bound =
+                std::max({0.25 * scale, std::fabs(x) / 4, std::fabs(x) - 6 * scale});
+            ASSERT_LE(std::fabs(x - y[static_cast<size_t>(d)]), bound * (1 + 1e-12)) << c.id;
+          }
+        }
+        for (int64_t c2 = 0; c2 < rec::kDataBytes; ++c2) {
+          const uint8_t byte = page[rec::data_offset(s % P, c2)];
+          nibbles_differ |= (byte & 0xF) != (byte >> 4);
+        }
+      }
+    }
+  EXPECT_TRUE(rounds_up);
+  EXPECT_TRUE(zero_block);
+  EXPECT_TRUE(scales_differ);
+  EXPECT_TRUE(nibbles_differ);
+  EXPECT_TRUE(later_token);
 }
 
 }  // namespace
