@@ -18,6 +18,7 @@
 #include "run/golden.h"
 #include "run/provenance.h"
 #include "run/results.h"
+#include "run/shrink.h"
 #include "run/worker.h"
 
 namespace attncheck::cli {
@@ -132,7 +133,17 @@ int cmd_repro(const Paths& p, const ReproArgs& a) {
     return 2;
   }
   ctx->eval.golden_as_expected = false;  // the reference is the authority when reproducing
-  const auto found = find_case(ctx->files, a.id);
+  std::optional<Case> found;
+  if (!a.params.empty()) {
+    try {
+      found = adhoc_case(a.id, nlohmann::json::parse(a.params));
+    } catch (const std::exception& e) {
+      std::cerr << "attncheck: --params: " << e.what() << "\n";
+      return 2;
+    }
+  } else {
+    found = find_case(ctx->files, a.id);
+  }
   if (!found) {
     std::cerr << "attncheck: no case '" << a.id << "' in " << p.cases << "; nearest:";
     for (const auto& id : nearest_case_ids(ctx->files, a.id)) std::cerr << "\n  " << id;
@@ -228,7 +239,11 @@ int cmd_repro(const Paths& p, const ReproArgs& a) {
       return 2;
     }
   }
-  std::cout << "rerun    " << r.repro << "\n";
+  // An ad-hoc case is in no case file: its rerun line carries its axis values.
+  std::cout << "rerun    "
+            << (a.params.empty() ? r.repro
+                                 : shrunk_repro_command(*find_op(c.op), c, ctx->eval.options))
+            << "\n";
   return r.failing() ? 1 : 0;
 }
 

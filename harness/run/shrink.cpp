@@ -115,6 +115,13 @@ std::vector<nlohmann::json> numeric_candidates(const Axis& axis, const nlohmann:
 
 }  // namespace
 
+std::string ShrinkStep::describe() const {
+  std::string s;
+  for (const auto& name : axes)
+    s += (s.empty() ? "" : ", ") + name + " " + from.at(name).dump() + " -> " + to.at(name).dump();
+  return s;
+}
+
 std::string FailureSignature::describe() const {
   if (check.empty()) return kind;
   return check + " (" + kind + ")";
@@ -294,6 +301,7 @@ ShrinkOutcome shrink(const Op& op, const Case& failing, const Result& failing_re
     s.steps.push_back(step);
     s.minimal = taken->first;
     s.minimal_result = taken->second;
+    if (options.on_step) options.on_step(step, s.minimal, s.evaluations);
   }
   return s;
 }

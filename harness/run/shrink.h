@@ -58,14 +58,17 @@ std::vector<nlohmann::json> simpler_values(const Axis& axis, const nlohmann::jso
 // Evaluates cases, one Result per case in the same order (kernel mode).
 using CaseEvaluator = std::function<std::vector<Result>(const std::vector<Case>&)>;
 
-struct ShrinkOptions {
-  int max_evaluations = 300;  // candidates evaluated in all
-  double time_budget_s = 0;   // > 0: no new pass starts after this many seconds
-};
-
 struct ShrinkStep {
   std::vector<std::string> axes;  // the axes moved together in this step
   nlohmann::json from, to;        // their values before and after ({axis: value})
+  std::string describe() const;   // "heads 32 -> 8, batch 6 -> 1"
+};
+
+struct ShrinkOptions {
+  int max_evaluations = 300;  // candidates evaluated in all
+  double time_budget_s = 0;   // > 0: no new pass starts after this many seconds
+  // Called after every step taken, with the new current case and the evaluations so far.
+  std::function<void(const ShrinkStep&, const Case&, int evaluations)> on_step;
 };
 
 struct ShrinkOutcome {
