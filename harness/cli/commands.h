@@ -142,6 +142,9 @@ std::string path_flags(const Paths& p);
 WorkerSpec shrink_worker_spec(const Paths& paths, const std::string& kernels,
                               const std::string& arch, int repeat, int jobs, double timeout_s);
 void print_shrink_outcome(std::ostream& out, const Op& op, const ShrinkOutcome& s,
-                          const RunOptions& opt, const std::string& indent);
+                          const RunOptions& opt, const Params& file_defaults,
+                          const std::string& indent);
+// The [defaults] of the op's case file (its cases' entries inherit them).
+Params file_defaults_of(const std::vector<CaseFile>& files, const std::string& op);
 
 }  // namespace attncheck::cli

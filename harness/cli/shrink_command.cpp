@@ -29,15 +29,22 @@ WorkerSpec shrink_worker_spec(const Paths& paths, const std::string& kernels,
   return spec;
 }
 
+Params file_defaults_of(const std::vector<CaseFile>& files, const std::string& op) {
+  for (const auto& f : files)
+    if (f.op == op) return f.defaults;
+  return Params::object();
+}
+
 void print_shrink_outcome(std::ostream& out, const Op& op, const ShrinkOutcome& s,
-                          const RunOptions& opt, const std::string& indent) {
+                          const RunOptions& opt, const Params& file_defaults,
+                          const std::string& indent) {
   out << indent << "original  " << s.original.id << "\n"
       << indent << "check     " << s.target.describe() << "\n";
   if (!s.shrunk()) {
     out << indent << "minimal   (no simpler case fails the same way: the original is minimal)\n";
   } else {
     out << indent << "minimal   " << s.minimal.id << "\n"
-        << indent << "case      " << case_file_entry(op, s.minimal.params)
+        << indent << "case      " << case_file_entry(op, s.minimal.params, file_defaults)
         << "   (an entry of a case file's `cases = [...]` list)\n"
         << indent << "params    " << non_default_params(op, s.minimal.params).dump() << "\n"
         << indent << "fails     " << s.minimal_result.message.substr(0, 400) << "\n"
@@ -154,8 +161,9 @@ int cmd_shrink(const Paths& paths, const ShrinkArgs& a) {
     return 2;
   }
   std::cout << "\n";
-  print_shrink_outcome(std::cout, *op, s, opt, "");
-  if (a.json) std::cout << shrunk_json(*op, s, opt).dump() << "\n";
+  const Params defaults = file_defaults_of(files, op->name());
+  print_shrink_outcome(std::cout, *op, s, opt, defaults, "");
+  if (a.json) std::cout << shrunk_json(*op, s, opt, defaults).dump() << "\n";
   return 1;  // the case (and its minimal form) fails
 }
 

@@ -360,14 +360,15 @@ Case adhoc_case(const std::string& id_or_op, const nlohmann::json& params) {
   return c;
 }
 
-nlohmann::json shrunk_json(const Op& op, const ShrinkOutcome& s, const RunOptions& opt) {
+nlohmann::json shrunk_json(const Op& op, const ShrinkOutcome& s, const RunOptions& opt,
+                           const Params& file_defaults) {
   nlohmann::json steps = nlohmann::json::array();
   for (const auto& st : s.steps)
     steps.push_back({{"axes", st.axes}, {"from", st.from}, {"to", st.to}});
   return {{"id", s.minimal.id},
           {"original_id", s.original.id},
           {"params", s.minimal.params},
-          {"case_file_entry", case_file_entry(op, s.minimal.params)},
+          {"case_file_entry", case_file_entry(op, s.minimal.params, file_defaults)},
           {"repro", shrunk_repro_command(op, s.minimal, opt)},
           {"check", s.target.describe()},
           {"message", s.minimal_result.message},

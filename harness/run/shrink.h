@@ -105,7 +105,8 @@ Case adhoc_case(const std::string& id_or_op, const nlohmann::json& params);
 
 // results.jsonl's "shrunk" field: id, params (complete), case_file_entry, repro, failing check,
 // original id, steps, evaluations, passes, stopped, message.
-nlohmann::json shrunk_json(const Op& op, const ShrinkOutcome& s, const RunOptions& opt);
+nlohmann::json shrunk_json(const Op& op, const ShrinkOutcome& s, const RunOptions& opt,
+                           const Params& file_defaults = Params::object());
 
 // Evaluates cases in worker processes (run/pool.h) as `run` does: a case whose worker dies or
 // hangs comes back as lost_case_result in kernel mode. `opt` makes those results' repro lines.
