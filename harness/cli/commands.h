@@ -61,7 +61,9 @@ struct ReproArgs {
   int worst = 10;
   bool allow_missing_goldens = false;
   bool no_smem_poison = false;
-  std::string params;  // --params JSON: an ad-hoc case of the op the id names
+  std::string params;         // --params JSON: an ad-hoc case of the op the id names
+  std::string export_format;  // --export pytest: a self-contained test of a py: adapter's call
+  std::string export_out;     // --out FILE of the export [beside the bundle]
 };
 
 struct ShrinkArgs {

@@ -175,6 +175,13 @@ int main(int argc, char** argv) {
                       "do not fill shared memory / LDS with NaN before each launch");
   repro_cmd->add_option("--worst", repro.worst, "worst elements shown per output")
       ->check(CLI::Range(0, 10000));
+  repro_cmd
+      ->add_option("--export", repro.export_format,
+                   "pytest: write one self-contained pytest file of a Python adapter's call "
+                   "(inputs, the upstream call, expected outputs, budgets)")
+      ->check(CLI::IsMember({"pytest"}));
+  repro_cmd->add_option("--out", repro.export_out,
+                        "the exported file [test_<id>.py beside the bundle]");
   repro_cmd->add_option("--params", repro.params,
                         "an ad-hoc case (one in no tier, e.g. from `attncheck shrink`): its axis "
                         "values as JSON; the id is then the op's name or the id they describe");
