@@ -62,9 +62,29 @@ def test_exact_output_runs_passes_and_fails_when_moved(tmp_path):
     assert mod.ARGS["block_table"]["strides"][0] > mod.ARGS["block_table"]["shape"][1]  # strided
     actual, expected = mod.run_upstream(), mod.expected_outputs()
     mod.check_outputs(actual, expected)
-    expected["page_indices"][5] += 1
+    moved = {k: v.copy() for k, v in expected.items()}
+    moved["page_indices"][5] += 1
     with pytest.raises(AssertionError, match="1 of .* elements differ bitwise"):
-        mod.check_outputs(actual, expected)
+        mod.check_outputs(actual, moved)
+
+
+@needs_bin
+def test_an_upstream_that_ignores_the_row_stride_fails_the_exported_test(tmp_path, monkeypatch):
+    """What a finding's file is for: the upstream function with a stride bug fails it."""
+    path, proc = export(tmp_path, PAGE_CASE, "test_page.py")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    mod = load(path)
+    import numpy_reference
+
+    right = numpy_reference.page_indices_arrays
+
+    def ignores_row_stride(tab, n, c, o, K):
+        rows = np.lib.stride_tricks.as_strided(tab, tab.shape, (tab.shape[1] * tab.itemsize, tab.itemsize))
+        right(rows, n, c, o, K)
+
+    monkeypatch.setattr(numpy_reference, "page_indices_arrays", ignores_row_stride)
+    with pytest.raises(AssertionError, match="elements differ bitwise"):
+        mod.check_outputs(mod.run_upstream(), mod.expected_outputs())
 
 
 @needs_bin
