@@ -198,8 +198,8 @@ Tensor write_k_cache(const Tensor& cache, const Tensor& k, const Tensor& slot_ma
       fp4::nvfp4_quantize(row, g.global_scale, fp4::E2m1Rounding::nearest_even,
                           fp4::NibbleOrder::low_first, packed, scales);
     else
-      fp4::mxfp4_quantize(row, rule, fp4::E2m1Rounding::nearest_even,
-                          fp4::NibbleOrder::low_first, packed, scales);
+      fp4::mxfp4_quantize(row, rule, fp4::E2m1Rounding::nearest_even, fp4::NibbleOrder::low_first,
+                          packed, scales);
     const int64_t page = slot / g.page_size, t = slot % g.page_size;
     auto* base = const_cast<uint8_t*>(page_ptr(out, g, page));
     for (int64_t c = 0; c < D / 2; ++c) base[value_offset(g, t, c)] = packed[c];
@@ -216,9 +216,8 @@ void read_key(const Tensor& cache, const CacheGeometry& g, int64_t page, int64_t
     const uint8_t sb = base[scale_offset(g, t, (2 * c) / g.block())];
     for (int i = 0; i < 2; ++i) {
       const uint8_t code = fp4::unpack_nibble(byte, i);
-      out[2 * c + i] = g.format == KeyFormat::nvfp4
-                           ? fp4::nvfp4_decode(code, sb, g.global_scale)
-                           : fp4::e2m1_decode(code) * fp4::e8m0_decode(sb);
+      out[2 * c + i] = g.format == KeyFormat::nvfp4 ? fp4::nvfp4_decode(code, sb, g.global_scale)
+                                                    : fp4::e2m1_decode(code) * fp4::e8m0_decode(sb);
     }
   }
 }
