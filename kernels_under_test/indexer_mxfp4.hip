@@ -155,10 +155,14 @@ AC_DEVICE float e4m3_value(uint32_t byte) {
 // Nearest, ties to the even code, in double (the reference's rounding of x / step).
 AC_DEVICE uint8_t e2m1_code_double(double v) {
   const double a = fabs(v);
-  uint32_t c = a <= 0.25 ? 0 : a < 0.75 ? 1 : a <= 1.25 ? 2 : a < 1.75 ? 3 : a <= 2.5 ? 4
-             : a < 3.5   ? 5
-             : a <= 5.0  ? 6
-                         : 7;
+  uint32_t c = a <= 0.25   ? 0
+               : a < 0.75  ? 1
+               : a <= 1.25 ? 2
+               : a < 1.75  ? 3
+               : a <= 2.5  ? 4
+               : a < 3.5   ? 5
+               : a <= 5.0  ? 6
+                           : 7;
   return static_cast<uint8_t>(c | (signbit(v) ? 8u : 0u));
 }
 
@@ -263,8 +267,8 @@ void run_k_cache(const ack::KParams& p, const ack::KArgs& a) {
     if (tokens == 0) return;
     hipLaunchKernelGGL(nvfp4_quant_and_cache, dim3(tokens), dim3(g.head_dim / kNvBlock), 0, 0,
                        k.ptr<uint16_t>(), k.stride(0), slots.ptr<int64_t>(), slots.stride(0),
-                       tokens, cache.ptr<uint8_t>(), cache.stride(0),
-                       cache.size(0) * g.page_size, g, global);
+                       tokens, cache.ptr<uint8_t>(), cache.stride(0), cache.size(0) * g.page_size,
+                       g, global);
     finish("nvfp4_quant_and_cache");
     return;
   }
