@@ -144,16 +144,16 @@ void plant_fp8_specials(const Tensor& cache, const PagedLayout& pl, int64_t P, i
 }
 
 // values (harness/ops/values.h): q N(0, 1) (N(0, 4^2) with a soft-cap), caches N(0, kv_std^2)
-// dequantized by k_scale ~ 1.1 / kv_std, scale 1/sqrt(Lk): logits of std ~1 (4 with a cap). Under
-// MLA, V is K's first Lv dims: ties share only the dims past Lv and zero q on V's.
+// dequantized by k_scale. Under MLA, V is K's first Lv dims: ties share only the dims past Lv and
+// zero q on V's.
 void shape_values(const DecodeAttentionParams& p, const Tensor& q, const Tensor& k,
                   const Tensor& v) {
   values::Magnitudes m;
-  m.score_std = (p.logit_cap > 0 ? 4.0 : 1.0) * (p.fp8() ? 1.1 : 1.0);
+  m.scale = p.sm_scale() * p.k_scale();
   m.q = p.logit_cap > 0 ? 4.0 : 1.0;
   m.k = p.kv_std();
   m.tie_from = p.is_mla ? p.lv() : 0;
-  values::shape_queries(p.values, q, m);
+  values::shape_queries(p.values, q, k, m);
   values::shape_keys(p.values, k, m);
   if (!p.is_mla) values::shape_values(p.values, v, p.kv_std());
 }

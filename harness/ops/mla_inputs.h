@@ -270,15 +270,15 @@ inline Inputs make_inputs(const std::string& case_id, const CommonParams& p) {
       make_cache(case_id, kvd, pl.num_blocks, P, lk, readable, p.seed, first, p.special_codes());
   in.q = make_query(case_id, p.layout, p.dtype, in.tokens, p.heads, lk, p.seed);
   // values (harness/ops/values.h): q N(0, 3^2), cache U(-1, 1) or fp8 codes up to 4 (times
-  // kv_scale ~0.2): logits of std ~1.7 at scale "lk", ~3x at "yarn". V is the cache's first Lv
-  // dims, so ties share only the rope dims past Lv.
+  // kv_scale). V is the cache's first Lv dims, so ties share only the rope dims past Lv.
   values::Magnitudes m;
-  m.score_std = 1.7 * (p.scale == Scale::yarn ? 3.0 : 1.0);
+  m.scale = p.softmax_scale() * p.kv_scale();
   m.q = 3.0;
   m.k = is_fp8(kvd) ? 2.0 : 0.5;
   m.tie_from = p.lv();
-  values::shape_queries(p.values, in.q, m);
-  values::shape_keys(p.values, in.cache.slice(0, first, first + pl.num_blocks), m);
+  const Tensor held = in.cache.slice(0, first, first + pl.num_blocks);
+  values::shape_queries(p.values, in.q, held, m);
+  values::shape_keys(p.values, held, m);
   in.out = make_token_head_view(p.layout, p.dtype, in.tokens, p.heads, p.lv());
   in.lse = make_lse_view(p.layout, in.tokens, p.heads);
   return in;

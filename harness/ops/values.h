@@ -6,9 +6,9 @@
 //   typical  the op's own generator, unchanged (the default; out of case ids, so existing ids and
 //            goldens stay)
 //   large    queries scaled by a power of two so the logits scale * q.k have a standard deviation
-//            near 100: logits of several hundred, exp overflows fp32 (past 88.7) without a max
+//            near 150 (measured on the generated inputs): logits of several hundred, exp overflows fp32 (past 88.7) without a max
 //            subtraction, and the maxima of two splits differ by more than fp32's exp range
-//   peaked   queries scaled so the logits' standard deviation is near 12: one key per row
+//   peaked   queries scaled so the logits' standard deviation is near 12 (measured): one key per row
 //            dominates (weights of the others e^-5 .. 0), exp still in range without a max
 //   ties     every key row equal on the dims the scores read (all of them; under MLA only the
 //            rope dims past Lv, with the queries zero on V's dims): every logit of a row is the same
@@ -47,7 +47,7 @@ inline const std::vector<std::pair<Values, std::string>>& names() {
 
 inline constexpr const char* kHelp =
     "input value distribution (harness/ops/values.h): typical = the generator above; large = "
-    "logits of std ~100 (exp overflows fp32 without a max subtraction); peaked = logits of std "
+    "logits of std ~150 (exp overflows fp32 without a max subtraction); peaked = logits of std "
     "~12 (one key dominates); ties = every logit of a row equal; tiny = inputs near the smallest "
     "normal of their dtype; cancel = paired products of mixed signs that cancel";
 
@@ -68,7 +68,7 @@ inline std::optional<std::string> unbuildable(Values v, bool special_codes, int6
 
 // What an op tells the transforms about its typical inputs.
 struct Magnitudes {
-  double score_std = 1;  // standard deviation of the typical logits scale * q.k (times k's scale)
+  double scale = 1;      // the logit of q and k is scale * q.k (softmax scale times k's scale)
   double q = 1;          // a typical |q| element
   double k = 1;          // a typical |k| element, in the cache's dtype
   int64_t tie_from = 0;  // ties: the first dim of the shared key suffix (under MLA: Lv)
@@ -96,15 +96,51 @@ inline double tiny_factor(DType t, double magnitude) {
   return power_of_two_near(2 * smallest_normal(t) / magnitude);
 }
 
-// Queries [..., D] of an attention op.
-inline void shape_queries(Values v, const Tensor& q, const Magnitudes& m) {
+// The first `n` rows [D] of t (row-major over its leading dims) without a non-finite element.
+inline std::vector<std::vector<double>> finite_rows(const Tensor& t, size_t n) {
+  const int64_t D = t.size(-1);
+  std::vector<std::vector<double>> rows;
+  std::vector<double> row;
+  bool finite = true;
+  t.for_each_index([&](const Index& i, int64_t) {
+    if (rows.size() >= n) return;
+    const double x = t.get(i);
+    finite = finite && std::isfinite(x);
+    row.push_back(x);
+    if (i.back() + 1 < D) return;
+    if (finite) rows.push_back(row);
+    row.clear();
+    finite = true;
+  });
+  return rows;
+}
+
+// The standard deviation of the logits scale * q.k over the first 32 query rows and 64 key rows
+// (measured, so every op's generator and cache dtype get the logits the kinds name).
+inline double logit_std(const Tensor& q, const Tensor& k, double scale) {
+  const auto qs = finite_rows(q, 32), ks = finite_rows(k, 64);
+  double sum2 = 0;
+  size_t n = 0;
+  for (const auto& a : qs)
+    for (const auto& b : ks) {
+      double dot = 0;
+      for (size_t d = 0; d < a.size(); ++d) dot += a[d] * b[d];
+      sum2 += dot * dot * scale * scale;
+      ++n;
+    }
+  const double std = n ? std::sqrt(sum2 / static_cast<double>(n)) : 0.0;
+  return std > 0 ? std : 1.0;
+}
+
+// Queries [..., D] of an attention op whose key cache is k (not yet shaped).
+inline void shape_queries(Values v, const Tensor& q, const Tensor& k, const Magnitudes& m) {
   switch (v) {
     case Values::typical:
       return;
     case Values::large:
-      return scale_finite(q, power_of_two_near(100 / m.score_std));
+      return scale_finite(q, power_of_two_near(150 / logit_std(q, k, m.scale)));
     case Values::peaked:
-      return scale_finite(q, power_of_two_near(12 / m.score_std));
+      return scale_finite(q, power_of_two_near(12 / logit_std(q, k, m.scale)));
     case Values::tiny:
       return scale_finite(q, tiny_factor(q.dtype(), m.q));
     case Values::ties:
