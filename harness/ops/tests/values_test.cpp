@@ -1,0 +1,289 @@
+// The values axis (harness/ops/values.h) against a second formulation of the reference: for every
+// distribution, each attention op's outputs recomputed in long double by a naive two-pass softmax
+// (max, then exp(s - max) and the sums) straight from the problem's arguments, independent of the
+// reference's code path. The reference must agree far inside the derived budget (so the budgets
+// stay valid for large, peaked, tied, tiny and cancelling inputs), and the budget must not be
+// vacuous: an output moved by three times its allowance fails the op's checks.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "ops/op.h"
+#include "ops/tests/registered_op.h"
+#include "reference/page_indices.h"
+#include "reference/sparse_mla.h"
+#include "run/evaluate.h"
+
+namespace attncheck {
+namespace {
+
+using Real = long double;
+const std::vector<std::string> kKinds = {"typical", "large", "peaked", "ties", "tiny", "cancel"};
+
+// One row: q against key rows (the logit of key j is logit(q . k_j)); value row j is v(j, d).
+struct RowResult {
+  std::vector<Real> o;
+  Real lse = -std::numeric_limits<Real>::infinity();
+};
+RowResult attend_two_pass(const std::vector<Real>& q, const std::vector<std::vector<Real>>& keys,
+                          const std::function<Real(size_t, int64_t)>& v, int64_t lv,
+                          const std::function<Real(Real)>& logit) {
+  RowResult r;
+  r.o.assign(static_cast<size_t>(lv), 0);
+  if (keys.empty()) return r;
+  std::vector<Real> s;
+  Real m = -std::numeric_limits<Real>::infinity();
+  for (const auto& k : keys) {
+    Real dot = 0;
+    for (size_t d = 0; d < q.size(); ++d) dot += q[d] * k[d];
+    s.push_back(logit(dot));
+    m = std::max(m, s.back());
+  }
+  Real l = 0;
+  for (size_t j = 0; j < keys.size(); ++j) {
+    const Real w = std::exp(s[j] - m);
+    l += w;
+    for (int64_t d = 0; d < lv; ++d) r.o[static_cast<size_t>(d)] += w * v(j, d);
+  }
+  for (auto& x : r.o) x /= l;
+  r.lse = m + std::log(l);
+  return r;
+}
+
+std::vector<Real> row_of(const Tensor& t, Index at) {
+  std::vector<Real> row(static_cast<size_t>(t.size(-1)));
+  for (at.back() = 0; at.back() < t.size(-1); ++at.back())
+    row[static_cast<size_t>(at.back())] = t.get(at);
+  return row;
+}
+
+// decode_attention: request b, head h reads tokens [0, L_b) through the page table.
+TensorMap decode_second(const Problem& p) {
+  const Tensor &q = p.arg("q"), &k = p.arg("k_buffer"), &v = p.arg("v_buffer");
+  const Tensor &table = p.arg("req_to_token"), &lens = p.arg("b_seq_len");
+  const auto& kp = p.kernel_params;
+  const Real sm = kp.at("sm_scale").get<double>(), ks = kp.at("k_scale").get<double>();
+  const Real vs = kp.at("v_scale").get<double>(), cap = kp.at("logit_cap").get<double>();
+  const int64_t B = q.size(0), Hq = q.size(1), Hkv = k.size(-2), lv = v.size(-1);
+  const int64_t P = k.ndim() == 4 ? k.size(1) : 1;
+  auto at = [&](int64_t b, int64_t n, int64_t kvh) {
+    const auto page = static_cast<int64_t>(table.get({b, n / P}));
+    return P == 1 ? Index{page, kvh, 0} : Index{page, n % P, kvh, 0};
+  };
+  Tensor o = Tensor::empty(DType::f64, {B, Hq, lv}), lse = Tensor::empty(DType::f64, {B, Hq});
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < Hq; ++h) {
+      const int64_t kvh = h / (Hq / Hkv), L = static_cast<int64_t>(lens.get({b}));
+      std::vector<std::vector<Real>> keys;
+      std::vector<Index> rows;
+      for (int64_t n = 0; n < L; ++n) {
+        rows.push_back(at(b, n, kvh));
+        keys.push_back(row_of(k, rows.back()));
+      }
+      const auto r = attend_two_pass(
+          row_of(q, {b, h, 0}), keys,
+          [&](size_t j, int64_t d) {
+            Index i = rows[j];
+            i.back() = d;
+            return vs * static_cast<Real>(v.get(i));
+          },
+          lv,
+          [&](Real dot) {
+            const Real s = dot * sm * ks;
+            return cap > 0 ? cap * std::tanh(s / cap) : s;
+          });
+      for (int64_t d = 0; d < lv; ++d)
+        o.set({b, h, d}, static_cast<double>(r.o[static_cast<size_t>(d)]));
+      lse.set({b, h}, static_cast<double>(r.lse));
+    }
+  return {{"o", o}, {"lse", lse}};
+}
+
+// mla_decode / sparse_mla: token t reads the flat cache slots slots_of(t); V is the first lv dims.
+TensorMap mla_second(const Problem& p, const std::function<std::vector<int64_t>(int64_t)>& slots_of) {
+  const Tensor &q = p.arg("q"), &cache = p.arg("kv_cache");
+  const auto& kp = p.kernel_params;
+  const Real scale = kp.at("scale").get<double>(), kv = kp.at("kv_scale").get<double>();
+  const int64_t T = q.size(0), N = q.size(1), lv = kp.at("lv").get<int64_t>(), P = cache.size(1);
+  Tensor out = Tensor::empty(DType::f64, {T, N, lv}), lse = Tensor::empty(DType::f64, {T, N});
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<std::vector<Real>> keys;
+    for (int64_t s : slots_of(t)) {
+      keys.push_back(row_of(cache, {s / P, s % P, 0}));
+      for (auto& x : keys.back()) x *= kv;
+    }
+    for (int64_t h = 0; h < N; ++h) {
+      const auto r = attend_two_pass(
+          row_of(q, {t, h, 0}), keys, [&](size_t j, int64_t d) { return keys[j][d]; }, lv,
+          [&](Real dot) { return dot * scale; });
+      for (int64_t d = 0; d < lv; ++d)
+        out.set({t, h, d}, static_cast<double>(r.o[static_cast<size_t>(d)]));
+      lse.set({t, h}, static_cast<double>(r.lse));
+    }
+  }
+  return {{"out", out}, {"lse", lse}};
+}
+
+TensorMap dense_mla_second(const Problem& p) {
+  const Tensor &lens = p.arg("seq_lens"), &qsl = p.arg("query_start_loc");
+  const int64_t kbs = p.kernel_params.at("kernel_block_size").get<int64_t>();
+  const Tensor slots = ref::page_indices(p.arg("block_table"), lens, kbs);
+  const Tensor cu = ref::cumulative_lengths(lens);
+  return mla_second(p, [&](int64_t t) {
+    int64_t b = 0;
+    while (qsl.at<int32_t>({b + 1}) <= t) ++b;
+    const int64_t qlen = qsl.at<int32_t>({b + 1}) - qsl.at<int32_t>({b});
+    const int64_t i = t - qsl.at<int32_t>({b});
+    std::vector<int64_t> keys;
+    for (int64_t k = 0; k <= lens.at<int32_t>({b}) - qlen + i; ++k)
+      keys.push_back(slots.at<int32_t>({cu.at<int32_t>({b}) + k}));
+    return keys;
+  });
+}
+
+TensorMap sparse_mla_second(const Problem& p) {
+  const auto idx = ref::sparse_mla_pack(ref::sparse_mla_global_indices(
+      p.arg("topk_indices"), p.arg("req_id_per_token"), p.arg("block_table"),
+      p.kernel_params.at("kernel_block_size").get<int64_t>()));
+  return mla_second(p, [&](int64_t t) {
+    std::vector<int64_t> keys;
+    for (int64_t i = idx.indptr.at<int32_t>({t}); i < idx.indptr.at<int32_t>({t + 1}); ++i)
+      keys.push_back(idx.indices.at<int32_t>({i}));
+    return keys;
+  });
+}
+
+// max over elements of |second - reference| / (atol + rtol |reference|), per output.
+double worst_ratio(const Tensor& second, const Tensor& expected, const Budget& b) {
+  double worst = 0;
+  expected.for_each_index([&](const Index& i, int64_t) {
+    const double e = expected.get(i), s = second.get(i);
+    if (std::isinf(e) && e == s) return;  // -inf lse of a row without keys
+    const double allowed = b.atol + b.rtol * std::fabs(e);
+    worst = std::max(worst, std::fabs(s - e) / allowed);
+  });
+  return worst;
+}
+
+// The first element of the output with the largest |reference| moved by 3 x its allowance fails.
+bool perturbation_fails(const Op& o, const Problem& p, const TensorMap& expected,
+                        const OutputCheck& chk) {
+  TensorMap actual;
+  for (const auto& [name, t] : expected) actual[name] = t.to(DType::f64);
+  const Tensor& t = actual.at(chk.name);
+  Index target;
+  double biggest = -1;
+  t.for_each_index([&](const Index& i, int64_t) {
+    const double x = std::fabs(t.get(i));
+    if (std::isfinite(x) && x > biggest) biggest = x, target = i;
+  });
+  const double x = t.get(target);
+  t.set(target, x + 3 * (chk.budget.atol + chk.budget.rtol * std::fabs(x)));
+  for (const auto& r : check_outputs(o.checks(p, expected), expected, actual))
+    if (r.name == chk.name) return !r.passed;
+  return false;
+}
+
+struct OpShapes {
+  const char* op;
+  std::function<TensorMap(const Problem&)> second;
+  std::vector<Params> shapes;
+};
+
+TEST(Values, ReferenceMatchesATwoPassLongDoubleSoftmaxFarInsideTheBudget) {
+  const std::vector<OpShapes> ops = {
+      {"decode_attention",
+       decode_second,
+       {{{"lk_lv", "576x512"}, {"splits", 8}, {"batch", 2}, {"max_ctx", 40}},
+        {{"lk_lv", "128x128"}, {"is_mla", false}, {"kv_heads", 16}, {"batch", 2}},
+        {{"lk_lv", "192x128"},
+         {"is_mla", false},
+         {"kv_heads", 2},
+         {"kv_dtype", "e4m3fnuz"},
+         {"dtype", "f16"},
+         {"logit_cap", 30},
+         {"batch", 2}}}},
+      {"mla_decode",
+       dense_mla_second,
+       {{{"heads", 4}, {"qlen", 2}, {"dims", "96x64"}, {"block_size", 1}},
+        {{"heads", 16}, {"kv_dtype", "e4m3fn"}, {"dtype", "f16"}, {"batch", 1}, {"ctx", 40}}}},
+      {"sparse_mla",
+       sparse_mla_second,
+       {{{"heads", 8}, {"topk", 32}, {"dims", "96x64"}, {"scale", "yarn"}},
+        {{"heads", 16}, {"pattern", "causal"}, {"kv_dtype", "e4m3fnuz"}, {"batch", 1}}}},
+  };
+  for (const auto& family : ops) {
+    const Op& o = registered_op(family.op);
+    for (const auto& kind : kKinds) {
+      double worst = 0, worst_atol = 0;
+      for (Params params : family.shapes) {
+        params["values"] = kind;
+        const Case c = o.make_case(params);
+        const Problem p = o.make(c);
+        ASSERT_TRUE(p.expect_refusal.empty()) << c.id;
+        const TensorMap expected = o.reference(p);
+        const TensorMap second = family.second(p);
+        for (const auto& chk : o.checks(p, expected)) {
+          const double r = worst_ratio(second.at(chk.name), expected.at(chk.name), chk.budget);
+          EXPECT_LT(r, 1e-3) << c.id << " " << chk.name << ": |second - reference| / budget";
+          if (r >= worst) worst = r, worst_atol = chk.budget.atol;
+          EXPECT_TRUE(perturbation_fails(o, p, expected, chk)) << c.id << " " << chk.name;
+        }
+      }
+      std::printf("%-17s %-8s max |two-pass long double - reference| / budget = %.3g (atol %.3g)\n",
+                  family.op, kind.c_str(), worst, worst_atol);
+    }
+  }
+}
+
+// What each kind does to the inputs, checked on the problem: large logits past exp's fp32 range,
+// all-equal logits, tiny values near the dtype's smallest normal, and cancelling pairs.
+TEST(Values, KindsShapeTheInputsAsDocumented) {
+  const Op& o = registered_op("decode_attention");
+  auto problem = [&](const char* kind, Params extra = Params::object()) {
+    extra["values"] = kind;
+    extra["lk_lv"] = "128x128";
+    extra["is_mla"] = false;
+    extra["kv_heads"] = 16;
+    return o.make(o.make_case(extra));
+  };
+  EXPECT_EQ(o.make_case({{"values", "typical"}}).id, o.make_case(Params::object()).id);
+  EXPECT_NE(o.make_case({{"values", "large"}}).id.find("-vlarge"), std::string::npos);
+  // large: the reference's lse (a logit's scale) passes 88.7, where exp overflows fp32.
+  const Problem large = problem("large");
+  const TensorMap lr = o.reference(large);
+  double lse_max = 0;
+  lr.at("lse").for_each_index(
+      [&](const Index& i, int64_t) { lse_max = std::max(lse_max, lr.at("lse").get(i)); });
+  EXPECT_GT(lse_max, 88.8);
+  // ties: every key row of every page equal, so lse = logit + log L with equal weights.
+  const Problem ties = problem("ties");
+  const Tensor& k = ties.arg("k_buffer");
+  EXPECT_EQ(k.get({0, 0, 0, 5}), k.get({3, 7, 0, 5}));
+  // tiny: q and the caches near bf16's smallest normal 2^-126.
+  const Problem tiny = problem("tiny");
+  EXPECT_LT(std::fabs(tiny.arg("q").get({0, 0, 0})), 1e-36);
+  EXPECT_LT(std::fabs(tiny.arg("v_buffer").get({0, 0, 0, 0})), 1e-36);
+  // cancel: k pairs equal, q pairs of opposite signs 16x the original size.
+  const Problem cancel = problem("cancel");
+  EXPECT_EQ(cancel.arg("k_buffer").get({1, 2, 3, 10}), cancel.arg("k_buffer").get({1, 2, 3, 11}));
+  const Tensor& q = cancel.arg("q");
+  int64_t opposite = 0, pairs = 0;
+  for (int64_t d = 0; d < q.size(2); d += 2, ++pairs)
+    opposite += q.get({0, 0, d}) * q.get({0, 0, d + 1}) < 0;
+  EXPECT_GT(opposite, pairs * 9 / 10);
+  // Special codes and sparse storages are case-file errors with another kind.
+  EXPECT_THROW((void)o.make(o.make_case({{"values", "large"},
+                                         {"kv_dtype", "e4m3fn"},
+                                         {"fp8_codes", "special"}})),
+               std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace attncheck
