@@ -24,6 +24,7 @@
 // (docs/verification.md); harness/ops/tests/values_test.cpp judges them against second
 // formulations.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <string>
@@ -51,10 +52,16 @@ inline constexpr const char* kHelp =
     "~12 (one key dominates); ties = every logit of a row equal; tiny = inputs near the smallest "
     "normal of their dtype; cancel = paired products of mixed signs that cancel";
 
-// The field: "values", id prefix "v" ("-vlarge"), out of ids at typical.
+// The field: "values", id prefix "v" ("-vlarge"), out of ids at typical; `kinds` limits it to the
+// kinds the op defines (all by default).
 template <class P>
-void add_field(Fields<P>& f, Values P::*member) {
-  f.template choice<Values>("values", "v", member, names(), kHelp).out_of_id_at_default();
+void add_field(Fields<P>& f, Values P::*member, const std::vector<Values>& kinds = {},
+               const char* help = kHelp) {
+  std::vector<std::pair<Values, std::string>> named;
+  for (const auto& n : names())
+    if (kinds.empty() || std::find(kinds.begin(), kinds.end(), n.first) != kinds.end())
+      named.push_back(n);
+  f.template choice<Values>("values", "v", member, named, help).out_of_id_at_default();
 }
 
 // A case file's error: the other kinds transform generated values, which special codes and the
