@@ -1,9 +1,11 @@
 // The values axis (harness/ops/values.h) against a second formulation of the reference: for every
-// distribution, each attention op's outputs recomputed in long double by a naive two-pass softmax
-// (max, then exp(s - max) and the sums) straight from the problem's arguments, independent of the
-// reference's code path. The reference must agree far inside the derived budget (so the budgets
-// stay valid for large, peaked, tied, tiny and cancelling inputs), and the budget must not be
-// vacuous: an output moved by three times its allowance fails the op's checks.
+// distribution, each op's outputs recomputed in long double straight from the problem's arguments,
+// independent of the reference's code path (attention: a naive two-pass softmax, max first, then
+// exp(s - max) and the sums; indexer logits: the weighted ReLU sum; rope: the pair rotation). The
+// reference must agree inside the derived budget (far inside where it returns f64; within the one
+// output rounding where it returns the output dtype), so the budgets stay valid for large, peaked,
+// tied, tiny and cancelling inputs; and the budget must not be vacuous: an output moved by three
+// times its allowance fails the op's checks.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -226,6 +228,33 @@ TensorMap logits_decode_second(const Problem& p) {
                          })}};
 }
 
+// rope: pair (a, b) of row t at position pos -> (a c - b s, b c + a s), c and s from the cache
+// row [cos | sin]; NeoX pairs (i, i + rot/2), GPT-J (2i, 2i + 1).
+TensorMap rope_second(const Problem& p) {
+  const Tensor &pos = p.arg("positions"), &cache = p.arg("cos_sin_cache");
+  const bool neox = p.kernel_params.at("is_neox").get<bool>();
+  const bool inplace = !p.has_arg("q_out");
+  TensorMap out;
+  for (const char* name : {"q", "k"}) {
+    const Tensor& x = p.arg(name);
+    const int64_t T = x.size(0), H = x.size(1), rot = x.size(2), half = rot / 2;
+    Tensor y = Tensor::empty(DType::f64, {T, H, rot});
+    for (int64_t t = 0; t < T; ++t) {
+      const auto at = static_cast<int64_t>(pos.get({t}));
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < half; ++i) {
+          const Real c = cache.get({at, i}), sn = cache.get({at, half + i});
+          const int64_t ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
+          const Real a = x.get({t, h, ia}), b = x.get({t, h, ib});
+          y.set({t, h, ia}, static_cast<double>(a * c - b * sn));
+          y.set({t, h, ib}, static_cast<double>(b * c + a * sn));
+        }
+    }
+    out[inplace ? std::string(name) : std::string(name) + "_out"] = y;
+  }
+  return out;
+}
+
 // max over elements of |second - reference| / (atol + rtol |reference|), per output.
 double worst_ratio(const Tensor& second, const Tensor& expected, const Budget& b) {
   double worst = 0;
@@ -264,7 +293,8 @@ struct OpShapes {
   std::function<TensorMap(const Problem&)> second;
   std::vector<Params> shapes;
   // The reference's own output rounding: f64 outputs agree to ~1e-12 of the budget; the indexer's
-  // logits are stored as fp32, one rounding the budget holds (relative u + the subnormal spacing).
+  // logits (fp32) and rope's outputs (the q dtype) are rounded once, which the budget holds
+  // (relative u + the subnormal spacing): at most about half of it.
   double far_inside = 1e-3;
 };
 
@@ -275,7 +305,7 @@ bool allows(const Op& o, const std::string& kind) {
   return false;
 }
 
-TEST(Values, ReferenceMatchesATwoPassLongDoubleSoftmaxFarInsideTheBudget) {
+TEST(Values, ReferenceMatchesALongDoubleSecondFormulationInsideTheBudget) {
   const std::vector<OpShapes> ops = {
       {"decode_attention",
        decode_second,
@@ -305,6 +335,11 @@ TEST(Values, ReferenceMatchesATwoPassLongDoubleSoftmaxFarInsideTheBudget) {
        {{{"heads", 16}, {"block_size", 64}, {"batch", 3}, {"max_ctx", 100}},
         {{"heads", 8}, {"block_size", 1}, {"next_n", 2}, {"batch", 2}, {"fp8", "e4m3fnuz"}}},
        0.6},
+      {"rope",
+       rope_second,
+       {{{"view", "transposed"}, {"contract", "out_of_place"}},
+        {{"style", "gptj"}, {"dtype", "f16"}, {"positions", "large"}}},
+       0.6},
   };
   for (const auto& family : ops) {
     const Op& o = registered_op(family.op);
@@ -328,7 +363,7 @@ TEST(Values, ReferenceMatchesATwoPassLongDoubleSoftmaxFarInsideTheBudget) {
           EXPECT_TRUE(perturbation_fails(o, p, expected, chk)) << c.id << " " << chk.name;
         }
       }
-      std::printf("%-17s %-8s max |two-pass long double - reference| / budget = %.3g (atol %.3g)\n",
+      std::printf("%-17s %-8s max |long double second formulation - reference| / budget = %.3g (atol %.3g)\n",
                   family.op, kind.c_str(), worst, worst_atol);
     }
   }
