@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <regex>
 #include <set>
 #include <tuple>
 
@@ -448,6 +449,26 @@ TEST(MlaValues, KindsPassTheEmulationAndOnlyLargeKillsTheFirstSplitMerge) {
       std::printf("%-100s first-split merge %s\n", c.id.c_str(),
                   mutant_passes ? "passes" : "fails");
     }
+  // Every quick case the mutant's regex (kernels_under_test/mla.mutants) names fails it.
+  const std::regex named("^(mla_decode|sparse_mla)/.*-ctx300-.*-vlarge$");
+  int hits = 0;
+  for (const char* name : {"mla_decode", "sparse_mla"}) {
+    const Op& o = op(name);
+    const bool sparse = std::string(name) == "sparse_mla";
+    const CaseFile f = load_case_file(default_root() + "/cases/" + name + ".toml");
+    for (const Case& c : f.tiers.at("quick")) {
+      if (!std::regex_search(c.id, named)) continue;
+      ++hits;
+      const Problem p = o.make(c);
+      std::string msg;
+      EXPECT_FALSE(all_pass(o, p,
+                            sparse ? emulate_sparse(p, Bug::merge_trusts_first)
+                                   : emulate_dense(p, Bug::merge_trusts_first),
+                            &msg))
+          << c.id << " is named by mla_merge_trusts_first's regex";
+    }
+  }
+  EXPECT_GE(hits, 4);
 }
 
 }  // namespace
