@@ -228,7 +228,13 @@ void run_kv_gather(const ack::KParams& p, const ack::KArgs& a) {
 
   const std::string layout = p.s("kv_cache_layout");
   const bool dequant = p.b("dequant");
+#if defined(AC_MUTANT_KV_GATHER_REDERIVE_TOTAL_TOKENS)
+  // total_tokens ignored and taken from the output's extent, as if key were always exactly
+  // [total_tokens, Hkv, D].
+  const int64_t T = key.size(0);
+#else
   const int64_t T = p.i("total_tokens");
+#endif
   if (!same_dtype(kc, vc)) throw ack::Refusal("key_cache and value_cache dtypes differ");
   if (!same_dtype(key, value) || !is16(key))
     throw ack::Refusal("key and value must both be bf16 or f16");
