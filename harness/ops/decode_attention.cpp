@@ -62,6 +62,7 @@ struct DecodeAttentionParams {
   int64_t offset_log2 = 0;
   Scales scales = Scales::lk;
   int64_t o_offset_log2 = 0;
+  bool storage_offset = false;  // ops/storage_offset.h
 
   int64_t lk() const { return kHeadDims[static_cast<size_t>(lk_lv)].lk; }
   int64_t lv() const { return kHeadDims[static_cast<size_t>(lk_lv)].lv; }
@@ -207,6 +208,8 @@ class DecodeAttentionOp final : public ContractDependentTypedOp<DecodeAttentionP
                 "strided: q, o, lse and the page table are padded views; cross_layer: pages of two "
                 "layers interleave (page stride 2 P Hkv D') and head rows are padded by 3 elements")
         .add("seed", "s", &P::seed, "input seed")
+        .add("storage_offset", "soff", &P::storage_offset, kStorageOffsetHelp)
+        .out_of_id_at_default()
         .choice(
             "fp8_codes", "fp8", &P::fp8_codes,
             {{Fp8Codes::ordinary, "ordinary"}, {Fp8Codes::special, "special"}},

@@ -75,6 +75,7 @@ struct KCacheParams {
   Values values = Values::model;
   int64_t pad = 0;
   int64_t seed = 0;
+  bool storage_offset = false;  // ops/storage_offset.h
   mx::CacheGeometry geometry() const { return {head_dim, block_size, n_per_tile_of(layout)}; }
 };
 
@@ -102,7 +103,9 @@ class IndexerMxfp4KCacheOp final : public TypedOp<KCacheParams> {
                 "amax sits on the rules' boundaries (6, 6.5, 7 times a power of two)")
         .add("pad", "pad", &P::pad, "bytes after each page (page stride = page + pad)")
         .bounds(0, 4096)
-        .add("seed", "s", &P::seed, "input seed");
+        .add("seed", "s", &P::seed, "input seed")
+        .add("storage_offset", "soff", &P::storage_offset, kStorageOffsetHelp)
+        .out_of_id_at_default();
   }
 
   std::optional<std::string> unbuildable(const P& p) const override {
@@ -173,6 +176,7 @@ struct LogitsParams {
   int64_t max_ctx = 200;
   Scales scales = Scales::model;
   int64_t seed = 0;
+  bool storage_offset = false;  // ops/storage_offset.h
   mx::CacheGeometry geometry() const { return {head_dim, block_size, n_per_tile_of(layout)}; }
 };
 
@@ -199,7 +203,9 @@ class IndexerMxfp4LogitsDecodeOp final : public TypedOp<LogitsParams> {
                 {{Scales::model, "model"}, {Scales::extreme, "extreme"}},
                 "extreme: K block 0 scale bytes 0..2 against q bytes 250..252, K block 1 bytes "
                 "250..252 against q bytes 0..2 (products stay fp32-normal)")
-        .add("seed", "s", &P::seed, "input seed");
+        .add("seed", "s", &P::seed, "input seed")
+        .add("storage_offset", "soff", &P::storage_offset, kStorageOffsetHelp)
+        .out_of_id_at_default();
   }
 
   std::optional<std::string> unbuildable(const P& p) const override {

@@ -40,6 +40,7 @@ struct KvGatherParams {
   Fp8Codes fp8_codes = Fp8Codes::ordinary;
   int64_t offset_log2 = 0;
   KeyRows key_rows = KeyRows::exact;
+  bool storage_offset = false;  // ops/storage_offset.h
 };
 
 // fp8_codes = special (docs/formats.md): in every slot the gather reads (each request's
@@ -107,7 +108,9 @@ class KvGatherOp final : public TypedOp<KvGatherParams> {
         .choice("table", "", &P::table,
                 {{Table::contiguous, "contiguous"}, {Table::strided, "strided"}},
                 "block table row stride")
-        .add("seed", "s", &P::seed, "input seed");
+        .add("seed", "s", &P::seed, "input seed")
+        .add("storage_offset", "soff", &P::storage_offset, kStorageOffsetHelp)
+        .out_of_id_at_default();
     add_fp8_codes(f, &P::fp8_codes,
                   "special: the tokens gathered hold the saturation codes (+-448 e4m3fn, +-240 "
                   "e4m3fnuz) and, in e4m3fn, -0 (dequantized to -0); every slot not gathered "

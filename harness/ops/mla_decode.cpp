@@ -16,6 +16,7 @@ namespace {
 
 struct MlaDecodeParams : mla::CommonParams {
   bool ragged_qlen = false;
+  bool storage_offset = false;  // ops/storage_offset.h
 };
 
 // Query tokens of each request: qlen for all, or with ragged_qlen qlen, qlen - 1, .., 1, qlen,
@@ -57,6 +58,8 @@ class MlaDecodeOp final : public ContractDependentTypedOp<MlaDecodeParams> {
     f.template add<bool>("ragged_qlen", "ragged", &P::ragged_qlen,
                          "request r has qlen - r % qlen query tokens (query_start_loc ragged, "
                          "max_seqlen_q = qlen > T / B); needs qlen >= 2 and batch >= 2")
+        .out_of_id_at_default()
+        .add("storage_offset", "soff", &P::storage_offset, kStorageOffsetHelp)
         .out_of_id_at_default();
     return f;
   }

@@ -19,6 +19,7 @@ enum class Pattern { causal, random, holes };
 struct SparseMlaParams : mla::CommonParams {
   int64_t topk = 64;
   Pattern pattern = Pattern::random;
+  bool storage_offset = false;  // ops/storage_offset.h
   // sparse_mla's defaults where they differ from mla_decode's.
   SparseMlaParams() {
     block_size = 64;
@@ -95,6 +96,7 @@ class SparseMlaOp final : public ContractDependentTypedOp<SparseMlaParams> {
             {{Pattern::causal, "causal"}, {Pattern::random, "random"}, {Pattern::holes, "holes"}},
             "index pattern");
     mla::add_input_fields(f, texts);
+    f.add("storage_offset", "soff", &P::storage_offset, kStorageOffsetHelp).out_of_id_at_default();
     return f;
   }
 
