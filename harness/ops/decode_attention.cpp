@@ -153,27 +153,6 @@ void plant_fp8_specials(const Tensor& cache, const PagedLayout& pl, int64_t P, i
   }
 }
 
-// An output [B, ...] whose last row starts past element 2^log2 of a sparse storage (rows B - 1
-// apart by the batch stride): the host holds that row only, and only it is compared.
-Tensor far_last_row(DType dtype, const Shape& shape, int64_t log2) {
-  const int64_t row = Tensor::contiguous_strides(shape)[0];
-  const int64_t rows = shape[0];
-  const int64_t stride0 = ((int64_t{1} << log2) + rows - 2) / (rows - 1) + row;
-  const int64_t last = (rows - 1) * stride0;
-  Shape strides = Tensor::contiguous_strides(shape);
-  strides[0] = stride0;
-  const Tensor storage = Tensor::sparse(dtype, {last + row}, last, row);
-  return storage.as_strided(shape, strides, 0);
-}
-
-// The rows of a reference output the kernel's output holds (all of them unless it is sparse).
-Tensor held_rows_of(const Tensor& expected, const Tensor& out) {
-  const Tensor held = out.held_rows();
-  if (held.size(0) == out.size(0)) return expected;
-  const int64_t first = (held.offset() - out.offset()) / out.stride(0);
-  return expected.slice(0, first, first + held.size(0)).contiguous();
-}
-
 class DecodeAttentionOp final : public ContractDependentTypedOp<DecodeAttentionParams> {
  public:
   using P = DecodeAttentionParams;

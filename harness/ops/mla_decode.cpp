@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/rng.h"
 #include "ops/mla_inputs.h"
 #include "reference/mla_decode.h"
 #include "reference/page_indices.h"
@@ -17,6 +18,7 @@ namespace {
 struct MlaDecodeParams : mla::CommonParams {
   bool ragged_qlen = false;
   bool storage_offset = false;  // ops/storage_offset.h
+  int64_t out_offset_log2 = 0;
 };
 
 // Query tokens of each request: qlen for all, or with ragged_qlen qlen, qlen - 1, .., 1, qlen,
@@ -60,6 +62,11 @@ class MlaDecodeOp final : public ContractDependentTypedOp<MlaDecodeParams> {
                          "max_seqlen_q = qlen > T / B); needs qlen >= 2 and batch >= 2")
         .out_of_id_at_default()
         .add("storage_offset", "soff", &P::storage_offset, kStorageOffsetHelp)
+        .out_of_id_at_default()
+        .add("out_offset_log2", "ooff", &P::out_offset_log2,
+             "31: out's token stride puts the last token's row past element 2^31 (byte 2^32); "
+             "a sparse storage holds only that row, which alone is compared. contiguous layout")
+        .only({0, 31})
         .out_of_id_at_default();
     return f;
   }
@@ -67,6 +74,8 @@ class MlaDecodeOp final : public ContractDependentTypedOp<MlaDecodeParams> {
   std::optional<std::string> unbuildable(const P& p) const override {
     if (p.ragged_qlen && (p.qlen < 2 || p.batch < 2))
       return "mla_decode: ragged_qlen needs qlen >= 2 and batch >= 2";
+    if (p.out_offset_log2 != 0 && (p.layout != mla::Layout::contiguous || p.batch * p.qlen < 2))
+      return "mla_decode: out_offset_log2 needs the contiguous layout and two or more tokens";
     return mla::unbuildable(p);
   }
   std::optional<std::string> invalid(const P& p) const override { return mla::invalid(p); }
@@ -83,7 +92,12 @@ class MlaDecodeOp final : public ContractDependentTypedOp<MlaDecodeParams> {
     }
     // Ragged: the first T of the B * qlen rows make_inputs built; the rest of their storages
     // lies outside every view and must stay untouched.
-    const Tensor q = in.q.slice(0, 0, T), out = in.out.slice(0, 0, T), lse = in.lse.slice(0, 0, T);
+    const Tensor q = in.q.slice(0, 0, T), lse = in.lse.slice(0, 0, T);
+    Tensor out = in.out.slice(0, 0, T);
+    if (p.out_offset_log2 > 0) {
+      out = far_last_row(p.dtype, {T, p.heads, lv}, p.out_offset_log2);
+      poison(out);
+    }
 
     Problem prob;
     prob.args = {{"q", q, Role::input},
@@ -116,7 +130,7 @@ class MlaDecodeOp final : public ContractDependentTypedOp<MlaDecodeParams> {
     const auto r = ref::mla_decode(prob.arg("q"), {prob.arg("kv_cache"), p.kv_scale()},
                                    prob.arg("block_table"), prob.arg("seq_lens"),
                                    prob.arg("query_start_loc"), p.softmax_scale(), p.lv());
-    return {{"out", r.out}, {"lse", r.lse}};
+    return {{"out", held_rows_of(r.out, prob.arg("out"))}, {"lse", r.lse}};
   }
 
   std::vector<OutputCheck> contract_checks(const Problem& prob, const P& p, const TensorMap&,

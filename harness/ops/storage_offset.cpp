@@ -33,4 +33,23 @@ void shift_storages(Problem& prob, int64_t bytes) {
   }
 }
 
+Tensor far_last_row(DType dtype, const Shape& shape, int64_t log2) {
+  const int64_t rows = shape.at(0);
+  if (rows < 2) throw std::invalid_argument("far_last_row: needs at least two rows");
+  Shape strides = Tensor::contiguous_strides(shape);
+  const int64_t row = strides[0];
+  // The smallest dim-0 stride that puts row rows - 1 at or past element 2^log2, and no row overlap.
+  strides[0] = ((int64_t{1} << log2) + rows - 2) / (rows - 1) + row;
+  const int64_t last = (rows - 1) * strides[0];
+  const Tensor storage = Tensor::sparse(dtype, {last + row}, last, row);
+  return storage.as_strided(shape, strides, 0);
+}
+
+Tensor held_rows_of(const Tensor& expected, const Tensor& out) {
+  const Tensor held = out.held_rows();
+  if (held.size(0) == out.size(0)) return expected;
+  const int64_t first = (held.offset() - out.offset()) / out.stride(0);
+  return expected.slice(0, first, first + held.size(0)).contiguous();
+}
+
 }  // namespace attncheck

@@ -25,6 +25,16 @@ inline constexpr int64_t kStorageOffsetBytes = 256;
 // Sparse storages (docs/abi.md) stay as they are: their views already start far from element 0.
 void shift_storages(Problem& prob, int64_t bytes = kStorageOffsetBytes);
 
+// An output whose last row (along dim 0) starts past element 2^log2 of a sparse storage
+// (docs/abi.md "Sparse storages"), rows `rows - 1` apart by the dim-0 stride: the host holds that
+// row only, and only it is compared (Tensor::held_rows). Needs shape[0] >= 2. (issue 21 item 3:
+// 32-bit offset arithmetic on outputs.)
+Tensor far_last_row(DType dtype, const Shape& shape, int64_t log2);
+
+// The rows of a reference output that the kernel's output `out` holds: all of them unless it
+// lies on a sparse storage.
+Tensor held_rows_of(const Tensor& expected, const Tensor& out);
+
 // The typed field (Fields<P>, ops/typed_op.h, which applies it: TypedOp::make): a bool member
 // whose P{} value is false, out of case ids at false ("-soff1" when true). `member` may be one
 // of a base of P.
