@@ -7,6 +7,8 @@
 // (the packed (nb, Hkv, P, 2D) layout of vLLM #44455, whose K and V views interleave per slot),
 // fp8 dequant exact only on ordinary codes, and offsets past 2^31 / 2^32 (issue 14).
 #include <stdexcept>
+#include <tuple>
+#include <utility>
 
 #include "core/numeric.h"
 #include "core/rng.h"
@@ -41,7 +43,23 @@ struct KvGatherParams {
   int64_t offset_log2 = 0;
   KeyRows key_rows = KeyRows::exact;
   bool storage_offset = false;  // ops/storage_offset.h
+  int64_t out_offset_log2 = 0;
 };
+
+// out_offset_log2: key and value in one sparse storage, their token rows `stride` apart and
+// value's one row after key's, so that the last token's K and V rows lie past element 2^log2 side
+// by side in the host window and only they are compared.
+std::pair<Tensor, Tensor> far_key_value(DType dtype, int64_t tokens, int64_t Hkv, int64_t D,
+                                        int64_t log2) {
+  if (tokens < 2) throw std::invalid_argument("out_offset_log2 needs two or more tokens");
+  const int64_t row = Hkv * D;
+  const int64_t stride = ((int64_t{1} << log2) + tokens - 2) / (tokens - 1) + 2 * row;
+  const int64_t last = (tokens - 1) * stride;
+  const Tensor storage = Tensor::sparse(dtype, {last + 2 * row}, last, 2 * row);
+  poison(storage);
+  return {storage.as_strided({tokens, Hkv, D}, {stride, D, 1}, 0),
+          storage.as_strided({tokens, Hkv, D}, {stride, D, 1}, row)};
+}
 
 // fp8_codes = special (docs/formats.md): in every slot the gather reads (each request's
 // [seq_start, seq_start + count)), element (h, d) of the token at position pos holds
@@ -124,6 +142,11 @@ class KvGatherOp final : public TypedOp<KvGatherParams> {
              "exact: key / value are [total_tokens, Hkv, D]; longer: [total_tokens + 3, ...] "
              "(the ABI's [>= total_tokens, ...]), whose last 3 rows hold data the kernel must "
              "leave alone (inout), so no extent tells total_tokens")
+        .out_of_id_at_default()
+        .add("out_offset_log2", "ooff", &P::out_offset_log2,
+             "31: key / value's token stride puts the last token's rows past element 2^31 "
+             "(byte 2^32); a sparse storage holds only those, which alone are compared")
+        .only({0, 31})
         .out_of_id_at_default();
     return f;
   }
@@ -138,6 +161,8 @@ class KvGatherOp final : public TypedOp<KvGatherParams> {
         p.strides != ref::KvStrides::separate && p.strides != ref::KvStrides::packed)
       return "offset_log2 needs hybrid, separate or packed strides";
     // ref::make_kv_cache's text (reference/kv_gather.cpp), here so that the error names the case.
+    if (p.out_offset_log2 != 0 && p.key_rows != KeyRows::exact)
+      return "out_offset_log2 needs key_rows = exact";
     if (p.strides == ref::KvStrides::packed && p.layout == ref::KvLayout::shuffle)
       return "the packed (nb, Hkv, P, 2D) cache is an NHD layout, not SHUFFLE";
     return std::nullopt;
@@ -196,6 +221,10 @@ class KvGatherOp final : public TypedOp<KvGatherParams> {
     poison(workspace);
     if (longer) fill_normal(workspace.slice(1, total, rows), Rng(c.id, "key_rows_past", seed));
     const Role out_role = longer ? Role::inout : Role::output;
+    Tensor key = workspace.select(0, 0).slice(0, 0, rows);
+    Tensor value = workspace.select(0, 1).slice(0, 0, rows);
+    if (p.out_offset_log2 > 0)
+      std::tie(key, value) = far_key_value(p.dtype, total, Hkv, D, p.out_offset_log2);
 
     Problem prob;
     prob.args = {{"key_cache", cache.key_cache, Role::input},
@@ -206,8 +235,8 @@ class KvGatherOp final : public TypedOp<KvGatherParams> {
                  {"seq_starts", meta.seq_starts, Role::input},
                  {"k_scale", k_scale, Role::input},
                  {"v_scale", v_scale, Role::input},
-                 {"key", workspace.select(0, 0).slice(0, 0, rows), out_role},
-                 {"value", workspace.select(0, 1).slice(0, 0, rows), out_role}};
+                 {"key", key, out_role},
+                 {"value", value, out_role}};
     const double elems = 2.0 * static_cast<double>(total * Hkv * D);
     prob.bytes = elems * static_cast<double>(dtype_size(cache_dtype) + dtype_size(p.dtype));
     return prob;
@@ -238,8 +267,9 @@ class KvGatherOp final : public TypedOp<KvGatherParams> {
       a.dequant = ref::KvDequant{static_cast<float>(prob.arg("k_scale").get({0})),
                                  static_cast<float>(prob.arg("v_scale").get({0}))};
     auto g = ref::kv_gather(a);
-    return {{"key", with_tail(g.key, prob.arg("key")).contiguous()},
-            {"value", with_tail(g.value, prob.arg("value")).contiguous()}};
+    return {{"key", held_rows_of(with_tail(g.key, prob.arg("key")), prob.arg("key")).contiguous()},
+            {"value",
+             held_rows_of(with_tail(g.value, prob.arg("value")), prob.arg("value")).contiguous()}};
   }
 
   std::vector<OutputCheck> checks(const Problem&, const P& p, const TensorMap&) const override {
