@@ -337,7 +337,8 @@ TEST(MlaCases, QuickCoversEveryAxisValueAndGoldensStaySmall) {
     std::printf("%s: %zu smoke, %zu quick, %zu full cases; smoke+quick goldens %.2f MB\n", name,
                 f.tiers.at("smoke").size(), f.tiers.at("quick").size(), f.tiers.at("full").size(),
                 golden_bytes / 1e6);
-    EXPECT_LT(golden_bytes, 3.5e6) << name;
+    // 3.5 MB until issue 21's ragged-qlen, storage-offset and large-output cases (+0.16 MB).
+    EXPECT_LT(golden_bytes, 3.7e6) << name;
     for (const auto& ax : o.axes()) {
       if (ax.name == "seed" || ax.allowed.empty()) continue;
       std::set<std::string> seen;
