@@ -112,8 +112,9 @@ __global__ void gather_kv(GatherCache cache, uint8_t* out, int64_t out_token_str
     const uint8_t* src = cache.base + cache_offset(cache, blk, s, h, d0) * ES_IN;
 #if defined(AC_MUTANT_KV_GATHER_OUT_OFFSET_INT32)
     // The output element offset in int32: wraps once key / value reach past element 2^31.
-    uint8_t* dst =
-        out + static_cast<int64_t>(static_cast<int32_t>(t * out_token_stride + h * out_head_stride + d0)) * 2;
+    uint8_t* dst = out + static_cast<int64_t>(static_cast<int32_t>(t * out_token_stride +
+                                                                   h * out_head_stride + d0)) *
+                             2;
 #else
     uint8_t* dst = out + (t * out_token_stride + h * out_head_stride + d0) * 2;
 #endif

@@ -28,8 +28,8 @@ void shift_storages(Problem& prob, int64_t bytes) {
       throw std::logic_error("shift_storages: storage of '" + a.name +
                              "' is not a whole number of its elements");
     const Tensor typed = flat.view_as(a.tensor.dtype());
-    a.tensor = typed.as_strided(a.tensor.shape(), a.tensor.strides(),
-                                a.tensor.offset() + bytes / es);
+    a.tensor =
+        typed.as_strided(a.tensor.shape(), a.tensor.strides(), a.tensor.offset() + bytes / es);
   }
 }
 

@@ -288,9 +288,8 @@ void judge_kernel(Result& r, const Op& op, const Problem& p, ContractJudge& judg
         if (a.role != Role::output || !o.outputs.count(a.name) || !o2.outputs.count(a.name))
           continue;
         // Over the held rows: the outputs came back as those (a sparse output's, docs/abi.md).
-        const auto u =
-            unwritten_elements(a.name, a.tensor.held_rows(), o.outputs.at(a.name),
-                               q.arg(a.name).held_rows(), o2.outputs.at(a.name));
+        const auto u = unwritten_elements(a.name, a.tensor.held_rows(), o.outputs.at(a.name),
+                                          q.arg(a.name).held_rows(), o2.outputs.at(a.name));
         if (!u.empty()) problems.push_back(u);
         unwritten = unwritten || !u.empty();
       }

@@ -35,7 +35,8 @@ TEST(StorageOffset, ShiftKeepsValuesAndAliasingAndPoisonsTheLeadingBytes) {
   for (size_t i = 0; i < plain.args.size(); ++i) {
     const Tensor &a = plain.args[i].tensor, &b = moved.args[i].tensor;
     SCOPED_TRACE(plain.args[i].name);
-    EXPECT_EQ(b.offset(), a.offset() + kStorageOffsetBytes / static_cast<int64_t>(b.element_size()));
+    EXPECT_EQ(b.offset(),
+              a.offset() + kStorageOffsetBytes / static_cast<int64_t>(b.element_size()));
     EXPECT_EQ(a.strides(), b.strides());
     if (plain.args[i].role != Role::output) {
       EXPECT_TRUE(same_values(a, b));
@@ -91,14 +92,14 @@ TEST(FarLastRow, LastRowPastElement2To31AndOnlyItHeld) {
 }
 
 TEST(Issue21Axes, OnlyTheLastRowOfALargeOutputIsExpected) {
-  const Problem d = problem("decode_attention", {{"lk_lv", "128x128"},
-                                                 {"is_mla", false},
-                                                 {"kv_heads", 2},
-                                                 {"o_offset_log2", 31}});
+  const Problem d =
+      problem("decode_attention",
+              {{"lk_lv", "128x128"}, {"is_mla", false}, {"kv_heads", 2}, {"o_offset_log2", 31}});
   const TensorMap e = registered_op("decode_attention").reference(d);
   EXPECT_EQ(e.at("o").size(0), 1);
   EXPECT_EQ(e.at("lse").size(0), d.arg("q").size(0));
-  const Problem m = problem("mla_decode", {{"dims", "96x64"}, {"qlen", 2}, {"out_offset_log2", 31}});
+  const Problem m =
+      problem("mla_decode", {{"dims", "96x64"}, {"qlen", 2}, {"out_offset_log2", 31}});
   EXPECT_EQ(registered_op("mla_decode").reference(m).at("out").size(0), 1);
   const Problem g = problem("kv_gather", {{"out_offset_log2", 31}});
   EXPECT_EQ(g.arg("key").storage(), g.arg("value").storage());
