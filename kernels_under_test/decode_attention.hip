@@ -371,7 +371,12 @@ __global__ void decode_stage2(Stage2Args a) {
   const int per = (len + a.splits - 1) / a.splits;
   const int64_t slot_w = a.lv + 1;
   const float* base = a.partials + (static_cast<int64_t>(b) * a.hq + h) * a.splits * slot_w;
+#if defined(AC_MUTANT_DECODE_OUT_OFFSET_INT32)
+  // The output row offset in int32: wraps once o's batch stride reaches past element 2^31.
+  auto* o = static_cast<uint16_t*>(a.o) + static_cast<int32_t>(b * a.o_sb + h * a.o_sh);
+#else
   auto* o = static_cast<uint16_t*>(a.o) + b * a.o_sb + h * a.o_sh;
+#endif
   // Every thread merges the same split scalars (identical results) for its own columns;
   // d == lv is the log-sum-exp itself.
 #if defined(AC_MUTANT_DECODE_DROP_LAST_SPLIT)
@@ -636,7 +641,13 @@ void run_decode_attention(const ack::KParams& p, const ack::KArgs& args) {
   a.off_stat = static_cast<int>(off_stat);
   a.off_rows = static_cast<int>(off_rows);
   const bool fp8 = fp8_format >= 0;
-  a.qk_scale = static_cast<float>(p.f("sm_scale")) * (fp8 ? static_cast<float>(k_scale) : 1.0f);
+#if defined(AC_MUTANT_DECODE_REDERIVE_SM_SCALE)
+  // sm_scale ignored and re-derived from the head dim, as if every model used 1/sqrt(Lk).
+  const double sm_scale = 1.0 / std::sqrt(static_cast<double>(lk));
+#else
+  const double sm_scale = p.f("sm_scale");
+#endif
+  a.qk_scale = static_cast<float>(sm_scale) * (fp8 ? static_cast<float>(k_scale) : 1.0f);
   a.acc_scale = fp8 ? static_cast<float>(is_mla && t.grouped ? k_scale : v_scale) : 1.0f;
   a.cap = static_cast<float>(p.f("logit_cap"));
   a.fp8_format = fp8_format;

@@ -110,7 +110,14 @@ __global__ void gather_kv(GatherCache cache, uint8_t* out, int64_t out_token_str
   for (int64_t d0 = static_cast<int64_t>(threadIdx.x) * VEC; d0 < cache.D;
        d0 += static_cast<int64_t>(blockDim.x) * VEC) {
     const uint8_t* src = cache.base + cache_offset(cache, blk, s, h, d0) * ES_IN;
+#if defined(AC_MUTANT_KV_GATHER_OUT_OFFSET_INT32)
+    // The output element offset in int32: wraps once key / value reach past element 2^31.
+    uint8_t* dst = out + static_cast<int64_t>(static_cast<int32_t>(t * out_token_stride +
+                                                                   h * out_head_stride + d0)) *
+                             2;
+#else
     uint8_t* dst = out + (t * out_token_stride + h * out_head_stride + d0) * 2;
+#endif
     if constexpr (!DEQUANT) {
       using V = typename VecOf<VEC * ES_IN>::type;
       *reinterpret_cast<V*>(dst) = *reinterpret_cast<const V*>(src);
@@ -232,7 +239,13 @@ void run_kv_gather(const ack::KParams& p, const ack::KArgs& a) {
 
   const std::string layout = p.s("kv_cache_layout");
   const bool dequant = p.b("dequant");
+#if defined(AC_MUTANT_KV_GATHER_REDERIVE_TOTAL_TOKENS)
+  // total_tokens ignored and taken from the output's extent, as if key were always exactly
+  // [total_tokens, Hkv, D].
+  const int64_t T = key.size(0);
+#else
   const int64_t T = p.i("total_tokens");
+#endif
   if (!same_dtype(kc, vc)) throw ack::Refusal("key_cache and value_cache dtypes differ");
   if (!same_dtype(key, value) || !is16(key))
     throw ack::Refusal("key and value must both be bf16 or f16");

@@ -289,6 +289,15 @@ __global__ void __launch_bounds__(kWarps * 64)
   if (tid < kHeadTile) part_lse[part_row + tid] = m_fin[tid] + logf(l_fin[tid]);
 }
 
+// The element offset of out[t, h, 0] through out's strides.
+__device__ inline int64_t out_row_offset(int64_t t, int64_t h, int64_t o_ts, int64_t o_hs) {
+#if defined(AC_MUTANT_MLA_OUT_OFFSET_INT32)
+  return static_cast<int32_t>(t * o_ts + h * o_hs);  // seed bug: wraps past element 2^31
+#else
+  return t * o_ts + h * o_hs;
+#endif
+}
+
 // Stage 2: grid (tokens, heads), merges the splits by their LSE and writes out/lse through the
 // given strides. A row with no key (every split empty) gets out = 0 and lse = -inf.
 __global__ void merge_stage2(const float* part_o, const float* part_lse, int heads, int splits,
@@ -310,7 +319,7 @@ __global__ void merge_stage2(const float* part_o, const float* part_lse, int hea
       const float l = part_lse[(static_cast<int64_t>(t) * splits + s) * heads + h];
       if (l != -INFINITY) total += expf(l - mx);
     }
-  uint16_t* o = out + t * o_ts + h * o_hs;
+  uint16_t* o = out + out_row_offset(t, h, o_ts, o_hs);
   for (int d = static_cast<int>(threadIdx.x); d < lv; d += static_cast<int>(blockDim.x)) {
     float acc = 0.0f;
     if (mx != -INFINITY)
@@ -336,7 +345,7 @@ __global__ void unpad_heads(uint16_t* out, int64_t o_ts, int64_t o_hs, float* ls
 #endif
   const uint16_t* o = o_pad + (static_cast<int64_t>(t) * kHeadTile + src) * lv;
   for (int d = static_cast<int>(threadIdx.x); d < lv; d += static_cast<int>(blockDim.x))
-    out[t * o_ts + h * o_hs + d] = o[d];
+    out[out_row_offset(t, h, o_ts, o_hs) + d] = o[d];
   if (threadIdx.x == 0) lse[t * l_ts + h * l_hs] = lse_pad[t * kHeadTile + src];
 }
 

@@ -39,6 +39,7 @@ constexpr HeadDimsEntry kHeadDims[] = {
 enum class KvDtype { same, e4m3fn, e4m3fnuz };
 enum class Layout { contiguous, strided, cross_layer };
 enum class Fp8Codes { ordinary, special };
+enum class Scales { lk, sm, kscale };
 
 double to_f32(double v) {
   return static_cast<double>(static_cast<float>(v));
@@ -61,6 +62,9 @@ struct DecodeAttentionParams {
   Fp8Codes fp8_codes = Fp8Codes::ordinary;
   int64_t offset_log2 = 0;
   values::Values values = values::Values::typical;
+  Scales scales = Scales::lk;
+  int64_t o_offset_log2 = 0;
+  bool storage_offset = false;  // ops/storage_offset.h
 
   int64_t lk() const { return kHeadDims[static_cast<size_t>(lk_lv)].lk; }
   int64_t lv() const { return kHeadDims[static_cast<size_t>(lk_lv)].lv; }
@@ -72,8 +76,16 @@ struct DecodeAttentionParams {
   bool fp8() const { return is_fp8(cache_dtype()); }
   // The caches' standard deviation: fp8 codes span the format like a per-tensor amax scale does.
   double kv_std() const { return fp8() ? max_finite(cache_dtype()) / 5 : 1.0; }
-  double sm_scale() const { return to_f32(1.0 / std::sqrt(static_cast<double>(lk()))); }
-  double k_scale() const { return fp8() ? to_f32(1.1 / kv_std()) : 1.0; }
+  // scales = sm | kscale pass values no other argument determines: a YaRN-like softmax scale, or
+  // one k_scale for both fp8 formats (beside an unchanged v_scale), so the head dim, the format
+  // and the other scale no longer tell a kernel that re-derives one of them what it is.
+  double sm_scale() const {
+    const double factor = scales == Scales::sm ? 0.75 : 1.0;
+    return to_f32(factor / std::sqrt(static_cast<double>(lk())));
+  }
+  double k_scale() const {
+    return fp8() ? to_f32(scales == Scales::kscale ? 0.01 : 1.1 / kv_std()) : 1.0;
+  }
   double v_scale() const { return fp8() ? (is_mla ? k_scale() : to_f32(0.9 / kv_std())) : 1.0; }
 };
 
@@ -192,6 +204,8 @@ class DecodeAttentionOp final : public ContractDependentTypedOp<DecodeAttentionP
                 "strided: q, o, lse and the page table are padded views; cross_layer: pages of two "
                 "layers interleave (page stride 2 P Hkv D') and head rows are padded by 3 elements")
         .add("seed", "s", &P::seed, "input seed")
+        .add("storage_offset", "soff", &P::storage_offset, kStorageOffsetHelp)
+        .out_of_id_at_default()
         .choice(
             "fp8_codes", "fp8", &P::fp8_codes,
             {{Fp8Codes::ordinary, "ordinary"}, {Fp8Codes::special, "special"}},
@@ -206,6 +220,17 @@ class DecodeAttentionOp final : public ContractDependentTypedOp<DecodeAttentionP
              "only "
              "the pages read (a sparse storage, docs/abi.md). contiguous layout only")
         .only({0, 31, 32})
+        .out_of_id_at_default()
+        .choice("scales", "sc", &P::scales,
+                {{Scales::lk, "lk"}, {Scales::sm, "sm"}, {Scales::kscale, "kscale"}},
+                "lk: sm_scale 1/sqrt(Lk), fp8 k_scale 1.1 / (max finite / 5); sm: sm_scale "
+                "0.75/sqrt(Lk); kscale: fp8 k_scale 0.01 in both formats (v_scale stays 0.9 / "
+                "(max finite / 5), k_scale under MLA)")
+        .out_of_id_at_default()
+        .add("o_offset_log2", "ooff", &P::o_offset_log2,
+             "31: o's batch stride puts the last request's row past element 2^31 (byte 2^32); "
+             "a sparse storage holds only that row, which alone is compared. contiguous only")
+        .only({0, 31})
         .out_of_id_at_default();
     values::add_field(f, &P::values);
     return f;
@@ -220,6 +245,8 @@ class DecodeAttentionOp final : public ContractDependentTypedOp<DecodeAttentionP
       return "decode_attention: offset_log2 needs the contiguous layout";
     if (auto why = values::unbuildable(p.values, p.fp8_codes == Fp8Codes::special, p.offset_log2))
       return "decode_attention: " + *why;
+    if (p.o_offset_log2 != 0 && (p.layout != Layout::contiguous || p.batch < 2))
+      return "decode_attention: o_offset_log2 needs the contiguous layout and batch >= 2";
     return std::nullopt;
   }
 
@@ -294,6 +321,9 @@ class DecodeAttentionOp final : public ContractDependentTypedOp<DecodeAttentionP
     if (strided) {
       o = Tensor::empty(qt, {B, hq + 2, lv + 24}).slice(1, 1, 1 + hq).slice(2, 8, 8 + lv);
       lse = Tensor::empty(DType::f32, {B, hq + 5}).slice(1, 2, 2 + hq);
+    } else if (p.o_offset_log2 > 0) {
+      o = far_last_row(qt, {B, hq, lv}, p.o_offset_log2);
+      lse = Tensor::empty(DType::f32, {B, hq});
     } else {
       o = Tensor::empty(qt, {B, hq, lv});
       lse = Tensor::empty(DType::f32, {B, hq});
@@ -336,7 +366,7 @@ class DecodeAttentionOp final : public ContractDependentTypedOp<DecodeAttentionP
 
   TensorMap reference(const Problem& prob, const P& p) const override {
     auto r = ref::decode_attention(inputs_of(prob, p));
-    return {{"o", r.o}, {"lse", r.lse}};
+    return {{"o", held_rows_of(r.o, prob.arg("o"))}, {"lse", r.lse}};
   }
 
   // Error model (docs/ops/decode_attention.md), first order, per (request, head); u = 2^-24:

@@ -28,6 +28,7 @@ enum class TopkData { random, ties };
 // base's sets it in its constructor.
 struct SeedParams {
   int64_t seed = 0;
+  bool storage_offset = false;  // ops/storage_offset.h
 };
 struct Fp8Params : SeedParams {
   DType fp8 = DType::e4m3fn;
@@ -79,6 +80,7 @@ void add_quant_max(Fields<P>& f) {
 template <class P>
 void add_seed(Fields<P>& f) {
   f.add("seed", "s", member<P>(&P::seed), "input seed");
+  add_storage_offset(f, member<P>(&P::storage_offset));
 }
 // The help texts of fields every op that has them words its own way.
 struct LayoutHelp {

@@ -126,6 +126,7 @@ struct KCacheParams {
   mx::KeyFormat format = mx::KeyFormat::mxfp4;
   GlobalScale global_scale = GlobalScale::odd;
   int64_t seed = 0;
+  bool storage_offset = false;  // ops/storage_offset.h
   mx::CacheGeometry geometry() const {
     return {head_dim, block_size, n_per_tile_of(layout), format, global_scale_value(global_scale)};
   }
@@ -159,7 +160,9 @@ class IndexerMxfp4KCacheOp final : public TypedOp<KCacheParams> {
         .out_of_id_at_default()
         .choice("global_scale", "g", &P::global_scale, kGlobalNames, kGlobalHelp)
         .out_of_id_at_default()
-        .add("seed", "s", &P::seed, "input seed");
+        .add("seed", "s", &P::seed, "input seed")
+        .add("storage_offset", "soff", &P::storage_offset, kStorageOffsetHelp)
+        .out_of_id_at_default();
   }
 
   std::optional<std::string> unbuildable(const P& p) const override {
@@ -237,6 +240,7 @@ struct LogitsParams {
   mx::KeyFormat format = mx::KeyFormat::mxfp4;
   GlobalScale global_scale = GlobalScale::odd;
   int64_t seed = 0;
+  bool storage_offset = false;  // ops/storage_offset.h
   mx::CacheGeometry geometry() const {
     return {head_dim, block_size, n_per_tile_of(layout), format, global_scale_value(global_scale)};
   }
@@ -270,7 +274,9 @@ class IndexerMxfp4LogitsDecodeOp final : public TypedOp<LogitsParams> {
         .out_of_id_at_default()
         .choice("global_scale", "g", &P::global_scale, kGlobalNames, kGlobalHelp)
         .out_of_id_at_default()
-        .add("seed", "s", &P::seed, "input seed");
+        .add("seed", "s", &P::seed, "input seed")
+        .add("storage_offset", "soff", &P::storage_offset, kStorageOffsetHelp)
+        .out_of_id_at_default();
   }
 
   std::optional<std::string> unbuildable(const P& p) const override {

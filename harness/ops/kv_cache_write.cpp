@@ -42,6 +42,7 @@ struct KvCacheWriteParams {
   KeySource key = KeySource::contiguous;
   Rows rows = Rows::normal;
   int64_t seed = 0;
+  bool storage_offset = false;  // ops/storage_offset.h
 };
 
 constexpr int64_t kTrailingPad = 3;  // padding tokens at the end (slot -1), like a padded batch
@@ -174,7 +175,9 @@ class KvCacheWriteOp final : public TypedOp<KvCacheWriteParams> {
                 "per_token: also all-zero rows and rows below the scale eps (bf16) / f16 "
                 "subnormal rows")
         .out_of_id_at_default()
-        .add("seed", "s", &P::seed, "input seed");
+        .add("seed", "s", &P::seed, "input seed")
+        .add("storage_offset", "soff", &P::storage_offset, kStorageOffsetHelp)
+        .out_of_id_at_default();
     return f;
   }
 

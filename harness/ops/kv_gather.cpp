@@ -7,6 +7,8 @@
 // (the packed (nb, Hkv, P, 2D) layout of vLLM #44455, whose K and V views interleave per slot),
 // fp8 dequant exact only on ordinary codes, and offsets past 2^31 / 2^32 (issue 14).
 #include <stdexcept>
+#include <tuple>
+#include <utility>
 
 #include "core/numeric.h"
 #include "core/rng.h"
@@ -21,6 +23,7 @@ namespace {
 
 enum class Context { full, chunk, window };
 enum class Table { contiguous, strided };
+enum class KeyRows { exact, longer };
 
 struct KvGatherParams {
   ref::KvLayout layout = ref::KvLayout::nhd;
@@ -38,7 +41,25 @@ struct KvGatherParams {
   int64_t seed = 0;
   Fp8Codes fp8_codes = Fp8Codes::ordinary;
   int64_t offset_log2 = 0;
+  KeyRows key_rows = KeyRows::exact;
+  bool storage_offset = false;  // ops/storage_offset.h
+  int64_t out_offset_log2 = 0;
 };
+
+// out_offset_log2: key and value in one sparse storage, their token rows `stride` apart and
+// value's one row after key's, so that the last token's K and V rows lie past element 2^log2 side
+// by side in the host window and only they are compared.
+std::pair<Tensor, Tensor> far_key_value(DType dtype, int64_t tokens, int64_t Hkv, int64_t D,
+                                        int64_t log2) {
+  if (tokens < 2) throw std::invalid_argument("out_offset_log2 needs two or more tokens");
+  const int64_t row = Hkv * D;
+  const int64_t stride = ((int64_t{1} << log2) + tokens - 2) / (tokens - 1) + 2 * row;
+  const int64_t last = (tokens - 1) * stride;
+  const Tensor storage = Tensor::sparse(dtype, {last + 2 * row}, last, 2 * row);
+  poison(storage);
+  return {storage.as_strided({tokens, Hkv, D}, {stride, D, 1}, 0),
+          storage.as_strided({tokens, Hkv, D}, {stride, D, 1}, row)};
+}
 
 // fp8_codes = special (docs/formats.md): in every slot the gather reads (each request's
 // [seq_start, seq_start + count)), element (h, d) of the token at position pos holds
@@ -105,7 +126,9 @@ class KvGatherOp final : public TypedOp<KvGatherParams> {
         .choice("table", "", &P::table,
                 {{Table::contiguous, "contiguous"}, {Table::strided, "strided"}},
                 "block table row stride")
-        .add("seed", "s", &P::seed, "input seed");
+        .add("seed", "s", &P::seed, "input seed")
+        .add("storage_offset", "soff", &P::storage_offset, kStorageOffsetHelp)
+        .out_of_id_at_default();
     add_fp8_codes(f, &P::fp8_codes,
                   "special: the tokens gathered hold the saturation codes (+-448 e4m3fn, +-240 "
                   "e4m3fnuz) and, in e4m3fn, -0 (dequantized to -0); every slot not gathered "
@@ -114,6 +137,17 @@ class KvGatherOp final : public TypedOp<KvGatherParams> {
                     "31 / 32: every block a request reads starts past byte 2^31 / 2^32 of its "
                     "cache storage (hybrid, separate or packed strides); the host holds only "
                     "those blocks");
+    f.choice("key_rows", "kr", &P::key_rows,
+             {{KeyRows::exact, "exact"}, {KeyRows::longer, "longer"}},
+             "exact: key / value are [total_tokens, Hkv, D]; longer: [total_tokens + 3, ...] "
+             "(the ABI's [>= total_tokens, ...]), whose last 3 rows hold data the kernel must "
+             "leave alone (inout), so no extent tells total_tokens")
+        .out_of_id_at_default()
+        .add("out_offset_log2", "ooff", &P::out_offset_log2,
+             "31: key / value's token stride puts the last token's rows past element 2^31 "
+             "(byte 2^32); a sparse storage holds only those, which alone are compared")
+        .only({0, 31})
+        .out_of_id_at_default();
     return f;
   }
 
@@ -127,6 +161,8 @@ class KvGatherOp final : public TypedOp<KvGatherParams> {
         p.strides != ref::KvStrides::separate && p.strides != ref::KvStrides::packed)
       return "offset_log2 needs hybrid, separate or packed strides";
     // ref::make_kv_cache's text (reference/kv_gather.cpp), here so that the error names the case.
+    if (p.out_offset_log2 != 0 && p.key_rows != KeyRows::exact)
+      return "out_offset_log2 needs key_rows = exact";
     if (p.strides == ref::KvStrides::packed && p.layout == ref::KvLayout::shuffle)
       return "the packed (nb, Hkv, P, 2D) cache is an NHD layout, not SHUFFLE";
     return std::nullopt;
@@ -138,7 +174,9 @@ class KvGatherOp final : public TypedOp<KvGatherParams> {
     const auto seed = static_cast<uint64_t>(p.seed);
     const auto paged =
         paged_layout(c.id, p.batch, p.max_ctx, bs, p.table == Table::strided, p.seed);
-    constexpr int64_t kPad = 5;  // token_to_batch entries past total_tokens (hold B)
+    // token_to_batch entries past total_tokens (hold B); 8 beside key's 3 extra rows, so neither
+    // extent tells total_tokens.
+    const int64_t kPad = p.key_rows == KeyRows::longer ? 8 : 5;
     const ref::KvGatherMeta meta =
         p.context == Context::chunk    ? ref::chunk_meta(paged.seq_lens, p.span, 1, kPad)
         : p.context == Context::window ? ref::window_meta(paged.seq_lens, p.span, kPad)
@@ -173,11 +211,20 @@ class KvGatherOp final : public TypedOp<KvGatherParams> {
       fill_normal(v_held, v_rng);
     }
 
-    // One workspace for both outputs, like the builder's [2, N, Hkv, D]: rows past the gathered
-    // tokens stay poisoned and must stay untouched.
+    // One workspace for both outputs, like the builder's [2, N, Hkv, D]: rows past the key and
+    // value views stay poisoned and must stay untouched. key_rows = longer: the views hold 3 rows
+    // past the gathered tokens, with data (inout).
     const int64_t total = meta.total_tokens;
-    Tensor workspace = Tensor::empty(p.dtype, {2, total + 3, Hkv, D});
+    const bool longer = p.key_rows == KeyRows::longer;
+    const int64_t rows = longer ? total + 3 : total;
+    Tensor workspace = Tensor::empty(p.dtype, {2, rows + 3, Hkv, D});
     poison(workspace);
+    if (longer) fill_normal(workspace.slice(1, total, rows), Rng(c.id, "key_rows_past", seed));
+    const Role out_role = longer ? Role::inout : Role::output;
+    Tensor key = workspace.select(0, 0).slice(0, 0, rows);
+    Tensor value = workspace.select(0, 1).slice(0, 0, rows);
+    if (p.out_offset_log2 > 0)
+      std::tie(key, value) = far_key_value(p.dtype, total, Hkv, D, p.out_offset_log2);
 
     Problem prob;
     prob.args = {{"key_cache", cache.key_cache, Role::input},
@@ -188,8 +235,8 @@ class KvGatherOp final : public TypedOp<KvGatherParams> {
                  {"seq_starts", meta.seq_starts, Role::input},
                  {"k_scale", k_scale, Role::input},
                  {"v_scale", v_scale, Role::input},
-                 {"key", workspace.select(0, 0).slice(0, 0, total), Role::output},
-                 {"value", workspace.select(0, 1).slice(0, 0, total), Role::output}};
+                 {"key", key, out_role},
+                 {"value", value, out_role}};
     const double elems = 2.0 * static_cast<double>(total * Hkv * D);
     prob.bytes = elems * static_cast<double>(dtype_size(cache_dtype) + dtype_size(p.dtype));
     return prob;
@@ -205,7 +252,7 @@ class KvGatherOp final : public TypedOp<KvGatherParams> {
     nlohmann::json kp = {
         {"kv_cache_layout", p.layout == ref::KvLayout::shuffle ? "SHUFFLE" : "NHD"},
         {"dequant", is_fp8(cache_dtype)},
-        {"total_tokens", total_tokens(inputs)}};
+        {"total_tokens", total_tokens(inputs, p)}};
     if (is_fp8(cache_dtype)) kp["fp8_format"] = fp8_format_name(cache_dtype);
     return kp;
   }
@@ -219,13 +266,15 @@ class KvGatherOp final : public TypedOp<KvGatherParams> {
     a.token_to_batch = prob.arg("token_to_batch");
     a.seq_starts = prob.arg("seq_starts");
     a.layout = p.layout;
-    a.total_tokens = total_tokens(prob);
+    a.total_tokens = total_tokens(prob, p);
     a.out_dtype = p.dtype;
     if (is_fp8(cache_dtype_of(p)))
       a.dequant = ref::KvDequant{static_cast<float>(prob.arg("k_scale").get({0})),
                                  static_cast<float>(prob.arg("v_scale").get({0}))};
     auto g = ref::kv_gather(a);
-    return {{"key", g.key}, {"value", g.value}};
+    return {{"key", held_rows_of(with_tail(g.key, prob.arg("key")), prob.arg("key")).contiguous()},
+            {"value",
+             held_rows_of(with_tail(g.value, prob.arg("value")), prob.arg("value")).contiguous()}};
   }
 
   std::vector<OutputCheck> checks(const Problem&, const P& p, const TensorMap&) const override {
@@ -239,8 +288,19 @@ class KvGatherOp final : public TypedOp<KvGatherParams> {
 
  private:
   static DType cache_dtype_of(const P& p) { return kv_cache_dtype(p.kv, p.dtype); }
-  // The tokens gathered: the rows of the key output (a view of the workspace's first rows).
-  static int64_t total_tokens(const Problem& prob) { return prob.arg("key").size(0); }
+  // The tokens gathered: the rows of the key output (a view of the workspace's first rows), but
+  // for its 3 trailing rows when key_rows = longer.
+  static int64_t total_tokens(const Problem& prob, const P& p) {
+    return prob.arg("key").size(0) - (p.key_rows == KeyRows::longer ? 3 : 0);
+  }
+  // The expected final contents of an output view longer than the gathered rows: those rows,
+  // then its trailing rows as they were (nothing may write them).
+  static Tensor with_tail(const Tensor& gathered, const Tensor& initial) {
+    if (initial.size(0) == gathered.size(0)) return gathered;
+    Tensor all = initial.contiguous();
+    all.slice(0, 0, gathered.size(0)).copy_from(gathered);
+    return all;
+  }
 };
 
 const OpRegistrar kRegister(std::make_unique<KvGatherOp>());

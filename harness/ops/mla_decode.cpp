@@ -5,7 +5,9 @@
 // expansion over permuted tables, fp8 caches in both e4m3 flavours, strided q/out views, fp8
 // special codes (saturation, -0, NaN in unread slots) and blocks past byte 2^31 / 2^32 (issue 14).
 #include <algorithm>
+#include <vector>
 
+#include "core/rng.h"
 #include "ops/mla_inputs.h"
 #include "reference/mla_decode.h"
 #include "reference/page_indices.h"
@@ -13,7 +15,20 @@
 namespace attncheck {
 namespace {
 
-using MlaDecodeParams = mla::CommonParams;  // mla_decode has the shared axes only
+struct MlaDecodeParams : mla::CommonParams {
+  bool ragged_qlen = false;
+  bool storage_offset = false;  // ops/storage_offset.h
+  int64_t out_offset_log2 = 0;
+};
+
+// Query tokens of each request: qlen for all, or with ragged_qlen qlen, qlen - 1, .., 1, qlen,
+// .. (request 0 keeps qlen, so max_seqlen_q = qlen while T / B is smaller).
+std::vector<int64_t> request_qlens(const MlaDecodeParams& p) {
+  std::vector<int64_t> qlens(static_cast<size_t>(p.batch), p.qlen);
+  if (p.ragged_qlen)
+    for (int64_t r = 0; r < p.batch; ++r) qlens[static_cast<size_t>(r)] = p.qlen - r % p.qlen;
+  return qlens;
+}
 
 class MlaDecodeOp final : public ContractDependentTypedOp<MlaDecodeParams> {
  public:
@@ -42,35 +57,65 @@ class MlaDecodeOp final : public ContractDependentTypedOp<MlaDecodeParams> {
     Fields<P> f;
     mla::add_shape_fields(f, texts);
     mla::add_input_fields(f, texts);
+    f.template add<bool>("ragged_qlen", "ragged", &P::ragged_qlen,
+                         "request r has qlen - r % qlen query tokens (query_start_loc ragged, "
+                         "max_seqlen_q = qlen > T / B); needs qlen >= 2 and batch >= 2")
+        .out_of_id_at_default()
+        .add("storage_offset", "soff", &P::storage_offset, kStorageOffsetHelp)
+        .out_of_id_at_default()
+        .add("out_offset_log2", "ooff", &P::out_offset_log2,
+             "31: out's token stride puts the last token's row past element 2^31 (byte 2^32); "
+             "a sparse storage holds only that row, which alone is compared. contiguous layout")
+        .only({0, 31})
+        .out_of_id_at_default();
     return f;
   }
 
-  std::optional<std::string> unbuildable(const P& p) const override { return mla::unbuildable(p); }
+  std::optional<std::string> unbuildable(const P& p) const override {
+    if (p.ragged_qlen && (p.qlen < 2 || p.batch < 2))
+      return "mla_decode: ragged_qlen needs qlen >= 2 and batch >= 2";
+    if (p.out_offset_log2 != 0 && (p.layout != mla::Layout::contiguous || p.batch * p.qlen < 2))
+      return "mla_decode: out_offset_log2 needs the contiguous layout and two or more tokens";
+    return mla::unbuildable(p);
+  }
   std::optional<std::string> invalid(const P& p) const override { return mla::invalid(p); }
 
   Problem make(const Case& c, const P& p) const override {
     const mla::Inputs in = mla::make_inputs(c.id, p);
-    const int64_t B = p.batch, qlen = p.qlen, lk = p.lk(), lv = p.lv();
+    const int64_t B = p.batch, lk = p.lk(), lv = p.lv();
+    const auto qlens = request_qlens(p);
     Tensor qsl = Tensor::empty(DType::i32, {B + 1});
-    for (int64_t r = 0; r <= B; ++r) qsl.at<int32_t>({r}) = static_cast<int32_t>(r * qlen);
+    int64_t T = 0;
+    for (int64_t r = 0; r <= B; ++r) {
+      qsl.at<int32_t>({r}) = static_cast<int32_t>(T);
+      if (r < B) T += qlens[static_cast<size_t>(r)];
+    }
+    // Ragged: the first T of the B * qlen rows make_inputs built; the rest of their storages
+    // lies outside every view and must stay untouched.
+    const Tensor q = in.q.slice(0, 0, T), lse = in.lse.slice(0, 0, T);
+    Tensor out = in.out.slice(0, 0, T);
+    if (p.out_offset_log2 > 0) {
+      out = far_last_row(p.dtype, {T, p.heads, lv}, p.out_offset_log2);
+      poison(out);
+    }
 
     Problem prob;
-    prob.args = {{"q", in.q, Role::input},
+    prob.args = {{"q", q, Role::input},
                  {"kv_cache", in.cache, Role::input},
                  {"block_table", in.pages.block_table, Role::input},
                  {"seq_lens", in.pages.seq_lens, Role::input},
                  {"query_start_loc", qsl, Role::input},
-                 {"out", in.out, Role::output},
-                 {"lse", in.lse, Role::output}};
+                 {"out", out, Role::output},
+                 {"lse", lse, Role::output}};
     const auto kv_size = static_cast<double>(dtype_size(p.cache_dtype()));
     double keys = 0, kv_bytes = 0;
     for (int64_t r = 0; r < B; ++r) {
-      const int64_t L = in.pages.seq_lens.at<int32_t>({r});
+      const int64_t L = in.pages.seq_lens.at<int32_t>({r}), qlen = qlens[static_cast<size_t>(r)];
       for (int64_t i = 0; i < qlen; ++i) keys += static_cast<double>(L - qlen + i + 1);
       kv_bytes += static_cast<double>(L * lk) * kv_size;
     }
     prob.flops = 2.0 * keys * static_cast<double>(p.heads * (lk + lv));
-    prob.bytes = kv_bytes + static_cast<double>(in.tokens * p.heads * (lk + lv)) *
+    prob.bytes = kv_bytes + static_cast<double>(T * p.heads * (lk + lv)) *
                                 static_cast<double>(dtype_size(p.dtype));
     return prob;
   }
@@ -85,7 +130,7 @@ class MlaDecodeOp final : public ContractDependentTypedOp<MlaDecodeParams> {
     const auto r = ref::mla_decode(prob.arg("q"), {prob.arg("kv_cache"), p.kv_scale()},
                                    prob.arg("block_table"), prob.arg("seq_lens"),
                                    prob.arg("query_start_loc"), p.softmax_scale(), p.lv());
-    return {{"out", r.out}, {"lse", r.lse}};
+    return {{"out", held_rows_of(r.out, prob.arg("out"))}, {"lse", r.lse}};
   }
 
   std::vector<OutputCheck> contract_checks(const Problem& prob, const P& p, const TensorMap&,

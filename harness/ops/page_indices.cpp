@@ -24,6 +24,7 @@ struct PageIndicesParams {
   Table table = Table::contiguous;
   int64_t seed = 0;
   BlockIds block_ids = BlockIds::low;
+  bool storage_offset = false;  // ops/storage_offset.h
 };
 
 class PageIndicesOp final : public TypedOp<PageIndicesParams> {
@@ -41,6 +42,8 @@ class PageIndicesOp final : public TypedOp<PageIndicesParams> {
                 {{Table::contiguous, "contiguous"}, {Table::strided, "strided"}},
                 "strided: row stride wider than the table")
         .add("seed", "s", &P::seed, "input seed")
+        .add("storage_offset", "soff", &P::storage_offset, kStorageOffsetHelp)
+        .out_of_id_at_default()
         .choice("block_ids", "ids", &P::block_ids,
                 {{BlockIds::low, "low"}, {BlockIds::top, "top"}, {BlockIds::over, "over"}},
                 "low: ids below the block pool size; top: the largest id in use is the largest "

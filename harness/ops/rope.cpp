@@ -33,6 +33,7 @@ struct RopeCommonParams {
   Positions positions = Positions::small;
   int64_t tokens = 8;
   int64_t seed = 0;
+  bool storage_offset = false;  // ops/storage_offset.h
 };
 
 // The members named here live in the base RopeCommonParams: the explicit template arguments let
@@ -58,7 +59,9 @@ void add_inputs(Fields<P>& f) {
 template <class P>
 void add_tokens_seed(Fields<P>& f) {
   f.template add<int64_t>("tokens", "t", &P::tokens, "tokens")
-      .template add<int64_t>("seed", "s", &P::seed, "input seed");
+      .template add<int64_t>("seed", "s", &P::seed, "input seed")
+      .template add<bool>("storage_offset", "soff", &P::storage_offset, kStorageOffsetHelp)
+      .out_of_id_at_default();
 }
 
 std::optional<std::string> rope_unbuildable(const RopeCommonParams& p) {

@@ -8,6 +8,7 @@
 // and lse = -inf). fp8_codes and offset_log2 as in mla_decode (issue 14).
 #include <algorithm>
 
+#include "core/rng.h"
 #include "ops/mla_inputs.h"
 #include "reference/sparse_mla.h"
 
@@ -19,6 +20,8 @@ enum class Pattern { causal, random, holes };
 struct SparseMlaParams : mla::CommonParams {
   int64_t topk = 64;
   Pattern pattern = Pattern::random;
+  bool storage_offset = false;  // ops/storage_offset.h
+  int64_t out_offset_log2 = 0;
   // sparse_mla's defaults where they differ from mla_decode's.
   SparseMlaParams() {
     block_size = 64;
@@ -95,11 +98,19 @@ class SparseMlaOp final : public ContractDependentTypedOp<SparseMlaParams> {
             {{Pattern::causal, "causal"}, {Pattern::random, "random"}, {Pattern::holes, "holes"}},
             "index pattern");
     mla::add_input_fields(f, texts);
+    f.add("storage_offset", "soff", &P::storage_offset, kStorageOffsetHelp).out_of_id_at_default();
+    f.add("out_offset_log2", "ooff", &P::out_offset_log2,
+          "31: out's token stride puts the last token's row past element 2^31 (byte 2^32); a "
+          "sparse storage holds only that row, which alone is compared. contiguous layout")
+        .only({0, 31})
+        .out_of_id_at_default();
     return f;
   }
 
   std::optional<std::string> unbuildable(const P& p) const override {
     if (p.topk < 1) return "topk must be >= 1";
+    if (p.out_offset_log2 != 0 && (p.layout != mla::Layout::contiguous || p.batch * p.qlen < 2))
+      return "out_offset_log2 needs the contiguous layout and two or more tokens";
     return mla::unbuildable(p);
   }
   std::optional<std::string> invalid(const P& p) const override { return mla::invalid(p); }
@@ -112,13 +123,19 @@ class SparseMlaOp final : public ContractDependentTypedOp<SparseMlaParams> {
     const Tensor topk = make_topk(c.id, p.pattern, p.layout, in.pages.seq_lens, p.qlen, p.topk,
                                   in.pages.block_table.size(1) * p.block_size, p.seed);
 
+    Tensor out = in.out;
+    if (p.out_offset_log2 > 0) {
+      out = far_last_row(p.dtype, {T, p.heads, lv}, p.out_offset_log2);
+      poison(out);
+    }
+
     Problem prob;
     prob.args = {{"q", in.q, Role::input},
                  {"kv_cache", in.cache, Role::input},
                  {"block_table", in.pages.block_table, Role::input},
                  {"req_id_per_token", req, Role::input},
                  {"topk_indices", topk, Role::input},
-                 {"out", in.out, Role::output},
+                 {"out", out, Role::output},
                  {"lse", in.lse, Role::output}};
     const double keys = static_cast<double>(T * p.topk);
     prob.flops = 2.0 * keys * static_cast<double>(p.heads * (lk + lv));
@@ -135,7 +152,7 @@ class SparseMlaOp final : public ContractDependentTypedOp<SparseMlaParams> {
   TensorMap reference(const Problem& prob, const P& p) const override {
     const auto r = ref::sparse_mla(prob.arg("q"), {prob.arg("kv_cache"), p.kv_scale()},
                                    packed(prob, p), p.softmax_scale(), p.lv());
-    return {{"out", r.out}, {"lse", r.lse}};
+    return {{"out", held_rows_of(r.out, prob.arg("out"))}, {"lse", r.lse}};
   }
 
   std::vector<OutputCheck> contract_checks(const Problem& prob, const P& p, const TensorMap&,

@@ -42,6 +42,7 @@ struct SparseMlaFp4Params {
   mla::Layout layout = mla::Layout::contiguous;
   mla::Scale scale = mla::Scale::yarn;
   int64_t seed = 0;
+  bool storage_offset = false;  // ops/storage_offset.h
   // "yarn": DeepSeek-V3's production softmax scale (mla_inputs.h); "lk": 1/sqrt(512).
   double softmax_scale() const {
     if (scale == mla::Scale::lk) return 1.0 / std::sqrt(static_cast<double>(rec::kDims));
@@ -173,7 +174,9 @@ class SparseMlaFp4Op final : public TypedOp<SparseMlaFp4Params> {
         .choice<mla::Scale>("scale", "sc", &P::scale,
                             {{mla::Scale::yarn, "yarn"}, {mla::Scale::lk, "lk"}},
                             "softmax scale: DeepSeek-V3's yarn scale or 1/sqrt(512)")
-        .add<int64_t>("seed", "s", &P::seed, "input seed");
+        .add<int64_t>("seed", "s", &P::seed, "input seed")
+        .add("storage_offset", "soff", &P::storage_offset, kStorageOffsetHelp)
+        .out_of_id_at_default();
   }
 
   std::optional<std::string> unbuildable(const P& p) const override {

@@ -28,6 +28,7 @@ struct Fp4KCacheParams {
   Values values = Values::model;
   int64_t pad = 64;
   int64_t seed = 0;
+  bool storage_offset = false;  // ops/storage_offset.h
 };
 
 // bf16 rows: blocks of N(0, 1) times a non-power-of-two factor exp(2 N(0, 1)) per 16 elements.
@@ -79,7 +80,9 @@ class SparseMlaFp4KCacheOp final : public TypedOp<Fp4KCacheParams> {
                       "bytes after each page (page stride = page + pad); > 0 also makes kv a "
                       "strided view and starts both views past their storage's start")
         .bounds(0, 4096)
-        .add<int64_t>("seed", "s", &P::seed, "input seed");
+        .add<int64_t>("seed", "s", &P::seed, "input seed")
+        .add("storage_offset", "soff", &P::storage_offset, kStorageOffsetHelp)
+        .out_of_id_at_default();
   }
 
   Problem make(const Case& c, const P& p) const override {

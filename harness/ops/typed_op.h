@@ -28,6 +28,7 @@
 
 #include "core/dtype.h"
 #include "ops/op.h"
+#include "ops/storage_offset.h"
 
 namespace attncheck {
 
@@ -202,6 +203,9 @@ class TypedOp : public Op {
     const P p = bind(c);
     if (const auto why = unbuildable(p)) throw std::invalid_argument(c.id + ": " + *why);
     Problem prob = make(c, p);
+    // The storage_offset axis of the ops that declare it (ops/storage_offset.h).
+    if constexpr (requires { p.storage_offset; })
+      if (p.storage_offset) shift_storages(prob);
     prob.params = p;
     prob.kernel_params = kernel_params(p, prob);
     prob.expect_refusal = invalid(p).value_or("");

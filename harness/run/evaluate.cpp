@@ -288,8 +288,9 @@ void judge_kernel(Result& r, const Op& op, const Problem& p, ContractJudge& judg
       for (const auto& a : p.args) {
         if (a.role != Role::output || !o.outputs.count(a.name) || !o2.outputs.count(a.name))
           continue;
-        const auto u = unwritten_elements(a.name, a.tensor, o.outputs.at(a.name), q.arg(a.name),
-                                          o2.outputs.at(a.name));
+        // Over the held rows: the outputs came back as those (a sparse output's, docs/abi.md).
+        const auto u = unwritten_elements(a.name, a.tensor.held_rows(), o.outputs.at(a.name),
+                                          q.arg(a.name).held_rows(), o2.outputs.at(a.name));
         if (!u.empty()) problems.push_back(u);
         unwritten = unwritten || !u.empty();
       }
@@ -530,8 +531,9 @@ Problem with_flipped_poison(const Problem& p) {
     if (a.role != Role::output) continue;
     const int bits = static_cast<int>(a.tensor.element_size() * 8);
     const uint64_t mask = bits == 64 ? ~0ull : (1ull << bits) - 1;
-    a.tensor.for_each_index(
-        [&](const Index& idx, int64_t) { a.tensor.set_bits(idx, ~a.tensor.get_bits(idx) & mask); });
+    const Tensor held = a.tensor.held_rows();  // a sparse output: the host holds these only
+    held.for_each_index(
+        [&](const Index& idx, int64_t) { held.set_bits(idx, ~held.get_bits(idx) & mask); });
   }
   return q;
 }

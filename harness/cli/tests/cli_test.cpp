@@ -326,7 +326,7 @@ TEST_F(Cli, ReproPrintsBudgetsWorstElementsAndWritesABundle) {
   EXPECT_TRUE(has(o.text,
                   "params   "
                   "{\"batch\":5,\"block_ids\":\"low\",\"block_size\":16,\"max_ctx\":130,\"seed\":0,"
-                  "\"table\":\"contiguous\"}"))
+                  "\"storage_offset\":false,\"table\":\"contiguous\"}"))
       << o.text;
   EXPECT_TRUE(has(o.text, "check page_indices: FAILED\n  budget   bitwise")) << o.text;
   EXPECT_TRUE(has(o.text, "worst elements (index: expected, actual, |err|, err/allowed):"))

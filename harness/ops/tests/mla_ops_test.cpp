@@ -385,9 +385,10 @@ TEST(MlaCases, QuickCoversEveryAxisValueAndGoldensStaySmall) {
     std::printf("%s: %zu smoke, %zu quick, %zu full cases; smoke+quick goldens %.2f MB\n", name,
                 f.tiers.at("smoke").size(), f.tiers.at("quick").size(), f.tiers.at("full").size(),
                 golden_bytes / 1e6);
-    // The slice's share: 3.5 MB before the values groups (issue 21 item 2) added ~0.1 MB to
-    // mla_decode; every golden together stays under the 25 MB of docs/goldens.md (about 20 MB).
-    EXPECT_LT(golden_bytes, 3.75e6) << name;
+    // The slice's share: 3.5 MB before issue 21: the values groups (item 2) added ~0.1 MB to
+    // mla_decode, the ragged-qlen, storage-offset and large-output cases ~0.16 MB; every golden
+    // together stays under the 25 MB of docs/goldens.md (about 21 MB).
+    EXPECT_LT(golden_bytes, 3.9e6) << name;
     for (const auto& ax : o.axes()) {
       if (ax.name == "seed" || ax.allowed.empty()) continue;
       std::set<std::string> seen;

@@ -1,0 +1,136 @@
+// The issue-21 placements of views in their storages (ops/storage_offset.h): storage_offset moves
+// every dense storage 256 bytes in (same values, same aliasing, a nonzero offset, 0xFF before),
+// far_last_row puts an output's last row past element 2^31 on a sparse storage holding that row
+// only, and the axes added with them keep case ids at their defaults and change the reference
+// only where the kernel's arguments change.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "ops/op.h"
+#include "ops/storage_offset.h"
+#include "ops/tests/registered_op.h"
+
+namespace attncheck {
+namespace {
+
+Problem problem(const char* name, const Params& given) {
+  const Op& op = registered_op(name);
+  return op.problem(op.make_case(given));
+}
+
+bool same_values(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
+  bool same = true;
+  a.for_each_index([&](const Index& i, int64_t) { same = same && a.get_bits(i) == b.get_bits(i); });
+  return same;
+}
+
+TEST(StorageOffset, ShiftKeepsValuesAndAliasingAndPoisonsTheLeadingBytes) {
+  const Problem plain = problem("kv_gather", {{"strides", "hybrid"}});
+  Problem moved = plain;  // the same inputs (a case's are seeded by its id, which soff1 changes)
+  shift_storages(moved);
+  ASSERT_EQ(plain.args.size(), moved.args.size());
+  for (size_t i = 0; i < plain.args.size(); ++i) {
+    const Tensor &a = plain.args[i].tensor, &b = moved.args[i].tensor;
+    SCOPED_TRACE(plain.args[i].name);
+    EXPECT_EQ(b.offset(),
+              a.offset() + kStorageOffsetBytes / static_cast<int64_t>(b.element_size()));
+    EXPECT_EQ(a.strides(), b.strides());
+    if (plain.args[i].role != Role::output) {
+      EXPECT_TRUE(same_values(a, b));
+    }
+    for (int64_t k = 0; k < kStorageOffsetBytes; ++k)
+      EXPECT_EQ(b.storage()->bytes[static_cast<size_t>(k)], std::byte{0xFF});
+  }
+  // K and V caches of a hybrid layout share one storage, and still do; so do key and value.
+  EXPECT_EQ(moved.arg("key_cache").storage(), moved.arg("value_cache").storage());
+  EXPECT_EQ(moved.arg("key").storage(), moved.arg("value").storage());
+  EXPECT_NE(moved.arg("key").storage(), moved.arg("key_cache").storage());
+  // Same kernel parameters, same expected outputs.
+  EXPECT_EQ(plain.kernel_params, moved.kernel_params);
+  const Op& op = registered_op("kv_gather");
+  const TensorMap ea = op.reference(plain), eb = op.reference(moved);
+  EXPECT_TRUE(same_values(ea.at("key"), eb.at("key")));
+  EXPECT_TRUE(same_values(ea.at("value"), eb.at("value")));
+}
+
+TEST(StorageOffset, ShiftRefusesAnUnalignedAmount) {
+  Problem p = problem("page_indices", Params::object());
+  EXPECT_THROW(shift_storages(p, 8), std::invalid_argument);
+  EXPECT_THROW(shift_storages(p, 0), std::invalid_argument);
+}
+
+TEST(StorageOffset, EveryOpHasTheAxisOutOfItsIds) {
+  for (const Op* op : all_ops()) {
+    bool found = false;
+    for (const Axis& a : op->axes())
+      if (a.name == "storage_offset") {
+        found = true;
+        EXPECT_FALSE(a.in_id_at_default) << op->name();
+      }
+    EXPECT_TRUE(found) << op->name() << " has no storage_offset axis";
+    const Case moved = op->make_case({{"storage_offset", true}});
+    EXPECT_NE(moved.id.find("-soff1"), std::string::npos) << moved.id;
+  }
+}
+
+TEST(FarLastRow, LastRowPastElement2To31AndOnlyItHeld) {
+  const Tensor o = far_last_row(DType::bf16, {3, 4, 8}, 31);
+  EXPECT_GE(o.element_offset(std::vector<int64_t>{2, 0, 0}), int64_t{1} << 31);
+  EXPECT_TRUE(o.storage()->sparse());
+  const Tensor held = o.held_rows();
+  ASSERT_EQ(held.size(0), 1);
+  EXPECT_EQ(held.offset(), o.element_offset(std::vector<int64_t>{2, 0, 0}));
+  Tensor expected = Tensor::full(DType::f32, {3, 4, 8}, 1.0);
+  expected.select(0, 2).copy_from(Tensor::full(DType::f32, {4, 8}, 7.0));
+  const Tensor rows = held_rows_of(expected, o);
+  ASSERT_EQ(rows.shape(), (Shape{1, 4, 8}));
+  EXPECT_EQ(rows.get({0, 3, 7}), 7.0);
+  EXPECT_THROW(far_last_row(DType::bf16, {1, 4, 8}, 31), std::invalid_argument);
+}
+
+TEST(Issue21Axes, OnlyTheLastRowOfALargeOutputIsExpected) {
+  const Problem d =
+      problem("decode_attention",
+              {{"lk_lv", "128x128"}, {"is_mla", false}, {"kv_heads", 2}, {"o_offset_log2", 31}});
+  const TensorMap e = registered_op("decode_attention").reference(d);
+  EXPECT_EQ(e.at("o").size(0), 1);
+  EXPECT_EQ(e.at("lse").size(0), d.arg("q").size(0));
+  const Problem m =
+      problem("mla_decode", {{"dims", "96x64"}, {"qlen", 2}, {"out_offset_log2", 31}});
+  EXPECT_EQ(registered_op("mla_decode").reference(m).at("out").size(0), 1);
+  const Problem g = problem("kv_gather", {{"out_offset_log2", 31}});
+  EXPECT_EQ(g.arg("key").storage(), g.arg("value").storage());
+  EXPECT_EQ(registered_op("kv_gather").reference(g).at("value").size(0), 1);
+}
+
+TEST(Issue21Axes, PassedValuesNoOtherArgumentDetermines) {
+  const Problem lk = problem("decode_attention", Params::object());
+  const Problem sm = problem("decode_attention", {{"scales", "sm"}});
+  EXPECT_DOUBLE_EQ(sm.kernel_params["sm_scale"].get<double>(),
+                   static_cast<double>(static_cast<float>(0.75 / std::sqrt(576.0))));
+  EXPECT_NE(sm.kernel_params["sm_scale"], lk.kernel_params["sm_scale"]);
+  const Problem fn = problem("decode_attention", {{"scales", "kscale"}, {"kv_dtype", "e4m3fn"}});
+  const Problem fnuz =
+      problem("decode_attention", {{"scales", "kscale"}, {"kv_dtype", "e4m3fnuz"}});
+  EXPECT_EQ(fn.kernel_params["k_scale"], fnuz.kernel_params["k_scale"]);
+
+  const Problem longer = problem("kv_gather", {{"key_rows", "longer"}});
+  const auto total = longer.kernel_params["total_tokens"].get<int64_t>();
+  EXPECT_EQ(longer.arg("key").size(0), total + 3);
+  EXPECT_EQ(longer.arg("token_to_batch").size(0), total + 8);
+  // The rows past total_tokens come back unchanged: the expected key holds them as built.
+  const TensorMap e = registered_op("kv_gather").reference(longer);
+  EXPECT_TRUE(same_values(e.at("key").slice(0, total, total + 3),
+                          longer.arg("key").slice(0, total, total + 3)));
+
+  const Problem ragged = problem("mla_decode", {{"qlen", 4}, {"batch", 3}, {"ragged_qlen", true}});
+  EXPECT_EQ(ragged.kernel_params["max_seqlen_q"].get<int64_t>(), 4);
+  EXPECT_EQ(ragged.arg("q").size(0), 4 + 3 + 2);
+  EXPECT_EQ(ragged.arg("query_start_loc").at<int32_t>({3}), 9);
+}
+
+}  // namespace
+}  // namespace attncheck
