@@ -801,9 +801,14 @@ def decode_attention(t, p):
     kwargs = {"page_size": c["P"], "logit_cap": c["cap"]}
     if "is_mla" in params:
         kwargs["is_mla"] = c["is_mla"]
-    if fp8:
-        kwargs["k_scale"] = torch.tensor([c["k_scale"]], dtype=torch.float32, device=q_t.device)
-        kwargs["v_scale"] = torch.tensor([c["v_scale"]], dtype=torch.float32, device=q_t.device)
+    if "k_scale" in params:
+        # Device scalars filled by a kernel, as vLLM's attention layers hold them (_k_scale): a
+        # tensor built from host values (torch.tensor(..., device=...), also the function's own
+        # default when k_scale is None) is a host-to-device copy, which a CUDA graph capture
+        # refuses. Without fp8 the kernel never reads them.
+        for name in ("k_scale", "v_scale"):
+            kwargs[name] = torch.full((1,), c[name] if fp8 else 1.0, dtype=torch.float32,
+                                      device=q_t.device)
     fn(q_t, k_t, v_t, o_t, lse_t, torch.from_dlpack(table), torch.from_dlpack(lens), logits,
        c["S"], c["sm_scale"], **kwargs)
 

@@ -379,12 +379,23 @@ def test_decode_maps_the_arguments(fresh, monkeypatch, fake_torch):
     assert float(kwargs["k_scale"].arr[0]) == float(kwargs["v_scale"].arr[0]) == np.float32(0.01)
 
 
-def test_decode_leaves_the_scales_to_the_function_on_16_bit_caches(fresh, monkeypatch, fake_torch):
+def test_decode_passes_unit_device_scales_on_16_bit_caches(fresh, monkeypatch, fake_torch):
+    # Device scalars filled by a kernel, never the function's default torch.tensor(1.0, device=...):
+    # a host-to-device copy that a CUDA graph capture refuses.
     fn = _fake_function(monkeypatch, "decode_attention", DECODE_FN)
     t, p = decode_problem(mla=False, lk=128, lv=128, hkv=2, page=1)
     vllm_triton.decode_attention(t, p)
     (args, kwargs), = fn.calls
-    assert "k_scale" not in kwargs and kwargs["is_mla"] is False and kwargs["page_size"] == 1
+    assert float(kwargs["k_scale"].arr[0]) == float(kwargs["v_scale"].arr[0]) == 1.0
+    assert kwargs["is_mla"] is False and kwargs["page_size"] == 1
+
+
+def test_decode_passes_no_scales_where_the_revision_takes_none(fresh, monkeypatch, fake_torch):
+    fn = _fake_function(monkeypatch, "decode_attention", DECODE_FN_OLD)
+    t, p = decode_problem(mla=False, lk=128, lv=128, hkv=2, page=1)
+    vllm_triton.decode_attention(t, p)
+    (args, kwargs), = fn.calls
+    assert "k_scale" not in kwargs and "v_scale" not in kwargs
 
 
 def test_decode_declares_the_contract_of_both_kernel_paths():

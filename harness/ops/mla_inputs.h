@@ -372,6 +372,23 @@ inline std::vector<OutputCheck> budgets(const ref::MlaInputScales& s, DType q_dt
   return {{"out", out, {}, {}}, {"lse", lse, {}, {}}};
 }
 
+// Outputs in the output dtype's subnormal range (tiny inputs, tiny FP4 scales) round with an
+// absolute error of up to delta = half its smallest subnormal, which rtol = u_out (normal numbers
+// only) does not cover: atol gains delta, and calc_diff = ||a - e||^2 / (||a||^2 + ||e||^2) <=
+// (sqrt(c) + sqrt(n delta^2 / ||e||^2))^2 for the old bound c. Negligible for ordinary
+// magnitudes (delta is 2^-25 in f16, 2^-134 in bf16).
+inline void widen_for_output_underflow(Budget& b, const Tensor& expected_out) {
+  const double delta = subnormal_half_spacing(expected_out.dtype());
+  double energy = 0;
+  for (const double v : expected_out.to_vector()) energy += v * v;
+  b.atol += delta;
+  b.why += "; output underflow: atol + " + format_number(delta) + " (half the smallest subnormal)";
+  if (energy <= 0 || b.max_calc_diff < 0) return;
+  const double extra = static_cast<double>(expected_out.numel()) * delta * delta / energy;
+  b.max_calc_diff = std::pow(std::sqrt(b.max_calc_diff) + std::sqrt(extra), 2.0);
+  b.why += ", calc_diff bound widened by n delta^2 / ||e||^2 = " + format_number(extra);
+}
+
 // The cache slots each query row reads: row t reads slots[begin[t], end[t]).
 struct RowSlots {
   std::vector<int64_t> slots;

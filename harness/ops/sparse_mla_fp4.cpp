@@ -115,23 +115,6 @@ void plant_scales(const Tensor& cache, const SparseMlaFp4Params& p, int64_t page
     base[rec::data_offset(t, i / 2)] = static_cast<uint8_t>(((slot + i) % 2) * 0x08 | 0x80);
 }
 
-// Outputs of "tiny" records lie in the output dtype's subnormal range, where rounding is an
-// absolute error of up to delta = half its smallest subnormal (u_out covers normal numbers only):
-// atol gains delta, and calc_diff = ||a - e||^2 / (||a||^2 + ||e||^2) <= (sqrt(c) + sqrt(n delta^2
-// / ||e||^2))^2 for the old bound c. Negligible (< 1e-12 relative) for ordinary magnitudes.
-void add_underflow(Budget& b, const Tensor& expected_out, DType dtype) {
-  const double delta = std::ldexp(1.0, dtype == DType::bf16 ? -134 : -25);
-  double energy = 0;
-  for (const double v : expected_out.to_vector()) energy += v * v;
-  b.atol += delta;
-  if (energy <= 0 || b.max_calc_diff < 0) return;
-  const double extra = static_cast<double>(expected_out.numel()) * delta * delta / energy;
-  b.max_calc_diff = std::pow(std::sqrt(b.max_calc_diff) + std::sqrt(extra), 2.0);
-  b.why += "; output underflow: atol + " + format_number(delta) +
-           " (half the smallest subnormal), calc_diff bound widened by n delta^2 / ||e||^2 = " +
-           format_number(extra);
-}
-
 class SparseMlaFp4Op final : public TypedOp<SparseMlaFp4Params> {
  public:
   using P = SparseMlaFp4Params;
@@ -261,7 +244,7 @@ class SparseMlaFp4Op final : public TypedOp<SparseMlaFp4Params> {
     const auto s =
         ref::mla_input_scales(prob.arg("q"), {decoded, 1.0}, slots, rec::kDims, keys_max);
     auto checks = mla::budgets(s, p.dtype, p.dtype, rec::kDims, p.softmax_scale());
-    add_underflow(checks.at(0).budget, expected.at("out"), p.dtype);
+    mla::widen_for_output_underflow(checks.at(0).budget, expected.at("out"));
     return checks;
   }
 
