@@ -91,10 +91,19 @@ std::map<std::string, KernelFn>& registry() {
   static std::map<std::string, KernelFn> r;
   return r;
 }
+std::map<std::string, std::string>& property_registry() {
+  static std::map<std::string, std::string> r;
+  return r;
+}
 }  // namespace
 
-KernelRegistrar::KernelRegistrar(const char* op, KernelFn fn) {
+KernelRegistrar::KernelRegistrar(const char* op, KernelFn fn, const char* properties) {
   registry()[op] = fn;
+  if (properties) property_registry()[op] = properties;
+}
+const char* kernel_properties(const char* op) {
+  const auto it = property_registry().find(op ? op : "");
+  return it == property_registry().end() ? nullptr : it->second.c_str();
 }
 KernelFn find_kernel(const std::string& op) {
   auto it = registry().find(op);

@@ -67,10 +67,14 @@ class KParams {
 // errors.
 using KernelFn = void (*)(const KParams& params, const KArgs& args);
 
+// `properties`: the invariance properties the entry promises bitwise (the ABI's `properties`,
+// docs/abi.md), comma-separated; declare only what the kernel's code guarantees.
 struct KernelRegistrar {
-  KernelRegistrar(const char* op, KernelFn fn);
+  KernelRegistrar(const char* op, KernelFn fn, const char* properties = nullptr);
 };
 KernelFn find_kernel(const std::string& op);
+// The ABI's `properties`: what `op`'s registration declared, or NULL.
+const char* kernel_properties(const char* op);
 std::string kernel_names();
 
 // Validation helpers: each throws Refusal naming the tensor and what is wrong.

@@ -295,8 +295,15 @@ int background(uint32_t microseconds, char* msg, size_t msg_len) {
 }
 
 // contract NULL: every entry computes under the default arithmetic contract (fp32-accumulate).
-const attncheck_plugin_ext_v1 kExtension = {sizeof(attncheck_plugin_ext_v1), fill, background,
-                                            nullptr};
+// properties: what each entry's registration declares (kernel_api.h).
+const attncheck_plugin_ext_v1 kExtension = {
+    .size = sizeof(attncheck_plugin_ext_v1),
+    .fill = fill,
+    .background = background,
+    .contract = nullptr,
+    .case_context = nullptr,
+    .properties = ack::kernel_properties,
+};
 
 const attncheck_plugin_v1 kTable = {
     ATTNCHECK_ABI_VERSION,

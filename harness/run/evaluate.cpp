@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "run/cases.h"
+#include "run/invariance.h"
 
 namespace attncheck {
 
@@ -136,6 +137,7 @@ class ContractJudge {
 
   bool applies() const { return declared_.has_value(); }
   const Contract& declared() const { return *declared_; }
+  const TensorMap& expected() const { return expected_; }
 
   const std::vector<OutputCheck>& checks_for(const Contract& c) {
     for (const auto& [contract, checks] : derived_)
@@ -329,6 +331,10 @@ void judge_kernel(Result& r, const Op& op, const Problem& p, ContractJudge& judg
       }
     }
   }
+  if (opt.invariance && problems.empty())  // the op's relations (run/invariance.h)
+    check_invariance(r, op, p, judge.expected(), o.outputs,
+                     judge.applies() ? std::optional(judge.declared()) : std::nullopt, device,
+                     problems);
   if (opt.stress > 0)
     stress_launches(r, op, p, o.outputs, judge, declared_used, device, opt.stress, problems);
   r.verdict = problems.empty() ? Verdict::passed : Verdict::failed;
