@@ -724,7 +724,15 @@ def _decode_checks(t, p):
                 sm_scale=sm_scale, cap=cap, k_scale=k_scale, v_scale=v_scale, is_mla=is_mla, fmt=fmt)
 
 
-@ADAPTER.entry("decode_attention", contract=DECODE_CONTRACT)
+# Invariance (docs/verification.md "Invariance"): vLLM promises no bitwise property of
+# decode_attention_fwd (its batch invariance is a separate mode; its backends choose num_kv_splits
+# per batch, which this entry bypasses by passing the case's), so none is declared and the op's
+# relations hold within its budgets. ATTNCHECK_VLLM_DECODE_PROPERTIES (names of ab.PROPERTIES,
+# comma-separated) declares some for an experiment: does the kernel hold them bitwise?
+DECODE_PROPERTIES = ab.property_names(os.environ.get("ATTNCHECK_VLLM_DECODE_PROPERTIES", ""))
+
+
+@ADAPTER.entry("decode_attention", contract=DECODE_CONTRACT, properties=DECODE_PROPERTIES)
 def decode_attention(t, p):
     """decode_attention_fwd(q, k_buffer, v_buffer, o, lse, req_to_token, b_seq_len, attn_logits,
     num_kv_splits, sm_scale, page_size, logit_cap[, k_scale, v_scale], is_mla); attn_logits, the

@@ -282,7 +282,7 @@ std::vector<std::string> KernelLibrary::declared_properties(const std::string& e
   if (!ATTNCHECK_EXT_HAS(ext_, properties)) return out;
   const char* list = ext_->properties(entry.c_str());
   std::string item;
-  for (const char* c = list ? list : ""; ; ++c) {
+  for (const char* c = list ? list : "";; ++c) {
     if (*c == ',' || *c == '\0') {
       const auto b = item.find_first_not_of(' '), e = item.find_last_not_of(' ');
       if (b != std::string::npos) out.push_back(item.substr(b, e - b + 1));

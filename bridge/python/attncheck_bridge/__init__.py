@@ -23,6 +23,12 @@ says how the kernel rounds; attncheck compares under the default ``fp32-accumula
 first and, when they fail, under the budgets derived from the declared contract, naming it
 beside the verdict.
 
+An entry's *invariance properties* (``PROPERTIES``; docs/verification.md "Invariance") are what
+the kernel promises bitwise: ``@ADAPTER.entry("decode_attention", properties=("batch-invariant",))``.
+attncheck checks the op's relations (requests permuted or alone, another split count, shuffled
+pages) bitwise for the declared ones and within the op's budgets for the others; declare only
+what the upstream kernel guarantees.
+
 An entry writes its outputs *in place* through the views it is handed, returns nothing, and
 signals what it cannot do with exceptions:
 
@@ -66,6 +72,8 @@ __all__ = [
     "CONTRACT_PARTS",
     "DEFAULT_CONTRACT",
     "contract_name",
+    "PROPERTIES",
+    "property_names",
     "current_case",
     "invalid",
     "refuse_if_invalid",
@@ -100,6 +108,36 @@ def _canonical_combinations():
 CONTRACTS = _canonical_combinations()
 """Every known contract name in canonical spelling: the default, then each ``+`` combination of
 ``CONTRACT_PARTS`` (parts in ``CONTRACT_PARTS`` order)."""
+
+
+# Invariance properties (docs/verification.md "Invariance"; the C++ side knows the same names in
+# harness/ops/relation.h and fails the cases of an entry that declares another).
+
+PROPERTIES = (
+    "batch-invariant",  # a request's outputs do not depend on the other requests of its batch
+    "batch-order-invariant",  # nor on their order
+    "split-invariant",  # nor on the split count / tile parameter the op exposes
+    "page-order-invariant",  # nor on where its pages lie in the cache
+)
+"""The invariance properties an entry may declare."""
+
+
+def property_names(properties) -> tuple:
+    """``properties`` (an iterable of names, or one comma-separated string) checked against
+    ``PROPERTIES``, without repeats, in declaration order; ValueError naming the known ones."""
+    if isinstance(properties, str):
+        properties = [p.strip() for p in properties.split(",") if p.strip()]
+    try:
+        names = list(properties)
+    except TypeError:
+        raise ValueError(f"properties must be names or a comma-separated string, got {properties!r}") from None
+    out = []
+    for p in names:
+        if p not in PROPERTIES:
+            raise ValueError(f"unknown invariance property {p!r}; known: {', '.join(PROPERTIES)}")
+        if p not in out:
+            out.append(p)
+    return tuple(out)
 
 
 def contract_name(name) -> str:
@@ -208,11 +246,13 @@ class Adapter:
         self.contract = contract
         self._entries: dict[str, object] = {}
         self._contracts: dict[str, str] = {}
+        self._properties: dict[str, tuple] = {}
 
-    def entry(self, name: str, contract: str | None = None):
+    def entry(self, name: str, contract: str | None = None, properties=()):
         """Decorator registering ``fn(tensors, params)`` as kernel entry ``name`` (the name the
         harness passes as ``op``: "page_indices", "rope_inplace", "rope_out_of_place", ...),
-        declaring arithmetic contract ``contract`` (one of ``CONTRACTS``; None: the adapter's)."""
+        declaring arithmetic contract ``contract`` (one of ``CONTRACTS``; None: the adapter's)
+        and the invariance ``properties`` it promises bitwise (names of ``PROPERTIES``)."""
         if not isinstance(name, str) or not name or "," in name or any(c.isspace() for c in name):
             raise ValueError(f"entry name must be a non-empty word without commas, got {name!r}")
         if contract is None:
@@ -222,6 +262,10 @@ class Adapter:
                 contract = contract_name(contract)
             except ValueError as e:
                 raise ValueError(f"adapter {self.name!r}, entry {name!r}: {e}") from None
+        try:
+            properties = property_names(properties)
+        except ValueError as e:
+            raise ValueError(f"adapter {self.name!r}, entry {name!r}: {e}") from None
 
         def register(fn):
             if not callable(fn):
@@ -230,13 +274,23 @@ class Adapter:
                 raise ValueError(f"adapter {self.name!r}: entry {name!r} registered twice")
             self._entries[name] = fn
             self._contracts[name] = contract
+            self._properties[name] = properties
             return fn
 
         return register
 
-    def add(self, name: str, fn, contract: str | None = None):
+    def add(self, name: str, fn, contract: str | None = None, properties=()):
         """Non-decorator form of entry()."""
-        return self.entry(name, contract)(fn)
+        return self.entry(name, contract, properties)(fn)
+
+    def properties_of(self, name: str) -> tuple | None:
+        """The invariance properties entry ``name`` declares, None if no such entry."""
+        return self._properties.get(name)
+
+    @property
+    def properties(self) -> dict:
+        """entry name -> declared invariance properties (a tuple), in registration order."""
+        return dict(self._properties)
 
     def contract_of(self, name: str) -> str | None:
         """The contract entry ``name`` declares (canonical spelling), None if no such entry."""
