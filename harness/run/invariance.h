@@ -16,7 +16,8 @@ namespace attncheck {
 // compared with the first launch's (`first`) bitwise where the entry declares the relation's
 // property, else with the op's checks against `expected` (the declared arithmetic `contract`'s
 // when the default budgets fail). Outcomes go to r.invariance; each violation to `problems`,
-// naming its relation ("invariance: batch permutation [2,0,3,1]: 'o': ...").
+// naming its relation ("invariance: batch permutation [2,0,3,1]: 'o': ..."). Problems with an
+// argument on a sparse storage (large-offset cases) run none.
 void check_invariance(Result& r, const Op& op, const Problem& p, const TensorMap& expected,
                       const TensorMap& first, const std::optional<Contract>& contract,
                       const DeviceRunner& device, std::vector<std::string>& problems);
