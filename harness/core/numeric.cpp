@@ -1,10 +1,13 @@
 #include "numeric.h"
 
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace attncheck {
 
@@ -133,7 +136,41 @@ double unit_roundoff(DType t) {
   return std::ldexp(1.0, -(minifloat_format(t).man_bits + 1));
 }
 
+namespace {
+// Values whose exponent lies in the format's normal range below its top binade (nearly all test
+// data) round by integers alone: the double's 53-bit significand to man_bits + 1 bits, nearest
+// even, a carry moving to the next binade, which is still finite in every format. This is what the
+// general path below computes with frexp / ldexp / nearbyint, at a fraction of the cost (input
+// generation is most of a case's CPU time, docs/results.md); numeric_test compares both paths.
+std::optional<uint32_t> encode_normal_fast(double x, const MiniFloat& f) {
+  const auto bits = std::bit_cast<uint64_t>(x);
+  const int e = static_cast<int>((bits >> 52) & 0x7FF) - 1023;
+  const int emin = 1 - f.bias;
+  // Exponent fields up to top - 2 (top = all ones): a carry reaches top - 1 at most, finite in
+  // every format.
+  const int top_normal = (1 << f.exp_bits) - 3 - f.bias;
+  if (e < emin || e > top_normal) return std::nullopt;  // also zero, subnormal, inf, NaN
+  const uint64_t sig = (bits & ((uint64_t{1} << 52) - 1)) | (uint64_t{1} << 52);
+  const int shift = 52 - f.man_bits;
+  uint64_t r = sig >> shift;
+  const uint64_t rem = sig & ((uint64_t{1} << shift) - 1);
+  const uint64_t half = uint64_t{1} << (shift - 1);
+  if (rem > half || (rem == half && (r & 1))) ++r;
+  // A carry gives r == 2^(man_bits+1): mantissa 0 of the next exponent, which the addition of the
+  // fields below produces by itself.
+  const uint64_t exp_field = static_cast<uint64_t>(e + f.bias);
+  const uint32_t sign = (bits >> 63) ? 1u << (f.exp_bits + f.man_bits) : 0u;
+  return sign |
+         static_cast<uint32_t>((exp_field << f.man_bits) + (r - (uint64_t{1} << f.man_bits)));
+}
+}  // namespace
+
 uint32_t encode_minifloat(double x, DType t, Saturation sat) {
+  if (const auto fast = encode_normal_fast(x, minifloat_format(t))) return *fast;
+  return encode_minifloat_by_scaling(x, t, sat);
+}
+
+uint32_t encode_minifloat_by_scaling(double x, DType t, Saturation sat) {
   const MiniFloat f = minifloat_format(t);
   const uint32_t sign_bit = 1u << (f.exp_bits + f.man_bits);
   if (std::isnan(x)) return nan_code(f);
@@ -183,7 +220,34 @@ uint32_t encode_minifloat(double x, DType t, Saturation sat) {
   return s | (exp_field << f.man_bits) | (ri - (1u << f.man_bits));
 }
 
+namespace {
+double decode_by_definition(uint32_t bits, DType t);
+
+// Every code of the narrow formats decoded once: decoding is on the references' and the
+// generators' hot paths.
+const std::vector<double>& decode_table(DType t) {
+  static const auto tables = [] {
+    std::array<std::vector<double>, 16> out;
+    for (DType f :
+         {DType::f16, DType::bf16, DType::e4m3fn, DType::e4m3fnuz, DType::e5m2, DType::e5m2fnuz}) {
+      auto& v = out[static_cast<size_t>(f)];
+      v.resize(dtype_size(f) == 1 ? 256 : 65536);
+      for (uint32_t c = 0; c < v.size(); ++c) v[c] = decode_by_definition(c, f);
+    }
+    return out;
+  }();
+  return tables[static_cast<size_t>(t)];
+}
+}  // namespace
+
 double decode_minifloat(uint32_t bits, DType t) {
+  const auto& table = decode_table(t);
+  // Not a narrow float (the definition throws) or bits past the format's width: as defined.
+  return bits < table.size() ? table[bits] : decode_by_definition(bits, t);
+}
+
+namespace {
+double decode_by_definition(uint32_t bits, DType t) {
   const MiniFloat f = minifloat_format(t);
   const uint32_t sign_bit = 1u << (f.exp_bits + f.man_bits);
   const uint32_t exp_field = (bits >> f.man_bits) & ((1u << f.exp_bits) - 1);
@@ -210,6 +274,7 @@ double decode_minifloat(uint32_t bits, DType t) {
                                          static_cast<int>(exp_field) - f.bias - f.man_bits);
   return neg ? -v : v;
 }
+}  // namespace
 
 uint16_t bf16_from_float(float x) {
   const uint32_t u = std::bit_cast<uint32_t>(x);

@@ -32,6 +32,9 @@ double max_finite(DType t);
 
 // Round-to-nearest-even from double straight to the format (no double rounding through float).
 uint32_t encode_minifloat(double x, DType t, Saturation sat = Saturation::saturate);
+// The same result by scaling (frexp / ldexp / nearbyint), the definition the fast integer path of
+// encode_minifloat is tested against; encode_minifloat uses it outside the normal range.
+uint32_t encode_minifloat_by_scaling(double x, DType t, Saturation sat = Saturation::saturate);
 double decode_minifloat(uint32_t bits, DType t);
 
 // Fast paths with identical results.

@@ -394,6 +394,38 @@ TEST(DoublePath, NoDoubleRoundingThroughFloat) {
   EXPECT_EQ(encode_minifloat(1.0 + 0x1p-11 + 0x1p-40, DType::f16), 0x3C01u);
 }
 
+TEST(Encode, IntegerPathMatchesScalingInEveryFormat) {
+  // encode_minifloat rounds normal-range values by integers; the scaling path is the definition.
+  // Every code's value, the midpoints to its neighbours and one ulp (of double) either side, and
+  // random significands over every exponent the formats reach (and past them).
+  const DType formats[] = {DType::f16,      DType::bf16, DType::e4m3fn,
+                           DType::e4m3fnuz, DType::e5m2, DType::e5m2fnuz};
+  for (DType t : formats) {
+    const uint32_t codes = dtype_size(t) == 1 ? 256u : 65536u;
+    for (Saturation s : kBothModes) {
+      auto same = [&](double x) {
+        ASSERT_EQ(encode_minifloat(x, t, s), encode_minifloat_by_scaling(x, t, s))
+            << dtype_name(t) << " x=" << x;
+      };
+      for (uint32_t c = 0; c + 1 < codes; ++c) {
+        const double a = decode_minifloat(c, t), b = decode_minifloat(c + 1, t);
+        for (double x : {a, std::nextafter(a, 0.0), std::nextafter(a, 1e300)}) same(x);
+        if (std::isfinite(a) && std::isfinite(b)) {
+          const double mid = (a + b) / 2;
+          for (double x : {mid, std::nextafter(mid, a), std::nextafter(mid, b)}) same(x);
+        }
+      }
+      uint64_t state = 0x9E3779B97F4A7C15ull;
+      for (int i = 0; i < 200000; ++i) {
+        state = state * 6364136223846793005ull + 1442695040888963407ull;
+        const int e = static_cast<int>(state >> 58) * 5 - 160;  // 2^-160 .. 2^155
+        const double m = 1.0 + static_cast<double>(state & ((1ull << 52) - 1)) * 0x1p-52;
+        same(std::ldexp((state >> 57) & 1 ? -m : m, e));
+      }
+    }
+  }
+}
+
 TEST(Numeric, EncodeValueRulesPerDtype) {
   // Tensors store fp8 saturating (the kernels' quantizers do), f16/bf16 overflow to inf.
   EXPECT_EQ(encode_value(1000.0, DType::e4m3fn), 0x7Eu);
