@@ -156,14 +156,15 @@ std::vector<int64_t> derangement(int64_t n, uint64_t seed) {
 
 Relation permuted_requests(const Problem& p, const BatchArgs& args, std::vector<int64_t> order) {
   Relation rel = select_requests(p, args, order);
-  rel.name = "batch permutation " + format_order(order);
+  rel.name = (args.unit == "request" ? "batch permutation " : args.unit + " permutation ") +
+             format_order(order);
   rel.bitwise_under = {kBatchInvariant, kBatchOrderInvariant};
   return rel;
 }
 
 Relation request_alone(const Problem& p, const BatchArgs& args, int64_t r) {
   Relation rel = select_requests(p, args, {r});
-  rel.name = "request " + std::to_string(r) + " alone vs in the batch of " +
+  rel.name = args.unit + " " + std::to_string(r) + " alone vs in the batch of " +
              std::to_string(request_count(p, args));
   rel.bitwise_under = {kBatchInvariant};
   return rel;

@@ -42,6 +42,7 @@ struct BatchArgs {
   // int32 [B + 1] prefix sums of tokens per request ("query_start_loc"); "": one token per
   // request, and per_token args are indexed by request.
   std::string token_starts;
+  std::string unit = "request";  // what one row of per_request is, in relation names ("token")
 };
 
 // The requests of `p` in `order` (a permutation of [0, B)), outputs un-permuted.

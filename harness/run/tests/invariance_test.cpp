@@ -65,14 +65,25 @@ TEST(Relations, DecodeDeclaresPermutationAloneSplitsAndPages) {
 // keep the logical problem (pages moved with their table entries, requests with their rows). Up to
 // float64 rounding: the MLA reference's matrix products are not batch-invariant themselves.
 TEST(Relations, MappedBackReferenceIsTheCasesReference) {
-  for (const char* op_name : {"decode_attention", "mla_decode"}) {
+  Params decode_strided = kDecode, decode_cross = kDecode;
+  decode_strided.update(Params{{"layout", "strided"}, {"page_size", 1}});
+  decode_cross.update(Params{{"layout", "cross_layer"}, {"is_mla", true}, {"lk_lv", "576x512"}});
+  const Params mla = {{"heads", 16}, {"qlen", 2}, {"batch", 3}};
+  const Params mla_odd = {
+      {"heads", 8}, {"qlen", 3}, {"batch", 2}, {"layout", "transposed"}, {"block_size", 1}};
+  const std::vector<std::pair<const char*, Params>> cases = {{"decode_attention", kDecode},
+                                                             {"decode_attention", decode_strided},
+                                                             {"decode_attention", decode_cross},
+                                                             {"mla_decode", mla},
+                                                             {"mla_decode", mla_odd},
+                                                             {"sparse_mla", mla},
+                                                             {"sparse_mla", mla_odd}};
+  for (const auto& [op_name, given] : cases) {
     const Op* op = find_op(op_name);
-    const Params given = std::string(op_name) == "mla_decode"
-                             ? Params{{"heads", 16}, {"qlen", 2}, {"batch", 3}}
-                             : kDecode;
     const Problem p = op->problem(op->make_case(given));
     const TensorMap expected = op->reference(p);
     for (const auto& rel : op->relations(p)) {
+      EXPECT_EQ(rel.problem.kernel, p.kernel);
       const TensorMap mapped = rel.back(op->reference(rel.problem), expected);
       for (const auto& [name, t] : expected) {
         const auto want = t.to_vector(), got = mapped.at(name).to_vector();
