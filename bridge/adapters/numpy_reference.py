@@ -35,7 +35,10 @@ def _contiguous_1d(x):
 # page_indices (docs/abi.md): page_indices[cu[r] + t] = block_table[r, t / K] * K + t % K
 
 
-@ADAPTER.entry("page_indices")
+@ADAPTER.entry("page_indices", export=ab.Export(
+    module="numpy_reference", function="page_indices_arrays", framework="numpy",
+    args=["t['block_table']", "t['seq_lens']", "t['cu_seq_lens']", "t['page_indices']",
+          "int(p['kernel_block_size'])"]))
 def page_indices(t, p):
     table, lens, cu, out = (_arg(t, n) for n in ("block_table", "seq_lens", "cu_seq_lens", "page_indices"))
     # The op decides validity (slots past int32, ...): asked, not re-coded.
@@ -53,7 +56,13 @@ def page_indices(t, p):
     B = lens.shape[0]
     if table.shape[0] != B or cu.shape[0] != B + 1:
         raise Unsupported(f"block_table {table.shape}, seq_lens {lens.shape}, cu_seq_lens {cu.shape} disagree on B")
-    tab, n, c, o = as_numpy(table), as_numpy(lens), as_numpy(cu), as_numpy(out)
+    page_indices_arrays(as_numpy(table), as_numpy(lens), as_numpy(cu), as_numpy(out), K)
+
+
+def page_indices_arrays(tab, n, c, o, K):
+    """page_indices on NumPy arrays: the entry's computation after its checks (and the function
+    `attncheck repro --export pytest` calls)."""
+    B = n.shape[0]
     total = int(n.astype(np.int64).sum())
     if o.shape[0] != total:
         raise Unsupported(f"'page_indices' holds {o.shape[0]} slots, the requests {total} tokens")
@@ -233,8 +242,24 @@ def _rope_prepare(t, p, out_names):
     return neox, rot, cos, sin, (q_t, k_t), outs
 
 
+def rope_out_of_place_arrays(positions, cos_sin_cache, q, k, q_out, k_out, neox, dtype_name,
+                             cache_dtype_name):
+    """rope_out_of_place on NumPy arrays (16-bit floats as uint16 bits): the entry's computation
+    after its checks (and the function `attncheck repro --export pytest` calls)."""
+    rot = cos_sin_cache.shape[1]
+    cache = _decode(cos_sin_cache, cache_dtype_name)
+    pos = positions.astype(np.int64)
+    cos, sin = cache[pos, : rot // 2], cache[pos, rot // 2 :]
+    for src, dst in ((q, q_out), (k, k_out)):
+        _rotate_arrays(src, dst, dtype_name, neox, rot, cos, sin)
+
+
 def _rotate(src_t, dst_t, neox, rot, cos, sin):
-    x = _decode(as_numpy(src_t), src_t.dtype_name).reshape(src_t.shape[0], -1, rot)  # [T, H, rot]
+    _rotate_arrays(as_numpy(src_t), as_numpy(dst_t), src_t.dtype_name, neox, rot, cos, sin)
+
+
+def _rotate_arrays(src, dst, dtype_name, neox, rot, cos, sin):
+    x = _decode(src, dtype_name).reshape(src.shape[0], -1, rot)  # [T, H, rot]
     c, s = cos[:, None, :], sin[:, None, :]
     if neox:
         a, b = x[..., : rot // 2], x[..., rot // 2 :]
@@ -248,8 +273,7 @@ def _rotate(src_t, dst_t, neox, rot, cos, sin):
     else:
         y[..., 0::2], y[..., 1::2] = a2, b2
     # One rounding from float64 to the tensor dtype, written through the destination's strides.
-    dst = as_numpy(dst_t)
-    dst[...] = _round_f64(y, dst_t.dtype_name).reshape(dst.shape)
+    dst[...] = _round_f64(y, dtype_name).reshape(dst.shape)
 
 
 def _round_f64(y, dtype_name):
@@ -273,7 +297,10 @@ def rope_inplace(t, p):
     _rotate(k, k, neox, rot, cos, sin)
 
 
-@ADAPTER.entry("rope_out_of_place")
+@ADAPTER.entry("rope_out_of_place", export=ab.Export(
+    module="numpy_reference", function="rope_out_of_place_arrays", framework="numpy",
+    args=["t['positions']", "t['cos_sin_cache']", "t['q']", "t['k']", "t['q_out']", "t['k_out']",
+          "bool(p['is_neox'])", "ARGS['q']['dtype']", "ARGS['cos_sin_cache']['dtype']"]))
 def rope_out_of_place(t, p):
     neox, rot, cos, sin, (q, k), (q_out, k_out) = _rope_prepare(t, p, ("q_out", "k_out"))
     _rotate(q, q_out, neox, rot, cos, sin)

@@ -732,7 +732,31 @@ def _decode_checks(t, p):
 DECODE_PROPERTIES = ab.property_names(os.environ.get("ATTNCHECK_VLLM_DECODE_PROPERTIES", ""))
 
 
-@ADAPTER.entry("decode_attention", contract=DECODE_CONTRACT, properties=DECODE_PROPERTIES)
+# The call decode_attention() makes, for `attncheck repro --export pytest` (attncheck_bridge.Export):
+# fp8 caches viewed as the platform's torch fp8 dtype, the NaN-filled split partials, is_mla and the
+# scales only where the revision takes them.
+_DECODE_EXPORT = ab.Export(
+    module=[m for m, _, _ in _KERNELS["decode_attention"]], function="decode_attention_fwd",
+    setup=[
+        "fp8 = getattr(torch, 'float8_' + p['fp8_format']) if 'fp8_format' in p else None",
+        "k = t['k_buffer'].view(fp8) if fp8 is not None else t['k_buffer']",
+        "v = t['v_buffer'].view(fp8) if fp8 is not None else t['v_buffer']",
+        "B, Hq, Lv = t['o'].shape",
+        "logits = torch.full((B, Hq, p['num_kv_splits'], Lv + 1), float('nan'), "
+        "dtype=torch.float32, device=t['q'].device)",
+        "takes = inspect.signature(fn).parameters",
+        "extra = {'is_mla': p['is_mla']} if 'is_mla' in takes else {}",
+        "if fp8 is not None: extra.update(k_scale=torch.tensor([p['k_scale']], "
+        "dtype=torch.float32, device=t['q'].device), v_scale=torch.tensor([p['v_scale']], "
+        "dtype=torch.float32, device=t['q'].device))",
+    ],
+    args=["t['q']", "k", "v", "t['o']", "t['lse']", "t['req_to_token']", "t['b_seq_len']", "logits",
+          "p['num_kv_splits']", "p['sm_scale']"],
+    kwargs={"page_size": "p['page_size']", "logit_cap": "p['logit_cap']", "**": "extra"})
+
+
+@ADAPTER.entry("decode_attention", contract=DECODE_CONTRACT, properties=DECODE_PROPERTIES,
+                export=_DECODE_EXPORT)
 def decode_attention(t, p):
     """decode_attention_fwd(q, k_buffer, v_buffer, o, lse, req_to_token, b_seq_len, attn_logits,
     num_kv_splits, sm_scale, page_size, logit_cap[, k_scale, v_scale], is_mla); attn_logits, the

@@ -1,11 +1,14 @@
 // `attncheck list | repro | golden | bench | report`.
 #include "cli/commands.h"
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -18,6 +21,7 @@
 #include "run/golden.h"
 #include "run/provenance.h"
 #include "run/results.h"
+#include "run/shrink.h"
 #include "run/worker.h"
 
 namespace attncheck::cli {
@@ -107,8 +111,52 @@ int cmd_list(const Paths& p, const ListArgs& a) {
   return 0;
 }
 
+namespace {
+
+// `repro --export pytest`: /usr/bin/python3 -m attncheck_bridge.export_pytest BUNDLE ADAPTER OUT
+// (bridge/python/attncheck_bridge/export_pytest.py), with the bridge and its adapters on the path.
+int export_pytest(const Paths& p, const std::string& bundle, const std::string& adapter,
+                  const std::string& out) {
+  const std::string python = "/usr/bin/python3";
+  const fs::path bridge = fs::path(p.root) / "bridge";
+  const char* old = std::getenv("PYTHONPATH");
+  const std::string pythonpath = (bridge / "python").string() + ":" +
+                                 (bridge / "adapters").string() +
+                                 (old && *old ? ":" + std::string(old) : "");
+  std::vector<std::string> argv_s = {python, "-m",    "attncheck_bridge.export_pytest",
+                                     bundle, adapter, out};
+  std::cout << std::flush;
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    std::cerr << "attncheck: --export: cannot fork: " << std::strerror(errno) << "\n";
+    return 2;
+  }
+  if (pid == 0) {
+    ::setenv("PYTHONPATH", pythonpath.c_str(), 1);
+    std::vector<char*> argv;
+    for (auto& s : argv_s) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    ::execv(python.c_str(), argv.data());
+    std::cerr << "attncheck: --export: cannot run " << python << ": " << std::strerror(errno)
+              << "\n";
+    ::_exit(2);
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 2;
+}
+
+}  // namespace
+
 int cmd_repro(const Paths& p, const ReproArgs& a) {
   const bool py = a.kernels.rfind("py:", 0) == 0;
+  if (!a.export_format.empty() && !py) {
+    std::cerr << "attncheck: --export " << a.export_format
+              << " needs a Python adapter's failure (--kernels py:MODULE): the file calls the "
+                 "adapter's upstream function\n";
+    return 2;
+  }
   if (!a.kernels.empty() && !py && !fs::exists(a.kernels)) {
     std::cerr << "attncheck: kernel library '" << a.kernels << "' does not exist\n";
     return 2;
@@ -132,7 +180,17 @@ int cmd_repro(const Paths& p, const ReproArgs& a) {
     return 2;
   }
   ctx->eval.golden_as_expected = false;  // the reference is the authority when reproducing
-  const auto found = find_case(ctx->files, a.id);
+  std::optional<Case> found;
+  if (!a.params.empty()) {
+    try {
+      found = adhoc_case(a.id, nlohmann::json::parse(a.params));
+    } catch (const std::exception& e) {
+      std::cerr << "attncheck: --params: " << e.what() << "\n";
+      return 2;
+    }
+  } else {
+    found = find_case(ctx->files, a.id);
+  }
   if (!found) {
     std::cerr << "attncheck: no case '" << a.id << "' in " << p.cases << "; nearest:";
     for (const auto& id : nearest_case_ids(ctx->files, a.id)) std::cerr << "\n  " << id;
@@ -227,8 +285,22 @@ int cmd_repro(const Paths& p, const ReproArgs& a) {
       std::cerr << "attncheck: cannot write the bundle: " << e.what() << "\n";
       return 2;
     }
+    if (!a.export_format.empty()) {
+      const std::string out =
+          a.export_out.empty()
+              ? (fs::path(bundle).parent_path() / ("test_" + id_to_filename(c.id) + ".py")).string()
+              : a.export_out;
+      if (export_pytest(p, fs::absolute(bundle).string(), a.kernels.substr(3), out) != 0) return 2;
+    }
+  } else if (!a.export_format.empty()) {
+    std::cerr << "attncheck: --export: the case's problem could not be made: nothing to export\n";
+    return 2;
   }
-  std::cout << "rerun    " << r.repro << "\n";
+  // An ad-hoc case is in no case file: its rerun line carries its axis values.
+  std::cout << "rerun    "
+            << (a.params.empty() ? r.repro
+                                 : shrunk_repro_command(*find_op(c.op), c, ctx->eval.options))
+            << "\n";
   return r.failing() ? 1 : 0;
 }
 

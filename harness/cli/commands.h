@@ -2,10 +2,13 @@
 // each command returns the process exit status: 0 success, 1 a case or check failed, 2 bad
 // arguments or inputs (unknown op, bad case file, missing library).
 #pragma once
+#include <ostream>
 #include <string>
 #include <vector>
 
 #include "run/cases.h"
+#include "run/pool.h"
+#include "run/shrink.h"
 
 namespace attncheck::cli {
 
@@ -45,6 +48,8 @@ struct RunArgs {
   std::string sanitizer;          // --sanitizer TOOL: workers under compute-sanitizer
   double import_timeout_s = 120;  // --import-timeout: loading the kernel library or adapter
   std::string worker_memory;      // --worker-memory: "" = the default (run_command.cpp)
+  int shrink = 0;                 // --shrink N: shrink the first N failures (run/shrink.h)
+  double shrink_time_s = 300;     // --shrink-time: seconds per shrunk failure
 };
 
 struct ReproArgs {
@@ -56,6 +61,24 @@ struct ReproArgs {
   int worst = 10;
   bool allow_missing_goldens = false;
   bool no_smem_poison = false;
+  std::string params;         // --params JSON: an ad-hoc case of the op the id names
+  std::string export_format;  // --export pytest: a self-contained test of a py: adapter's call
+  std::string export_out;     // --out FILE of the export [beside the bundle]
+};
+
+struct ShrinkArgs {
+  std::string id;
+  std::string params;  // --params JSON: start from an ad-hoc case
+  std::string kernels;
+  std::string arch;
+  std::string check;  // the failure to keep: an output name or a kind; "" = the first
+  int repeat = 2;
+  int jobs = 1;
+  int max_evaluations = 300;
+  double time_budget_s = 600;
+  double timeout_s = 120;
+  bool in_process = false;
+  bool json = false;
 };
 
 struct GoldenArgs {
@@ -111,8 +134,19 @@ int cmd_report(const Paths& p, const std::vector<std::string>& args);
 int cmd_worker(const Paths& p, const WorkerArgs& a);
 int cmd_kernels(const Paths& p, const KernelsArgs& a);
 int cmd_coverage(const Paths& p, const CoverageArgs& a);
+int cmd_shrink(const Paths& p, const ShrinkArgs& a);
 
 // " --cases X --golden Y" when they differ from the defaults, for repro lines.
 std::string path_flags(const Paths& p);
+
+// Shrinking (shrink_command.cpp): the worker processes that evaluate candidates, as `run` starts
+// them; and the outcome in words (original, check, minimal case, case-file entry, repro line).
+WorkerSpec shrink_worker_spec(const Paths& paths, const std::string& kernels,
+                              const std::string& arch, int repeat, int jobs, double timeout_s);
+void print_shrink_outcome(std::ostream& out, const Op& op, const ShrinkOutcome& s,
+                          const RunOptions& opt, const Params& file_defaults,
+                          const std::string& indent);
+// The [defaults] of the op's case file (its cases' entries inherit them).
+Params file_defaults_of(const std::vector<CaseFile>& files, const std::string& op);
 
 }  // namespace attncheck::cli

@@ -147,6 +147,17 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--worker-memory", run.worker_memory,
                       "resident memory per worker with every process it started, e.g. 8G; "
                       "over it the case fails [3/4 of RAM / --jobs, at least 2G; 0: none]");
+  run_cmd
+      ->add_option("--shrink", run.shrink,
+                   "after the run, shrink the first N failures (kernel mode) toward their "
+                   "simplest failing case; results.jsonl gets a \"shrunk\" field; `--shrink` "
+                   "alone: 5")
+      ->expected(0, 1)
+      ->default_str("5")
+      ->check(CLI::Range(1, 10000));
+  run_cmd->add_option("--shrink-time", run.shrink_time_s, "seconds spent shrinking one failure")
+      ->check(finite_in(1, 7 * 24 * 3600.0))
+      ->capture_default_str();
   run_cmd->add_flag("--in-process", run.in_process,
                     "no worker processes (for a debugger; a crash ends the run)");
 
@@ -164,6 +175,48 @@ int main(int argc, char** argv) {
                       "do not fill shared memory / LDS with NaN before each launch");
   repro_cmd->add_option("--worst", repro.worst, "worst elements shown per output")
       ->check(CLI::Range(0, 10000));
+  repro_cmd
+      ->add_option("--export", repro.export_format,
+                   "pytest: write one self-contained pytest file of a Python adapter's call "
+                   "(inputs, the upstream call, expected outputs, budgets)")
+      ->check(CLI::IsMember({"pytest"}));
+  repro_cmd->add_option("--out", repro.export_out,
+                        "the exported file [test_<id>.py beside the bundle]");
+  repro_cmd->add_option("--params", repro.params,
+                        "an ad-hoc case (one in no tier, e.g. from `attncheck shrink`): its axis "
+                        "values as JSON; the id is then the op's name or the id they describe");
+
+  ShrinkArgs shrink;
+  shrink.kernels = env_or("ATTNCHECK_KERNELS", "");
+  auto* shrink_cmd = app.add_subcommand(
+      "shrink", "from a failing case, the simplest case that still fails the same check");
+  shrink_cmd->add_option("id", shrink.id, "case id (or, with --params, the op's name)")->required();
+  shrink_cmd->add_option("--params", shrink.params,
+                         "start from an ad-hoc case: axis values (JSON)");
+  shrink_cmd->add_option("--kernels", shrink.kernels,
+                         "kernel library (.so) or py:MODULE [$ATTNCHECK_KERNELS]");
+  shrink_cmd->add_option("--check", shrink.check,
+                         "the failure to keep: an output name (o) or a kind (unwritten, crash, "
+                         "...) [the first failure]");
+  shrink_cmd->add_option("--arch", shrink.arch, "arch for known-bug marks [the device's]");
+  shrink_cmd->add_option("--repeat", shrink.repeat, "launches per candidate")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  shrink_cmd->add_option("--jobs", shrink.jobs, "worker processes evaluating candidates")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  shrink_cmd->add_option("--max-evaluations", shrink.max_evaluations, "candidates evaluated in all")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  shrink_cmd->add_option("--time", shrink.time_budget_s, "seconds after which no new pass starts")
+      ->check(finite_in(1, 7 * 24 * 3600.0))
+      ->capture_default_str();
+  shrink_cmd->add_option("--timeout", shrink.timeout_s, "seconds per candidate before it hangs")
+      ->check(finite_in(0.001, 7 * 24 * 3600.0))
+      ->capture_default_str();
+  shrink_cmd->add_flag("--in-process", shrink.in_process,
+                       "evaluate in this process (a crashing kernel ends the search)");
+  shrink_cmd->add_flag("--json", shrink.json, "also print the outcome as one JSON line");
 
   GoldenArgs golden;
   auto* golden_cmd = app.add_subcommand("golden", "generate, verify or diff the golden tensors");
@@ -237,8 +290,9 @@ int main(int argc, char** argv) {
     // "attncheck frobnicate": say which word was not understood, not only that a command is needed.
     if (app.get_subcommands().empty() && !app.remaining().empty() &&
         app.remaining().front().rfind("-", 0) != 0) {
-      std::cerr << "attncheck: unknown command '" << app.remaining().front()
-                << "' (commands: list, run, repro, golden, bench, kernels, coverage, report)\n";
+      std::cerr
+          << "attncheck: unknown command '" << app.remaining().front()
+          << "' (commands: list, run, repro, shrink, golden, bench, kernels, coverage, report)\n";
       return 2;
     }
     return app.exit(e);
@@ -267,6 +321,7 @@ int main(int argc, char** argv) {
     if (*worker_cmd) return cmd_worker(paths, worker);
     if (*kernels_cmd) return cmd_kernels(paths, kernels);
     if (*coverage_cmd) return cmd_coverage(paths, coverage);
+    if (*shrink_cmd) return cmd_shrink(paths, shrink);
   } catch (const std::exception& e) {
     std::cerr << "attncheck: " << e.what() << "\n";
     return 2;

@@ -329,6 +329,63 @@ void print_profile(const std::vector<Result>& results, double wall_s, double par
   std::cout << std::defaultfloat;
 }
 
+// The worker processes that evaluate shrink candidates: the run's, without a wrapper
+// (compute-sanitizer's findings are not a shrink target) and without a repro directory (the
+// candidates' bundles would crowd the run's).
+WorkerSpec shrink_spec(WorkerSpec spec, const RunArgs& a) {
+  spec.wrapper.clear();
+  spec.one_case_per_worker = false;
+  spec.case_timeout_s = a.timeout_s;
+  spec.exe = "/proc/self/exe";
+  for (size_t k = 0; k + 1 < spec.args.size(); ++k)
+    if (spec.args[k] == "--repro-dir") {
+      spec.args.erase(spec.args.begin() + static_cast<std::ptrdiff_t>(k),
+                      spec.args.begin() + static_cast<std::ptrdiff_t>(k + 2));
+      break;
+    }
+  return spec;
+}
+
+// --shrink N: the first N failures of the run in kernel mode, each shrunk within --shrink-time
+// seconds; printed, and returned as results.jsonl's "shrunk" field per result index.
+std::map<size_t, nlohmann::json> shrink_failures(const std::vector<Case>& cases,
+                                                 const std::vector<Result>& results,
+                                                 const CaseEvaluator& evaluate_cases,
+                                                 const RunArgs& a, const RunOptions& opt,
+                                                 const std::vector<CaseFile>& files) {
+  std::map<size_t, nlohmann::json> out;
+  int tried = 0;
+  for (size_t i = 0; i < results.size() && tried < a.shrink; ++i) {
+    const Result& r = results[i];
+    if (r.verdict != Verdict::failed || r.mode != Mode::kernel) continue;
+    const Op* op = find_op(r.op);
+    if (!op) continue;
+    ++tried;
+    const FailureSignature target = pick_target(r, "");
+    std::cout << "\nshrinking " << r.id << " (" << target.describe() << ")\n" << std::flush;
+    ShrinkOptions so;
+    so.time_budget_s = a.shrink_time_s;
+    const ShrinkOutcome s = shrink(*op, cases[i], r, target, evaluate_cases, so);
+    const Params defaults = file_defaults_of(files, op->name());
+    print_shrink_outcome(std::cout, *op, s, opt, defaults, "  ");
+    out[i] = shrunk_json(*op, s, opt, defaults);
+  }
+  return out;
+}
+
+// results.jsonl again, in the order its lines were written, with each shrunk failure's field.
+void rewrite_results_with_shrunk(const fs::path& out, const std::vector<Result>& results,
+                                 const std::vector<size_t>& completion,
+                                 const std::map<size_t, nlohmann::json>& shrunk) {
+  std::string text;
+  for (size_t i : completion) {
+    nlohmann::json j = results[i].to_json();
+    if (const auto it = shrunk.find(i); it != shrunk.end()) j["shrunk"] = it->second;
+    text += j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  }
+  write_file_atomic((out / "results.jsonl").string(), text);
+}
+
 }  // namespace
 
 int cmd_run(const Paths& paths, const RunArgs& a) {
@@ -513,6 +570,10 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
     }
   }
   Summary summary;
+  std::vector<size_t> completion;  // result indices in the order results.jsonl got them
+  // --shrink: how candidates are evaluated, set by the branch that ran the cases.
+  CaseEvaluator shrink_eval;
+  std::unique_ptr<CaseContext> ctx;  // --in-process
   Progress progress(cases.size());
   std::optional<nlohmann::json> hello;
   size_t done = 0;
@@ -550,6 +611,7 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
                 << std::flush;
     }
     results[i] = r;
+    completion.push_back(i);
     progress.update(++done, summary.failures, cases[i].id);
   };
 
@@ -557,7 +619,6 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
     WorkerConfig cfg{"",        paths.golden,       kernels,  a.arch,
                      repro_dir, path_flags(paths),  a.repeat, a.allow_missing_goldens,
                      a.stress,  a.import_timeout_s, {}};
-    std::unique_ptr<CaseContext> ctx;
     try {
       ctx = make_context_within_limit(
           cfg, [](const std::string& why) { std::cerr << "attncheck: " << why << std::endl; });
@@ -566,6 +627,11 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
       return 2;
     }
     announce(context_hello(*ctx));
+    shrink_eval = [&ctx](const std::vector<Case>& batch) {
+      std::vector<Result> out;
+      for (const auto& c : batch) out.push_back(evaluate(c, ctx->eval));
+      return out;
+    };
     try {
       for (size_t i = 0; i < runnable; ++i) record(i, run_case(*ctx, cases[i]));
     } catch (const std::exception& e) {  // a results file that cannot be written
@@ -676,6 +742,7 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
       std::cerr << "attncheck: " << e.what() << "\n";
       return 2;
     }
+    if (a.shrink > 0) shrink_eval = worker_evaluator(shrink_spec(spec, a), lost_opt);
   }
   RunOptions set_aside_opt;
   set_aside_opt.arch = hello ? hello->value("arch", "") : a.arch;
@@ -719,12 +786,21 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
       std::cout << "  " << n << " case(s) under " << name << "\n";
   }
   print_stress_summary(results, a.stress);
+  std::map<size_t, nlohmann::json> shrunk;  // result index -> results.jsonl's "shrunk"
+  if (a.shrink > 0 && kernel_mode && shrink_eval) {
+    try {
+      shrunk = shrink_failures(cases, results, shrink_eval, a, set_aside_opt, files);
+    } catch (const std::exception& e) {  // workers that cannot start
+      std::cerr << "attncheck: --shrink: " << e.what() << "\n";
+    }
+  }
   if (a.profile) print_profile(results, wall_s, parent_s, pool_use, a.in_process ? 0 : plan.jobs);
   std::cout << "wall time " << std::fixed << std::setprecision(1) << wall_s << " s\n";
 
   if (!a.out.empty()) {
     const fs::path out(a.out);
     try {
+      if (!shrunk.empty()) rewrite_results_with_shrunk(out, results, completion, shrunk);
       write_file_atomic((out / "run.json").string(),
                         run_json(hello, &summary, wall_s).dump(2) + "\n");
       std::vector<nlohmann::json> records;  // junit_xml reads the records results.jsonl holds

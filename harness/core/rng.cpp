@@ -118,8 +118,7 @@ namespace {
 // element through its host window.
 template <class SetFn>
 void for_each_element(const Tensor& t, SetFn&& set) {
-  const int64_t n = t.numel();
-  if (n == 0) return;
+  if (t.numel() == 0) return;
   const auto es = static_cast<int64_t>(t.element_size());
   const Storage& s = *t.storage();
   const auto [lo, hi] = t.extent();
@@ -128,18 +127,7 @@ void for_each_element(const Tensor& t, SetFn&& set) {
     return;
   }
   auto* base = const_cast<std::byte*>(s.bytes.data());
-  const auto nd = static_cast<size_t>(t.ndim());
-  Index idx(nd, 0);
-  int64_t off = t.offset();
-  for (int64_t k = 0; k < n; ++k) {
-    set(base + off * es, k);
-    for (size_t d = nd; d-- > 0;) {
-      off += t.strides()[d];
-      if (++idx[d] < t.shape()[d]) break;
-      off -= idx[d] * t.strides()[d];
-      idx[d] = 0;
-    }
-  }
+  t.for_each_offset([&](int64_t off, int64_t k) { set(base + off * es, k); });
 }
 
 void put(std::byte* p, double v, DType t, size_t es) {

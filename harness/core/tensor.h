@@ -115,6 +115,27 @@ class Tensor {
 
   // Calls fn(index, linear_position) for every element in row-major logical order.
   void for_each_index(const std::function<void(const Index&, int64_t)>& fn) const;
+  // Calls fn(element offset from the storage's start, linear_position) for every element in
+  // row-major logical order, walking the offsets incrementally: no per-element index checks, for
+  // the hot loops (input generators, the device runner's map of writable bytes) that need only
+  // offsets. The caller checks the view against its storage (extent()).
+  template <class Fn>
+  void for_each_offset(Fn&& fn) const {
+    const int64_t n = numel();
+    if (n == 0) return;
+    const size_t nd = shape_.size();
+    Index idx(nd, 0);
+    int64_t off = offset_;
+    for (int64_t k = 0; k < n; ++k) {
+      fn(off, k);
+      for (size_t d = nd; d-- > 0;) {
+        off += strides_[d];
+        if (++idx[d] < shape_[d]) break;
+        off -= idx[d] * strides_[d];
+        idx[d] = 0;
+      }
+    }
+  }
   // All elements as doubles, row-major logical order.
   std::vector<double> to_vector() const;
 

@@ -469,7 +469,7 @@ DeviceOutcome DeviceRunner::run_unguarded(const Problem& p, const LaunchConditio
       }
     }
     // Bytes the kernel may write: the elements of output and inout views on this storage.
-    std::vector<bool> writable(s.bytes, false);
+    std::vector<uint8_t> writable(s.bytes, 0);
     auto restored = std::make_shared<Storage>();
     restored->bytes.assign(back.begin() + static_cast<std::ptrdiff_t>(G),
                            back.begin() + static_cast<std::ptrdiff_t>(G + s.bytes));
@@ -480,11 +480,20 @@ DeviceOutcome DeviceRunner::run_unguarded(const Problem& p, const LaunchConditio
       const size_t es = a.tensor.element_size();
       // A sparse output (a cache written past 2^31) is read back and judged over its held rows.
       const Tensor held = a.tensor.held_rows();
-      held.for_each_index([&](const Index& idx, int64_t) {
-        // Host-window relative (a sparse storage's window starts at window_begin).
-        const auto off = static_cast<size_t>(held.element_offset(idx)) * es - s.host->window_begin;
-        for (size_t b = 0; b < es && off + b < s.bytes; ++b) writable[off + b] = true;
-      });
+      const auto [lo, hi] = held.extent();
+      if (held.numel() == 0 || lo < 0) continue;
+      auto mark = [&](size_t first_byte, size_t n) {  // host-window relative, clipped
+        for (size_t b = first_byte; b < first_byte + n && b < s.bytes; ++b) writable[b] = 1;
+      };
+      // Host-window relative (a sparse storage's window starts at window_begin).
+      const auto window = static_cast<int64_t>(s.host->window_begin);
+      if (held.is_contiguous())
+        mark(static_cast<size_t>(lo * static_cast<int64_t>(es) - window),
+             static_cast<size_t>((hi - lo) * static_cast<int64_t>(es)));
+      else
+        held.for_each_offset([&](int64_t off, int64_t) {
+          mark(static_cast<size_t>(off * static_cast<int64_t>(es) - window), es);
+        });
     }
     for (size_t b = 0; b < s.bytes; ++b) {
       if (!writable[b] && restored->bytes[b] != s.host->bytes[b]) {

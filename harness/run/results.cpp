@@ -247,13 +247,19 @@ void write_repro_bundle(const std::string& path, const Result& r, const CaseArti
   f.create_group("inputs");
   f.create_group("expected");
   f.create_group("actual");
+  // Arguments that share a storage (a V view inside K's cache) carry the same "storage" number,
+  // so that a reader (repro --export pytest) can rebuild the one buffer they share.
+  std::vector<const Storage*> storages;
   for (const auto& arg : a.problem.args) {
     const std::string ds = "inputs/" + arg.name;
     const Storage& st = *arg.tensor.storage();
+    auto seen = std::find(storages.begin(), storages.end(), &st);
+    if (seen == storages.end()) seen = storages.insert(storages.end(), &st);
     nlohmann::json layout = {{"shape", arg.tensor.shape()},
                              {"strides", arg.tensor.strides()},
                              {"offset", arg.tensor.offset()},
-                             {"storage_bytes", st.bytes.size()}};
+                             {"storage_bytes", st.bytes.size()},
+                             {"storage", seen - storages.begin()}};
     if (st.sparse()) {
       // A large-offset storage (docs/abi.md "Sparse storages"): the host holds only its window,
       // so the bundle holds that window, flat, in storage order; the rest of the extent is NaN

@@ -50,6 +50,7 @@ import math
 
 __all__ = [
     "Adapter",
+    "Export",
     "Unsupported",
     "Refuse",
     "Tensor",
@@ -220,6 +221,51 @@ def refuse_if_invalid() -> None:
 # The adapter registry
 
 
+class Export:
+    """How an entry calls its upstream function, for ``attncheck repro ID --kernels py:ADAPTER
+    --export pytest`` (docs/bridge.md "Exporting a finding"): the generated test imports
+    ``function`` from ``module`` (a name, or a list tried in order) and calls it as the entry
+    does, with the case's inputs rebuilt from the repro bundle.
+
+    framework  "torch": each argument is a torch tensor on ``device`` (bf16 as torch.bfloat16,
+               f16 as torch.float16, fp8 codes as torch.uint8); "numpy": a NumPy array as
+               ``as_numpy`` gives it (16-bit floats as uint16 bits, fp8 as uint8 codes)
+    args       Python expressions, one per positional argument, over ``t`` (argument name ->
+               tensor view of the bundle's layout: strides, offset, shared storages), ``p`` (the
+               kernel parameters, a dict), ``ARGS`` (argument name -> dtype name, shape,
+               strides, offset), ``torch``/``np`` and the names ``setup`` binds
+    kwargs     keyword name -> expression, as ``args``; the key "**" passes a dict expression
+    setup      statements run before the call (allocations the entry makes, derived scalars)
+    device     "cuda" or "cpu" (default: the adapter's device)
+    """
+
+    def __init__(self, module, function: str, args=(), kwargs=None, setup=(),
+                 framework: str = "torch", device: str | None = None):
+        modules = [module] if isinstance(module, str) else list(module)
+        if not modules or not all(isinstance(m, str) and m for m in modules):
+            raise ValueError(f"Export: module must be a name or a list of names, got {module!r}")
+        if not isinstance(function, str) or not function.isidentifier():
+            raise ValueError(f"Export: function must be an identifier, got {function!r}")
+        if framework not in ("torch", "numpy"):
+            raise ValueError(f"Export: framework must be torch or numpy, got {framework!r}")
+        for code in [*args, *(kwargs or {}).values()]:
+            compile(code, "<export expression>", "eval")
+        for code in setup:
+            compile(code, "<export setup>", "exec")
+        self.modules = modules
+        self.function = function
+        self.args = list(args)
+        self.kwargs = dict(kwargs or {})
+        self.setup = list(setup)
+        self.framework = framework
+        self.device = device
+
+    def to_json(self, default_device: str) -> dict:
+        return {"modules": self.modules, "function": self.function, "args": self.args,
+                "kwargs": self.kwargs, "setup": self.setup, "framework": self.framework,
+                "device": self.device or default_device}
+
+
 class Adapter:
     """A named set of kernel entries on one device ("cpu" or "cuda").
 
@@ -247,12 +293,16 @@ class Adapter:
         self._entries: dict[str, object] = {}
         self._contracts: dict[str, str] = {}
         self._properties: dict[str, tuple] = {}
+        self._exports: dict[str, Export] = {}
 
-    def entry(self, name: str, contract: str | None = None, properties=()):
+    def entry(self, name: str, contract: str | None = None, properties=(), export: Export | None = None):
         """Decorator registering ``fn(tensors, params)`` as kernel entry ``name`` (the name the
         harness passes as ``op``: "page_indices", "rope_inplace", "rope_out_of_place", ...),
-        declaring arithmetic contract ``contract`` (one of ``CONTRACTS``; None: the adapter's)
-        and the invariance ``properties`` it promises bitwise (names of ``PROPERTIES``)."""
+        declaring arithmetic contract ``contract`` (one of ``CONTRACTS``; None: the adapter's),
+        the invariance ``properties`` it promises bitwise (names of ``PROPERTIES``) and, with
+        ``export``, how it calls its upstream function (``Export``)."""
+        if export is not None and not isinstance(export, Export):
+            raise TypeError(f"entry {name!r}: export must be an attncheck_bridge.Export")
         if not isinstance(name, str) or not name or "," in name or any(c.isspace() for c in name):
             raise ValueError(f"entry name must be a non-empty word without commas, got {name!r}")
         if contract is None:
@@ -275,6 +325,8 @@ class Adapter:
             self._entries[name] = fn
             self._contracts[name] = contract
             self._properties[name] = properties
+            if export is not None:
+                self._exports[name] = export
             return fn
 
         return register
@@ -291,6 +343,10 @@ class Adapter:
     def properties(self) -> dict:
         """entry name -> declared invariance properties (a tuple), in registration order."""
         return dict(self._properties)
+
+    def export_of(self, name: str) -> Export | None:
+        """How entry ``name`` calls its upstream function, None when it does not say."""
+        return self._exports.get(name)
 
     def contract_of(self, name: str) -> str | None:
         """The contract entry ``name`` declares (canonical spelling), None if no such entry."""

@@ -521,7 +521,7 @@ TEST_F(Cli, BadArgumentsAndBadCaseFilesFailClearly) {
       {" run --repeat 0", 105, "--repeat: Value 0 not in range"},
       {" run --bogus", 109, "The following argument was not expected: --bogus"},
       {" frobnicate", 2,
-       "unknown command 'frobnicate' (commands: list, run, repro, golden, bench, kernels, "
+       "unknown command 'frobnicate' (commands: list, run, repro, shrink, golden, bench, kernels, "
        "coverage, report)"},
       {"", 106, "A subcommand is required"},
       {" golden verify --op nope", 2, "unknown op 'nope'"},

@@ -112,6 +112,7 @@ def _case_row(report: Report, c) -> dict:
         "bundle_name": c.bundle.name if c.bundle else "",
         "source": c.source,
         "kernel_ms": fmt_num(c.timings.get("kernel")) if c.timings.get("kernel") else "",
+        "shrunk": _shrunk_row(c.shrunk) if c.shrunk else None,
     }
 
 
@@ -128,6 +129,13 @@ def _invariance_context(report) -> dict:
                       "message": one_line(str(o.get("message", "")), 300)}
                      for c, o in ran if not o["passed"]],
     }
+
+
+def _shrunk_row(s: dict) -> dict:
+    """The minimal failing case of `run --shrink`, shown beside its original."""
+    return {"id": s["id"], "check": s["check"], "entry": s["case_file_entry"],
+            "repro": s["repro"], "same": s["id"] == s.get("original_id"),
+            "search": f"{s.get('evaluations', '?')} evaluations; {s.get('stopped', '')}"}
 
 
 def _bundle_contents(reader: BundleReader, path: Path) -> str:
@@ -188,6 +196,7 @@ def html_context(report: Report) -> dict:
         "worst": [_case_row(report, c) for c in report.worst],
         "failures": failure_rows[:1000],
         "failures_cut": max(0, len(failure_rows) - 1000),
+        "failures_shrunk": any(r["shrunk"] for r in failure_rows),
         "known_bugs": [_case_row(report, c) for c in report.cases if c.verdict == "known_bug"],
         "contracted": [_case_row(report, c) for c in report.cases if c.under_declared_contract],
         "invariance": _invariance_context(report),
@@ -398,6 +407,17 @@ def write_markdown(report: Report, path: Path, top: int = 10) -> None:
                          c.budget_text(), ratio_text(c.ratio),
                          f"`{c.repro}`" if c.repro else ""])
         lines += md_table(["case", "arch", "verdict", "metric", "budget", "ratio", "repro"], rows)
+        lines.append("")
+
+    shrunk = [c for c in report.cases if c.failing and c.shrunk]
+    if shrunk:
+        lines.append("**Shrunk failures** (the simplest case that fails the same check)")
+        lines.append("")
+        rows = [[f"`{c.id}`", c.arch, c.shrunk["check"], f"`{c.shrunk['id']}`",
+                 f"`{c.shrunk['case_file_entry']}`", f"`{c.shrunk['repro']}`"]
+                for c in sorted(shrunk, key=lambda c: (c.op, c.arch, c.id))[:top]]
+        lines += md_table(["case", "arch", "check", "minimal case", "case-file entry", "repro"],
+                          rows)
         lines.append("")
 
     mut = report.mutation

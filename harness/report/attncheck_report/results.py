@@ -112,6 +112,9 @@ class CaseResult:
     # The op's metamorphic relations (docs/verification.md "Invariance"): dicts with "relation",
     # "mode" ("bitwise" | "budget"), "passed" and "message"; empty when none ran.
     invariance: list = field(default_factory=list)
+    # `attncheck run --shrink`: the simplest case found that fails the same check (id, params,
+    # case_file_entry, repro, check, evaluations, stopped); None when the failure was not shrunk.
+    shrunk: Optional[dict] = None
 
     @property
     def under_declared_contract(self) -> bool:
@@ -242,6 +245,22 @@ def _parse_check(raw: Any, where: str) -> Check:
     return Check(name, passed, str(raw.get("message", "")), kind, budget, metrics, ratio)
 
 
+def _parse_shrunk(shrunk, op: str, where: str) -> Optional[dict]:
+    """results.jsonl's "shrunk" field (docs/cli.md "run --shrink"), or None when absent."""
+    if shrunk is None:
+        return None
+    if not isinstance(shrunk, dict):
+        raise ResultsError(f"{where}: 'shrunk' must be a JSON object")
+    for key in ("id", "repro", "check", "case_file_entry"):
+        if not isinstance(shrunk.get(key), str) or not shrunk[key]:
+            raise ResultsError(f"{where}: missing or empty string field 'shrunk.{key}'")
+    if not shrunk["id"].startswith(op + "/"):
+        raise ResultsError(f"{where}: shrunk case id {shrunk['id']!r} does not start with '{op}/'")
+    if not isinstance(shrunk.get("params", {}), dict):
+        raise ResultsError(f"{where}: 'shrunk.params' must be a JSON object")
+    return shrunk
+
+
 def _parse_failing(raw: dict, where: str) -> bool:
     """attncheck decides what fails a job and writes it into every record; a report that guessed
     from verdict names would drift from the gate the moment that rule changes."""
@@ -284,6 +303,7 @@ def _parse_case(raw: Any, run: Run, where: str) -> CaseResult:
             isinstance(o, dict) and isinstance(o.get("relation"), str) and isinstance(o.get("passed"), bool)
             and o.get("mode") in ("bitwise", "budget") for o in invariance):
         raise ResultsError(f"{where}: 'invariance' must be a JSON array of {{relation, mode: bitwise|budget, passed, message}}")
+    shrunk = _parse_shrunk(raw.get("shrunk"), raw["op"], where)
     timings = raw.get("timings_ms") or {}
     if not isinstance(timings, dict):
         raise ResultsError(f"{where}: 'timings_ms' must be a JSON object")
@@ -306,6 +326,7 @@ def _parse_case(raw: Any, run: Run, where: str) -> CaseResult:
         run=run,
         contract=contract,
         invariance=invariance,
+        shrunk=shrunk,
     )
     # The record names its bundle; when the run directory moved since (a CI artifact, merged
     # shards), the file of that name in this run's repro/. Records without the field follow the

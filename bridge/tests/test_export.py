@@ -1,0 +1,152 @@
+"""`attncheck repro ID --kernels py:ADAPTER --export pytest` (attncheck_bridge/export_pytest.py):
+the generated file runs and passes against numpy_reference under this interpreter, and its check
+fails once the expected output moves beyond the budget attncheck derived (and not within it).
+Needs the attncheck binary (ATTNCHECK_BIN, set by ctest's bridge.pytest)."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import attncheck_bridge as ab
+from attncheck_bridge import export_pytest
+
+BIN = os.environ.get("ATTNCHECK_BIN", "")
+BRIDGE = Path(__file__).resolve().parent.parent
+needs_bin = pytest.mark.skipif(not BIN, reason="needs the attncheck binary (ATTNCHECK_BIN)")
+
+PAGE_CASE = "page_indices/bs1-b9-ctx63-strided-s0"
+ROPE_CASE = "rope/gptj-back-out_of_place-bf16-csf32-poslarge-h4-hd128-rot64-t8-s100"
+
+
+def _env():
+    paths = [str(BRIDGE / "python"), str(BRIDGE / "adapters")]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(paths), PYTHONDONTWRITEBYTECODE="1")
+
+
+def export(tmp_path, case_id, name, kernels="py:numpy_reference"):
+    out = tmp_path / name
+    proc = subprocess.run([BIN, "repro", case_id, "--kernels", kernels, "--export", "pytest",
+                           "--out", str(out), "--bundle", str(tmp_path / (name + ".h5"))],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    return out, proc
+
+
+def load(path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.path[:0] = [str(BRIDGE / "python"), str(BRIDGE / "adapters")]
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def run_generated(path):
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           str(path)], capture_output=True, text=True, env=_env(), timeout=300)
+
+
+@needs_bin
+def test_exact_output_runs_passes_and_fails_when_moved(tmp_path):
+    path, proc = export(tmp_path, PAGE_CASE, "test_page.py")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "(inputs and expected outputs embedded)" in proc.stdout
+    assert not path.with_suffix(".npz").exists()
+    ran = run_generated(path)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "1 passed" in ran.stdout
+    mod = load(path)
+    assert mod.ARGS["block_table"]["strides"][0] > mod.ARGS["block_table"]["shape"][1]  # strided
+    actual, expected = mod.run_upstream(), mod.expected_outputs()
+    mod.check_outputs(actual, expected)
+    moved = {k: v.copy() for k, v in expected.items()}
+    moved["page_indices"][5] += 1
+    with pytest.raises(AssertionError, match="1 of .* elements differ bitwise"):
+        mod.check_outputs(actual, moved)
+
+
+@needs_bin
+def test_an_upstream_that_ignores_the_row_stride_fails_the_exported_test(tmp_path, monkeypatch):
+    """What a finding's file is for: the upstream function with a stride bug fails it."""
+    path, proc = export(tmp_path, PAGE_CASE, "test_page.py")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    mod = load(path)
+    import numpy_reference
+
+    right = numpy_reference.page_indices_arrays
+
+    def ignores_row_stride(tab, n, c, o, K):
+        rows = np.lib.stride_tricks.as_strided(tab, tab.shape, (tab.shape[1] * tab.itemsize, tab.itemsize))
+        right(rows, n, c, o, K)
+
+    monkeypatch.setattr(numpy_reference, "page_indices_arrays", ignores_row_stride)
+    with pytest.raises(AssertionError, match="elements differ bitwise"):
+        mod.check_outputs(mod.run_upstream(), mod.expected_outputs())
+
+
+@needs_bin
+def test_numeric_output_goes_to_an_npz_and_holds_the_derived_budget(tmp_path):
+    path, proc = export(tmp_path, ROPE_CASE, "test_rope.py")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert path.with_suffix(".npz").is_file(), proc.stdout  # the cos/sin cache is large
+    ran = run_generated(path)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    mod = load(path)
+    budget = mod.BUDGETS["q_out"]
+    assert budget["kind"] == "numeric" and budget["rtol"] > 0
+    actual, expected = mod.run_upstream(), mod.expected_outputs()
+    mod.check_outputs(actual, expected)
+    values = mod.values(expected["q_out"], "bf16").reshape(-1)
+    i = int(np.argmax((np.abs(values) > 0.5) & (np.abs(values) < 1.5)))
+    # One bf16 step away from zero is within rtol |e| (one ulp); three steps are beyond it.
+    within = {k: v.copy() for k, v in expected.items()}
+    within["q_out"].reshape(-1)[i] += 1
+    mod.check_outputs(actual, within)
+    beyond = {k: v.copy() for k, v in expected.items()}
+    beyond["q_out"].reshape(-1)[i] += 3
+    with pytest.raises(AssertionError, match=r"q_out: 1 of \d+ elements beyond"):
+        mod.check_outputs(actual, beyond)
+
+
+@needs_bin
+def test_what_cannot_be_exported_is_refused_with_the_reason(tmp_path):
+    _, proc = export(tmp_path, PAGE_CASE, "x.py", kernels="/nonexistent/lib.so")
+    assert proc.returncode == 2 and "needs a Python adapter" in proc.stderr
+    gather = subprocess.run([BIN, "list", "--tier", "smoke", "--op", "kv_gather"],
+                            capture_output=True, text=True).stdout.split()[0]
+    _, proc = export(tmp_path, gather, "y.py")
+    assert proc.returncode == 2
+    assert "entry 'kv_gather' has no export description" in proc.stderr
+
+
+@needs_bin
+def test_a_torch_export_of_vllm_triton_is_generated_and_compiles(tmp_path):
+    """The GPU call itself runs only where vLLM and a GPU are (docs/bridge.md); here: the file of
+    a decode_attention bundle through vllm_triton's description, compiled."""
+    case = subprocess.run([BIN, "list", "--tier", "smoke", "--op", "decode_attention"],
+                          capture_output=True, text=True).stdout.split()[0]
+    bundle = tmp_path / "d.h5"
+    subprocess.run([BIN, "repro", case, "--kernels", "py:numpy_reference", "--bundle", str(bundle)],
+                   capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert bundle.is_file()
+    out = tmp_path / "test_decode.py"
+    sys.path[:0] = [str(BRIDGE / "adapters")]
+    export_pytest.generate(str(bundle), "vllm_triton", str(out))
+    text = out.read_text()
+    compile(text, str(out), "exec")
+    assert "'function': 'decode_attention_fwd'" in text
+    assert "fn(t['q'], k, v, t['o'], t['lse'], t['req_to_token'], t['b_seq_len'], logits," in text
+    assert "**extra)" in text
+
+
+def test_export_descriptions_are_checked():
+    with pytest.raises(ValueError, match="framework"):
+        ab.Export("m", "f", framework="jax")
+    with pytest.raises(SyntaxError):
+        ab.Export("m", "f", args=["t['q'"])
+    adapter = ab.Adapter("x")
+    with pytest.raises(TypeError):
+        adapter.entry("e", export={"module": "m"})(lambda t, p: None)

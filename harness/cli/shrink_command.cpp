@@ -1,0 +1,172 @@
+// `attncheck shrink` and the shrinking of `run --shrink` (run/shrink.h, docs/cli.md "shrink").
+#include <filesystem>
+#include <iostream>
+#include <memory>
+
+#include "cli/commands.h"
+#include "run/shrink.h"
+#include "run/worker.h"
+
+namespace attncheck::cli {
+
+namespace fs = std::filesystem;
+
+WorkerSpec shrink_worker_spec(const Paths& paths, const std::string& kernels,
+                              const std::string& arch, int repeat, int jobs, double timeout_s) {
+  WorkerSpec spec;
+  spec.jobs = std::max(jobs, 1);
+  spec.case_timeout_s = timeout_s;
+  spec.args = {"--golden",
+               fs::absolute(paths.golden).string(),
+               "worker",
+               "--repeat",
+               std::to_string(repeat),
+               "--kernels",
+               kernels};
+  if (!arch.empty()) spec.args.insert(spec.args.end(), {"--arch", arch});
+  if (!path_flags(paths).empty())
+    spec.args.insert(spec.args.end(), {"--repro-extra", path_flags(paths)});
+  return spec;
+}
+
+Params file_defaults_of(const std::vector<CaseFile>& files, const std::string& op) {
+  for (const auto& f : files)
+    if (f.op == op) return f.defaults;
+  return Params::object();
+}
+
+void print_shrink_outcome(std::ostream& out, const Op& op, const ShrinkOutcome& s,
+                          const RunOptions& opt, const Params& file_defaults,
+                          const std::string& indent) {
+  out << indent << "original  " << s.original.id << "\n"
+      << indent << "check     " << s.target.describe() << "\n";
+  if (!s.shrunk()) {
+    out << indent << "minimal   (no simpler case fails the same way: the original is minimal)\n";
+  } else {
+    out << indent << "minimal   " << s.minimal.id << "\n"
+        << indent << "case      " << case_file_entry(op, s.minimal.params, file_defaults)
+        << "   (an entry of a case file's `cases = [...]` list)\n"
+        << indent << "params    " << non_default_params(op, s.minimal.params).dump() << "\n"
+        << indent << "fails     " << s.minimal_result.message.substr(0, 400) << "\n"
+        << indent << "repro     " << shrunk_repro_command(op, s.minimal, opt) << "\n";
+  }
+  out << indent << "search    " << s.evaluations << " evaluations, " << s.steps.size()
+      << " steps; stopped: " << s.stopped << "\n";
+}
+
+int cmd_shrink(const Paths& paths, const ShrinkArgs& a) {
+  if (a.kernels.empty()) {
+    std::cerr << "attncheck: shrink needs --kernels LIB.so|py:MODULE (it reruns the kernel)\n";
+    return 2;
+  }
+  const bool py = a.kernels.rfind("py:", 0) == 0;
+  if (!py && !fs::exists(a.kernels)) {
+    std::cerr << "attncheck: kernel library '" << a.kernels << "' does not exist\n";
+    return 2;
+  }
+  const std::string kernels = py ? a.kernels : fs::absolute(a.kernels).string();
+  std::vector<CaseFile> files;
+  try {
+    files = load_case_dir(paths.cases);
+  } catch (const CaseFileError& e) {
+    std::cerr << "attncheck: bad case file: " << e.what() << "\n";
+    return 2;
+  }
+  std::optional<Case> start;
+  try {
+    start = a.params.empty()
+                ? find_case(files, a.id)
+                : std::optional<Case>(adhoc_case(a.id, nlohmann::json::parse(a.params)));
+  } catch (const std::exception& e) {
+    std::cerr << "attncheck: " << e.what() << "\n";
+    return 2;
+  }
+  if (!start) {
+    std::cerr << "attncheck: no case '" << a.id << "' in " << paths.cases
+              << " (an ad-hoc case needs --params JSON); nearest:";
+    for (const auto& id : nearest_case_ids(files, a.id)) std::cerr << "\n  " << id;
+    std::cerr << "\n";
+    return 2;
+  }
+  // The kernel's failure is what is shrunk: a known-bug mark would turn it into a pass.
+  start->known_bug.reset();
+  const Op* op = find_op(start->op);
+  RunOptions opt;
+  opt.kernels_path = kernels;
+  opt.repro_extra = path_flags(paths);
+  opt.arch = a.arch;
+  CaseEvaluator evaluate_cases;
+  std::unique_ptr<CaseContext> ctx;
+  if (a.in_process) {
+    WorkerConfig cfg;
+    cfg.golden_dir = paths.golden;
+    cfg.kernels = kernels;
+    cfg.arch = a.arch;
+    cfg.repeat = a.repeat;
+    cfg.repro_extra = path_flags(paths);
+    try {
+      ctx = make_context(cfg);
+    } catch (const std::exception& e) {
+      std::cerr << "attncheck: " << e.what() << "\n";
+      return 2;
+    }
+    evaluate_cases = [&ctx](const std::vector<Case>& cases) {
+      std::vector<Result> out;
+      for (const auto& c : cases) out.push_back(evaluate(c, ctx->eval));
+      return out;
+    };
+  } else {
+    evaluate_cases = worker_evaluator(
+        shrink_worker_spec(paths, kernels, a.arch, a.repeat, a.jobs, a.timeout_s), opt);
+  }
+  std::cout << "attncheck shrink " << start->id << "\n  kernels " << kernels << "\n" << std::flush;
+  std::vector<Result> first;
+  try {
+    first = evaluate_cases({*start});
+  } catch (const std::exception& e) {
+    std::cerr << "attncheck: " << e.what() << "\n";
+    return 2;
+  }
+  const Result& r0 = first.at(0);
+  if (r0.mode == Mode::reference) {
+    std::cerr << "attncheck: shrink needs the kernel to run (mode " << mode_name(r0.mode)
+              << ", verdict " << verdict_name(r0.verdict) << "): " << r0.message << "\n";
+    return 2;
+  }
+  if (r0.verdict != Verdict::failed) {
+    std::cout << "  the case does not fail (verdict " << verdict_name(r0.verdict)
+              << "): nothing to shrink\n";
+    return 0;
+  }
+  FailureSignature target;
+  try {
+    target = pick_target(r0, a.check);
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "attncheck: " << e.what() << "\n";
+    return 2;
+  }
+  std::cout << "  fails   " << target.describe() << ": " << r0.message.substr(0, 300) << "\n"
+            << std::flush;
+  ShrinkOptions so;
+  so.max_evaluations = a.max_evaluations;
+  so.time_budget_s = a.time_budget_s;
+  so.on_step = [](const ShrinkStep& st, const Case& now, int evaluations) {
+    std::cout << "  step    " << st.describe() << "  (" << evaluations << " evaluations) -> "
+              << now.id << "\n"
+              << std::flush;
+  };
+  ShrinkOutcome s;
+  try {
+    s = shrink(*op, *start, r0, target, evaluate_cases, so);
+  } catch (const std::exception& e) {
+    std::cerr << "attncheck: " << e.what() << "\n";
+    return 2;
+  }
+  std::cout << "\n";
+  const Params defaults = file_defaults_of(files, op->name());
+  print_shrink_outcome(std::cout, *op, s, opt, defaults, "");
+  if (a.json) std::cout << shrunk_json(*op, s, opt, defaults).dump() << "\n";
+  return 1;  // the case (and its minimal form) fails
+}
+
+}  // namespace attncheck::cli

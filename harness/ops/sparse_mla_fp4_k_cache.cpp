@@ -1,0 +1,143 @@
+// sparse_mla_fp4_k_cache: the writer of DeepSeek-V4.1's FP4 compressed-KV records
+// (docs/ops/sparse_mla_fp4.md, reference/sparse_mla_fp4.h): bf16 latent rows [T', 512] quantized
+// into the slots of slot_mapping as 288-byte NVFP4 (e4m3 scales of 16, floor 2^-9) or 272-byte
+// MXFP4 (e8m0 scales of 32, ceil rule) records, data rows then scale rows in each page. Judged
+// bitwise over the whole cache, so bytes outside the written records must stay as they were.
+// What it guards against: an e4m3 block scale truncated instead of rounded, the scale floor lost
+// (a zero block divides by 0), nibble order, the scale of the wrong block, a record written as one
+// run.
+#include <cmath>
+#include <optional>
+#include <vector>
+
+#include "core/rng.h"
+#include "ops/typed_op.h"
+#include "reference/sparse_mla_fp4.h"
+
+namespace attncheck {
+namespace {
+
+namespace rec = ref::fp4_record;
+
+enum class Values { model, extreme };
+
+struct Fp4KCacheParams {
+  int64_t block_size = 64;
+  rec::Format kv_format = rec::Format::nvfp4;
+  int64_t tokens = 41;
+  Values values = Values::model;
+  int64_t pad = 64;
+  int64_t seed = 0;
+};
+
+// bf16 rows: blocks of N(0, 1) times a non-power-of-two factor exp(2 N(0, 1)) per 16 elements.
+void fill_rows(const Tensor& k, const Rng& rng) {
+  for (int64_t r = 0; r < k.size(0); ++r)
+    for (int64_t b = 0; b < rec::kDims / 16; ++b) {
+      const double factor =
+          std::exp(2.0 * rng.normal_at(static_cast<uint64_t>((1 << 30) + r * 64 + b)));
+      for (int64_t d = b * 16; d < b * 16 + 16; ++d)
+        k.set({r, d}, factor * rng.normal_at(static_cast<uint64_t>(r * rec::kDims + d)));
+    }
+}
+
+// Row 0 zeros (the scale floors), row 1 tiny (1e-38: below every floor), row 2 near bf16's max
+// (nvfp4 scale saturates at 448, elements at 6), row 4 blocks whose amax / 6 sits exactly halfway
+// between two e4m3 numbers (ties to even decide) and on powers of two (the e8m0 ceil boundary).
+void plant_extremes(const Tensor& k) {
+  const int64_t rows = k.size(0);
+  for (int64_t d = 0; d < rec::kDims; ++d) {
+    if (rows > 0) k.set({0, d}, 0.0);
+    if (rows > 1) k.set({1, d}, static_cast<double>(d % 3 - 1) * 1e-38);
+    if (rows > 2) k.set({2, d}, (d % 2 ? -3e38 : 1e38));
+  }
+  // 6 x (1 + 1/16) x 2^j: between e4m3's 1 and 1.125; 6 x 2^j: an exact power-of-two scale.
+  for (int64_t b = 0; rows > 4 && b < rec::kDims / 16; ++b)
+    k.set({4, b * 16 + 3}, (b % 2 ? 6.375 : 6.0) * std::ldexp(1.0, static_cast<int>(b % 8) - 4));
+}
+
+class SparseMlaFp4KCacheOp final : public TypedOp<Fp4KCacheParams> {
+ public:
+  using P = Fp4KCacheParams;
+  std::string name() const override { return "sparse_mla_fp4_k_cache"; }
+  Fields<P> fields() const override {
+    return Fields<P>()
+        .add<int64_t>("block_size", "bs", &P::block_size, "cache page size (tokens)")
+        .only({1, 16, 64})
+        .choice<rec::Format>("kv_format", "", &P::kv_format,
+                             {{rec::Format::nvfp4, "nvfp4"}, {rec::Format::mxfp4, "mxfp4"}},
+                             "record: nvfp4 (288 bytes) or mxfp4 (272 bytes)")
+        .add<int64_t>("tokens", "t", &P::tokens,
+                      "slot_mapping entries (the rows tensor has 3 more); every 7th is -1; odd "
+                      "counts leave partial pages")
+        .bounds(0, 4096)
+        .choice<Values>("values", "v", &P::values,
+                        {{Values::model, "model"}, {Values::extreme, "extreme"}},
+                        "extreme: zero, tiny and near-max rows, e4m3 ties and power-of-two "
+                        "boundaries")
+        .add<int64_t>("pad", "pad", &P::pad,
+                      "bytes after each page (page stride = page + pad); > 0 also makes kv a "
+                      "strided view and starts both views past their storage's start")
+        .bounds(0, 4096)
+        .add<int64_t>("seed", "s", &P::seed, "input seed");
+  }
+
+  Problem make(const Case& c, const P& p) const override {
+    const int64_t T = p.tokens, Pg = p.block_size, rb = rec::record_bytes(p.kv_format);
+    const int64_t pages = (T + Pg - 1) / Pg + 2, stride = Pg * rb + p.pad;
+    // Padded cases also pass kv as a strided view 8 elements into its storage and the cache view
+    // 32 bytes into its storage.
+    const bool padded = p.pad > 0;
+    const int64_t row_stride = rec::kDims + (padded ? 24 : 0), k_offset = padded ? 8 : 0,
+                  c_offset = padded ? 32 : 0;
+    Tensor k = Tensor::full(DType::bf16, {(T + 3) * row_stride + k_offset}, 0.0)
+                   .as_strided({T + 3, rec::kDims}, {row_stride, 1}, k_offset);
+    fill_rows(k, Rng(c.id, "kv", static_cast<uint64_t>(p.seed)));
+    if (p.values == Values::extreme) plant_extremes(k);
+    Rng rng(c.id, "slots", static_cast<uint64_t>(p.seed));
+    const std::vector<int64_t> order = permutation(pages * Pg, rng);
+    Tensor slots = Tensor::empty(DType::i64, {T});
+    for (int64_t i = 0; i < T; ++i)
+      slots.at<int64_t>({i}) = i % 7 == 3 ? -1 : order[static_cast<size_t>(i)];
+    Tensor storage = Tensor::filled_bytes(DType::u8, {pages * stride + c_offset}, std::byte{0});
+    fill_uniform_int(storage, Rng(c.id, "cache", static_cast<uint64_t>(p.seed)), 0, 255);
+    Problem prob;
+    prob.args = {
+        {"kv", k, Role::input},
+        {"slot_mapping", slots, Role::input},
+        {"kv_cache", storage.as_strided({pages, Pg, rb}, {stride, rb, 1}, c_offset), Role::inout}};
+    prob.bytes = static_cast<double>(T) * static_cast<double>(2 * rec::kDims + rb + 8);
+    return prob;
+  }
+
+  nlohmann::json kernel_params(const P& p, const Problem&) const override {
+    return {{"kv_format", std::string(rec::format_name(p.kv_format))}};
+  }
+
+  TensorMap reference(const Problem& prob, const P& p) const override {
+    const Tensor cache = prob.arg("kv_cache").clone();
+    const Tensor& k = prob.arg("kv");
+    const Tensor& slots = prob.arg("slot_mapping");
+    const int64_t Pg = cache.size(1), num_slots = cache.size(0) * Pg;
+    std::vector<double> row(static_cast<size_t>(rec::kDims));
+    for (int64_t i = 0; i < slots.size(0); ++i) {
+      const int64_t s = slots.at<int64_t>({i});
+      if (s < 0) continue;
+      if (s >= num_slots)
+        throw std::invalid_argument("slot_mapping[" + std::to_string(i) +
+                                    "] = " + std::to_string(s) + " is past the cache");
+      for (int64_t d = 0; d < rec::kDims; ++d) row[static_cast<size_t>(d)] = k.get({i, d});
+      rec::write_record(cache, p.kv_format, s / Pg, s % Pg, row.data());
+    }
+    return {{"kv_cache", cache}};
+  }
+
+  std::vector<OutputCheck> checks(const Problem&, const P&, const TensorMap&) const override {
+    return {{"kv_cache", exact_budget("quantized records and untouched bytes: bitwise"), {}, {}}};
+  }
+};
+
+const OpRegistrar kRegister(std::make_unique<SparseMlaFp4KCacheOp>());
+
+}  // namespace
+}  // namespace attncheck
