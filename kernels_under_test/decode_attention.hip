@@ -283,7 +283,13 @@ __global__ void __launch_bounds__(kThreads) decode_stage1(Stage1Args a) {
       float mx = -INFINITY;
       for (int j = lane; j < a.block_n; j += warpSize) mx = fmaxf(mx, row[j]);
       mx = ac_warp_max(mx);
+#if defined(AC_MUTANT_DECODE_SOFTMAX_NO_MAX)
+      // The MHA kernel (fp32 p, MAX_H 1) takes exp(s) with no max subtraction ("logits are
+      // small"): 0 stands in for the running max, so p overflows fp32 once a logit passes 88.7.
+      const float m_old = m_s[h], m_new = MAX_H == 1 ? 0.0f : fmaxf(m_old, mx);
+#else
       const float m_old = m_s[h], m_new = fmaxf(m_old, mx);
+#endif
       float sum = 0.0f;
       for (int j = lane; j < a.block_n; j += warpSize) {
         const float e = expf(row[j] - m_new);

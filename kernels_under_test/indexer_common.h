@@ -124,8 +124,14 @@ AC_DEVICE void load_q(ScoreSmem& sm, const uint8_t* q, int64_t head_stride, cons
     const int h = i / kHeadDim, d = i % kHeadDim;
     sm.q[h * kLdQ + d] = h < nh ? sm.lut[q[h * head_stride + d]] : uint16_t{0};
   }
-  for (int h = threadIdx.x; h < kTileHeads; h += blockDim.x)
+  for (int h = threadIdx.x; h < kTileHeads; h += blockDim.x) {
     sm.w[h] = h < nh ? w[h * w_stride] : 0.0f;
+#if defined(AC_MUTANT_INDEXER_WEIGHTS_FTZ)
+    // Denormals flushed (what a fast-math / flush-to-zero build does to fp32): subnormal head
+    // weights read as 0.
+    if (fabsf(sm.w[h]) < 1.17549435e-38f) sm.w[h] = 0.0f;
+#endif
+  }
 }
 
 // Stores 4 fp8 bytes (little-endian in `bits`) of key row pl, dims d0..d0+3, as bf16.

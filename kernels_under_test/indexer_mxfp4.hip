@@ -7,6 +7,13 @@
 // parameter, elements nearest-even) into its slot. indexer_mxfp4_logits_decode: one thread per
 // key position; each 32-element block's e2m1 products sum exactly in fp32 (multiples of 1/4, at
 // most 32 * 36) and are scaled by 2^(sq + sk - 254) with ldexpf, so no scale is ever formed alone.
+//
+// Parameter format = "nvfp4" (with global_scale, the cache's fp32 tensor scale): NVFP4 keys, the
+// page holding S * D/2 value bytes then S * D/16 e4m3fn scales in token order. The writer computes
+// in double (as the reference does): scale byte = e4m3(amax / (6 * global)) nearest even,
+// saturating at 448; element = e2m1(x / (e4m3 * global)) nearest even (0 when the byte is 0). The
+// reader sums each 16-element block's e2m1 products exactly, multiplies by the e4m3 scale (exact)
+// and 2^(sq - 127), and applies the global scale once to the dot product.
 #include <stdexcept>
 #include <string>
 
@@ -23,6 +30,7 @@ constexpr int kMaxHeads = 128;
 
 struct Geometry {
   int head_dim, page_size, n_per_tile;  // n_per_tile 0: natural order
+  int block;                            // elements per scale: 32 (MXFP4) or 16 (NVFP4)
 };
 
 AC_HOST_DEVICE int64_t value_offset(const Geometry& g, int64_t t, int64_t c) {
@@ -34,7 +42,7 @@ AC_HOST_DEVICE int64_t value_offset(const Geometry& g, int64_t t, int64_t c) {
 
 AC_HOST_DEVICE int64_t scale_offset(const Geometry& g, int64_t t, int64_t s) {
   const int64_t base = static_cast<int64_t>(g.page_size) * (g.head_dim / 2);
-  const int64_t ns = g.head_dim / kBlock;
+  const int64_t ns = g.head_dim / g.block;
 #if defined(AC_MUTANT_MXFP4_SCALE_WRONG_BLOCK)
   s = (s + 1) % ns;  // seed: the scale slice of the neighbouring block
 #endif
@@ -115,9 +123,95 @@ __global__ void mxfp4_quant_and_cache(const uint16_t* k, int64_t k_row_stride, c
   }
 }
 
+// ---- NVFP4 ----
+
+constexpr int kNvBlock = 16;  // NVFP4 elements per e4m3 scale
+
+// e4m3fn (bias 7, max 448, 0x7F NaN) of a finite v >= 0: nearest, ties to even, saturating at 448.
+AC_DEVICE uint8_t e4m3_byte(double v) {
+  if (v >= 448.0) return 0x7E;
+#if defined(AC_MUTANT_NVFP4_E4M3_SCALE_TRUNCATED)
+  // Seed: the scale rounded toward zero (a truncating conversion), not to nearest even.
+  const auto to_step = [](double x) { return floor(x); };
+#else
+  const auto to_step = [](double x) { return rint(x); };  // default mode: nearest even
+#endif
+  if (v < 0.015625) return static_cast<uint8_t>(to_step(v * 512.0));  // subnormals: m * 2^-9
+  int k = 0;
+  (void)frexp(v, &k);  // v in [2^(k-1), 2^k)
+  const int e = k - 1;
+  const int m = static_cast<int>(to_step(ldexp(v, 3 - e)));  // in [8, 16]
+  return static_cast<uint8_t>(m == 16 ? ((e + 8) << 3) : (((e + 7) << 3) | (m - 8)));
+}
+
+AC_DEVICE float e4m3_value(uint32_t byte) {
+  const uint32_t e = (byte >> 3) & 15u, m = byte & 7u;
+  if (e == 15u && m == 7u) return __int_as_float(0x7fc00000);
+  const float v = e == 0 ? ldexpf(static_cast<float>(m), -9)
+                         : ldexpf(static_cast<float>(8u + m), static_cast<int>(e) - 10);
+  return (byte & 0x80u) ? -v : v;
+}
+
+// Nearest, ties to the even code, in double (the reference's rounding of x / step).
+AC_DEVICE uint8_t e2m1_code_double(double v) {
+  const double a = fabs(v);
+  uint32_t c = a <= 0.25   ? 0
+               : a < 0.75  ? 1
+               : a <= 1.25 ? 2
+               : a < 1.75  ? 3
+               : a <= 2.5  ? 4
+               : a < 3.5   ? 5
+               : a <= 5.0  ? 6
+                           : 7;
+  return static_cast<uint8_t>(c | (signbit(v) ? 8u : 0u));
+}
+
+__global__ void nvfp4_quant_and_cache(const uint16_t* k, int64_t k_row_stride, const int64_t* slots,
+                                      int64_t slot_stride, int tokens, uint8_t* cache,
+                                      int64_t page_stride, int64_t capacity, Geometry g,
+                                      float global) {
+  const int i = static_cast<int>(blockIdx.x);
+  const int b = static_cast<int>(threadIdx.x);
+  if (i >= tokens || b >= g.head_dim / kNvBlock) return;
+  const int64_t slot = slots[i * slot_stride];
+  if (slot < 0 || slot >= capacity) return;
+  const uint16_t* row = k + i * k_row_stride + b * kNvBlock;
+  double amax = 0.0;
+  for (int d = 0; d < kNvBlock; ++d) amax = fmax(amax, fabs(double(ac_bf16_to_float(row[d]))));
+#if defined(AC_MUTANT_NVFP4_GLOBAL_SCALE_MISSING)
+  // Seed: the writer ignores the global scale (scales and elements as if it were 1).
+  const double gs = 1.0;
+  (void)global;
+#else
+  const double gs = global;
+#endif
+  const uint8_t byte = e4m3_byte(amax / (6.0 * gs));
+  const double step = static_cast<double>(e4m3_value(byte)) * gs;  // exact: 4 + 24 bits
+  uint8_t* page = cache + (slot / g.page_size) * page_stride;
+  const int64_t t = slot % g.page_size;
+  page[scale_offset(g, t, b)] = byte;
+  for (int d = 0; d < kNvBlock; d += 2) {
+    const uint8_t lo = step == 0 ? 0 : e2m1_code_double(ac_bf16_to_float(row[d]) / step);
+    const uint8_t hi = step == 0 ? 0 : e2m1_code_double(ac_bf16_to_float(row[d + 1]) / step);
+    page[value_offset(g, t, (b * kNvBlock + d) / 2)] = static_cast<uint8_t>(lo | (hi << 4));
+  }
+}
+
 int64_t positive(int64_t v, const char* what) {
   if (v < 1) throw ack::Refusal(std::string(what) + " must be >= 1, got " + std::to_string(v));
   return v;
+}
+
+bool is_nvfp4(const ack::KParams& p) {
+  if (!p.has("format") || p.s("format") == "mxfp4") return false;
+  if (p.s("format") == "nvfp4") return true;
+  throw ack::Refusal("unknown format '" + p.s("format") + "'");
+}
+
+float global_scale_of(const ack::KParams& p) {
+  const double g = p.f("global_scale");
+  if (!(g > 0 && g < 3.4e38)) throw ack::Refusal("global_scale must be finite and > 0");
+  return static_cast<float>(g);
 }
 
 Geometry geometry_of(const ack::KParams& p, const ack::KTensor& cache, int64_t head_dim) {
@@ -126,12 +220,15 @@ Geometry geometry_of(const ack::KParams& p, const ack::KTensor& cache, int64_t h
   if (head_dim < kBlock || head_dim % kBlock != 0 || head_dim > kMaxHeadDim)
     throw ack::Refusal("head_dim must be a multiple of 32 in [32, 512], got " +
                        std::to_string(head_dim));
+  const int block = is_nvfp4(p) ? kNvBlock : kBlock;
   const Geometry g{static_cast<int>(head_dim), static_cast<int>(positive(cache.size(1), "page")),
-                   static_cast<int>(p.i("n_per_tile"))};
-  const int64_t entry = head_dim / 2 + head_dim / kBlock, ns = head_dim / kBlock;
+                   static_cast<int>(p.i("n_per_tile")), block};
+  const int64_t entry = head_dim / 2 + head_dim / block, ns = head_dim / block;
   if (cache.size(2) != entry || cache.stride(2) != 1 || cache.stride(1) != entry ||
       cache.stride(0) < g.page_size * entry)
-    throw ack::Refusal("kv_cache must be [pages, page_size, D/2 + D/32] with contiguous pages");
+    throw ack::Refusal("kv_cache must be [pages, page_size, D/2 + D/block] with contiguous pages");
+  if (block == kNvBlock && g.n_per_tile != 0)
+    throw ack::Refusal("nvfp4 pages are in natural order (n_per_tile 0)");
   if (g.n_per_tile != 0 && ((g.n_per_tile != 16 && g.n_per_tile != 32) ||
                             g.page_size % g.n_per_tile != 0 || ns < kWarpOrder / g.n_per_tile))
     throw ack::Refusal("n_per_tile " + std::to_string(g.n_per_tile) + " does not fit page " +
@@ -164,8 +261,18 @@ void run_k_cache(const ack::KParams& p, const ack::KArgs& a) {
   ack::expect_ndim(slots, "slot_mapping", 1);
   if (k.size(0) < slots.size(0)) throw ack::Refusal("k has fewer rows than slot_mapping");
   const Geometry g = geometry_of(p, cache, k.size(1));
-  const ScaleRule rule = scale_rule_of(p);
   const int tokens = static_cast<int>(slots.size(0));
+  if (g.block == kNvBlock) {
+    const float global = global_scale_of(p);
+    if (tokens == 0) return;
+    hipLaunchKernelGGL(nvfp4_quant_and_cache, dim3(tokens), dim3(g.head_dim / kNvBlock), 0, 0,
+                       k.ptr<uint16_t>(), k.stride(0), slots.ptr<int64_t>(), slots.stride(0),
+                       tokens, cache.ptr<uint8_t>(), cache.stride(0), cache.size(0) * g.page_size,
+                       g, global);
+    finish("nvfp4_quant_and_cache");
+    return;
+  }
+  const ScaleRule rule = scale_rule_of(p);
   if (tokens == 0) return;
   hipLaunchKernelGGL(mxfp4_quant_and_cache, dim3(tokens), dim3(g.head_dim / kBlock), 0, 0,
                      k.ptr<uint16_t>(), k.stride(0), slots.ptr<int64_t>(), slots.stride(0), tokens,
@@ -191,6 +298,7 @@ struct LogitsArgs {
   float* out;
   int64_t out_rs, width;
   int heads, next_n;
+  float global;  // NVFP4 keys (g.block 16) only
 };
 
 AC_DEVICE uint32_t nibble(uint8_t byte, int index) {
@@ -220,6 +328,37 @@ AC_DEVICE float scaled(float sum, uint32_t sq, uint32_t sk) {
 #endif
 }
 
+// q (MXFP4) . k (NVFP4) of one head: each 16-element block's e2m1 products sum exactly (multiples
+// of 1/4 up to 16 * 36), times the block's e4m3 scale (exact in fp32) and q's 2^(sq - 127); the
+// global scale multiplies the sum once.
+AC_DEVICE float nvfp4_dot(const LogitsArgs& a, const uint8_t* qh, const uint8_t* qsh,
+                          const uint8_t* base, int64_t t) {
+  const int nb = a.g.head_dim / kNvBlock;
+  float dot = 0.0f;
+  for (int s = 0; s < nb; ++s) {
+    float block = 0.0f;
+    for (int c = s * kNvBlock / 2; c < (s + 1) * kNvBlock / 2; ++c) {
+      const uint8_t qb = qh[c], kb = base[value_offset(a.g, t, c)];
+      block += e2m1_value(nibble(qb, 0)) * e2m1_value(cache_nibble(kb, 0));
+      block += e2m1_value(nibble(qb, 1)) * e2m1_value(cache_nibble(kb, 1));
+    }
+#if defined(AC_MUTANT_NVFP4_SCALE_WRONG_BLOCK)
+    const int ks = (s * kNvBlock) / kBlock;  // seed: the scale index of a 32-element block
+#else
+    const int ks = s;
+#endif
+    const uint32_t sq = qsh[(s * kNvBlock) / kBlock];
+    const float kscale = e4m3_value(base[scale_offset(a.g, t, ks)]);
+    dot += sq == 0xFFu ? __int_as_float(0x7fc00000)
+                       : ldexpf(block * kscale, static_cast<int>(sq) - 127);
+  }
+  dot *= a.global;
+#if defined(AC_MUTANT_NVFP4_GLOBAL_SCALE_TWICE)
+  dot *= a.global;  // seed: the global scale applied again (once folded into the scales, once here)
+#endif
+  return dot;
+}
+
 __global__ void mxfp4_paged_logits(LogitsArgs a) {
   const int r = static_cast<int>(blockIdx.x);
   const int b = r / a.next_n, n = r % a.next_n;
@@ -247,14 +386,18 @@ __global__ void mxfp4_paged_logits(LogitsArgs a) {
     const uint8_t* qh = a.q + b * a.q_sb + n * a.q_sn + h * a.q_sh;
     const uint8_t* qsh = a.q_scale + b * a.qs_sb + n * a.qs_sn + h * a.qs_sh;
     float dot = 0.0f;
-    for (int s = 0; s < ns; ++s) {
-      float block = 0.0f;  // exact: multiples of 1/4 up to 32 * 36
-      for (int c = s * kBlock / 2; c < (s + 1) * kBlock / 2; ++c) {
-        const uint8_t qb = qh[c], kb = base[value_offset(a.g, t, c)];
-        block += e2m1_value(nibble(qb, 0)) * e2m1_value(cache_nibble(kb, 0));
-        block += e2m1_value(nibble(qb, 1)) * e2m1_value(cache_nibble(kb, 1));
+    if (a.g.block == kNvBlock) {
+      dot = nvfp4_dot(a, qh, qsh, base, t);
+    } else {
+      for (int s = 0; s < ns; ++s) {
+        float block = 0.0f;  // exact: multiples of 1/4 up to 32 * 36
+        for (int c = s * kBlock / 2; c < (s + 1) * kBlock / 2; ++c) {
+          const uint8_t qb = qh[c], kb = base[value_offset(a.g, t, c)];
+          block += e2m1_value(nibble(qb, 0)) * e2m1_value(cache_nibble(kb, 0));
+          block += e2m1_value(nibble(qb, 1)) * e2m1_value(cache_nibble(kb, 1));
+        }
+        dot += scaled(block, qsh[s], base[scale_offset(a.g, t, s)]);
       }
-      dot += scaled(block, qsh[s], base[scale_offset(a.g, t, s)]);
     }
     acc += a.w[r * a.w_rs + h] * fmaxf(dot, 0.0f);
   }
@@ -311,6 +454,7 @@ void run_logits(const ack::KParams& p, const ack::KArgs& args) {
   a.table_rs = table.stride(0), a.table_cs = table.stride(1), a.table_w = table.size(1);
   a.out = out.ptr<float>(), a.out_rs = out.stride(0), a.width = width;
   a.heads = static_cast<int>(H), a.next_n = static_cast<int>(NN);
+  a.global = g.block == kNvBlock ? global_scale_of(p) : 1.0f;
   const int threads = 128;
   hipLaunchKernelGGL(
       mxfp4_paged_logits,

@@ -295,9 +295,15 @@ __global__ void merge_stage2(const float* part_o, const float* part_lse, int hea
                              int lv, AcMmaIn type, uint16_t* out, int64_t o_ts, int64_t o_hs,
                              float* lse, int64_t l_ts, int64_t l_hs) {
   const int t = static_cast<int>(blockIdx.x), h = static_cast<int>(blockIdx.y);
+#if defined(AC_MUTANT_MLA_MERGE_TRUSTS_FIRST)
+  // The first split's LSE as the merge's reference instead of the max over splits: exp(l - mx)
+  // overflows once a later split's LSE exceeds the first's by more than 88.7.
+  const float mx = part_lse[static_cast<int64_t>(t) * splits * heads + h];
+#else
   float mx = -INFINITY;
   for (int s = 0; s < splits; ++s)
     mx = fmaxf(mx, part_lse[(static_cast<int64_t>(t) * splits + s) * heads + h]);
+#endif
   float total = 0.0f;
   if (mx != -INFINITY)
     for (int s = 0; s < splits; ++s) {

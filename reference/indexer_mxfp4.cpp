@@ -61,7 +61,7 @@ LogitsShape check_logits_args(const Tensor& q, const Tensor& q_scale, const Tens
          "q must be [B, next_n, H, D/2], got " + q.describe());
   const LogitsShape s{q.size(0), q.size(1), q.size(2), g.head_dim};
   expect(q_scale.ndim() == 4 && q_scale.size(0) == s.B && q_scale.size(1) == s.NN &&
-             q_scale.size(2) == s.H && q_scale.size(3) == g.scale_count(),
+             q_scale.size(2) == s.H && q_scale.size(3) == g.head_dim / fp4::kMxfp4Block,
          "q_scale must be [B, next_n, H, D/32], got " + q_scale.describe());
   expect(weights.ndim() == 2 && weights.size(0) == s.B * s.NN && weights.size(1) == s.H,
          "weights must be [B*next_n, H], got " + weights.describe());
@@ -131,6 +131,11 @@ void check_geometry(const CacheGeometry& g) {
   expect(g.head_dim > 0 && g.head_dim % fp4::kMxfp4Block == 0,
          "head_dim must be a positive multiple of 32, got " + std::to_string(g.head_dim));
   expect(g.page_size >= 1, "page_size must be >= 1");
+  if (g.format == KeyFormat::nvfp4) {
+    expect(std::isfinite(g.global_scale) && g.global_scale > 0,
+           "the nvfp4 global scale must be finite and > 0, got " + std::to_string(g.global_scale));
+    expect(g.n_per_tile == 0, "nvfp4 pages are in natural order (AITER's preshuffle is MXFP4's)");
+  }
   if (g.n_per_tile == 0) return;
   expect(g.n_per_tile == 16 || g.n_per_tile == 32,
          "n_per_tile must be 0 (natural), 16 or 32, got " + std::to_string(g.n_per_tile));
@@ -182,18 +187,23 @@ Tensor write_k_cache(const Tensor& cache, const Tensor& k, const Tensor& slot_ma
   Tensor out = cache.rebased(storage);
   const int64_t capacity = cache.size(0) * g.page_size;
   std::vector<double> row(static_cast<size_t>(D));
-  std::vector<uint8_t> packed(static_cast<size_t>(D / 2)), scales(static_cast<size_t>(D / 32));
+  std::vector<uint8_t> packed(static_cast<size_t>(D / 2)),
+      scales(static_cast<size_t>(g.scale_count()));
   for (int64_t i = 0; i < T; ++i) {
     const int64_t slot = slot_mapping.at<int64_t>({i});
     if (slot < 0) continue;  // padding token: nothing is written
     expect(slot < capacity, "slot " + std::to_string(slot) + " past the cache");
     for (int64_t d = 0; d < D; ++d) row[d] = k.get({i, d});
-    fp4::mxfp4_quantize(row, rule, fp4::E2m1Rounding::nearest_even, fp4::NibbleOrder::low_first,
-                        packed, scales);
+    if (g.format == KeyFormat::nvfp4)
+      fp4::nvfp4_quantize(row, g.global_scale, fp4::E2m1Rounding::nearest_even,
+                          fp4::NibbleOrder::low_first, packed, scales);
+    else
+      fp4::mxfp4_quantize(row, rule, fp4::E2m1Rounding::nearest_even, fp4::NibbleOrder::low_first,
+                          packed, scales);
     const int64_t page = slot / g.page_size, t = slot % g.page_size;
     auto* base = const_cast<uint8_t*>(page_ptr(out, g, page));
     for (int64_t c = 0; c < D / 2; ++c) base[value_offset(g, t, c)] = packed[c];
-    for (int64_t s = 0; s < D / 32; ++s) base[scale_offset(g, t, s)] = scales[s];
+    for (int64_t s = 0; s < g.scale_count(); ++s) base[scale_offset(g, t, s)] = scales[s];
   }
   return out;
 }
@@ -203,9 +213,12 @@ void read_key(const Tensor& cache, const CacheGeometry& g, int64_t page, int64_t
   const uint8_t* base = page_ptr(cache, g, page);
   for (int64_t c = 0; c < g.value_bytes(); ++c) {
     const uint8_t byte = base[value_offset(g, t, c)];
-    const double scale = fp4::e8m0_decode(base[scale_offset(g, t, (2 * c) / fp4::kMxfp4Block)]);
-    out[2 * c] = fp4::e2m1_decode(fp4::unpack_nibble(byte, 0)) * scale;
-    out[2 * c + 1] = fp4::e2m1_decode(fp4::unpack_nibble(byte, 1)) * scale;
+    const uint8_t sb = base[scale_offset(g, t, (2 * c) / g.block())];
+    for (int i = 0; i < 2; ++i) {
+      const uint8_t code = fp4::unpack_nibble(byte, i);
+      out[2 * c + i] = g.format == KeyFormat::nvfp4 ? fp4::nvfp4_decode(code, sb, g.global_scale)
+                                                    : fp4::e2m1_decode(code) * fp4::e8m0_decode(sb);
+    }
   }
 }
 

@@ -4,6 +4,11 @@
 // (element 2i in the low nibble), then S * D/32 e8m0 scale bytes, each region either in token
 // order ("natural") or preshuffled into MFMA tiles of n_per_tile tokens (16 or 32).
 //
+// The same ops with NVFP4 keys (format nvfp4): a page holds S * D/2 bytes of packed e2m1 values
+// (element 2i in the low nibble), then S * D/16 e4m3fn block scales in token order, and the cache
+// has one fp32 global scale; element d of a key is e2m1 * e4m3(scale[d / 16]) * global. Queries
+// stay MXFP4.
+//
 // Decoding follows the format definition (core/fp4.h): every q.k product is an exact double, and
 // logits accumulate in double.
 #pragma once
@@ -17,28 +22,37 @@ namespace attncheck::ref::mxfp4 {
 inline constexpr int64_t kShuffleWidth = 16;  // bytes of one token's run in a shuffled group
 inline constexpr int64_t kWarp = 64;          // the scale shuffle spreads a tile over 64 lanes
 
-// One page's geometry. n_per_tile 0: natural order; 16 or 32: preshuffled (scale mode "wide").
+enum class KeyFormat : uint8_t { mxfp4, nvfp4 };
+
+// One page's geometry. n_per_tile 0: natural order; 16 or 32: preshuffled (scale mode "wide", MXFP4
+// only). global_scale: the NVFP4 cache's fp32 tensor scale (unused by MXFP4).
 struct CacheGeometry {
   int64_t head_dim = 128;
   int64_t page_size = 64;
   int64_t n_per_tile = 0;
+  KeyFormat format = KeyFormat::mxfp4;
+  float global_scale = 1.0f;
+  int64_t block() const { return format == KeyFormat::nvfp4 ? fp4::kNvfp4Block : fp4::kMxfp4Block; }
   int64_t value_bytes() const { return head_dim / 2; }
-  int64_t scale_count() const { return head_dim / fp4::kMxfp4Block; }
+  int64_t scale_count() const { return head_dim / block(); }
   int64_t entry_bytes() const { return value_bytes() + scale_count(); }
   int64_t page_bytes() const { return page_size * entry_bytes(); }
 };
 // Throws std::invalid_argument naming what does not fit: head_dim a multiple of 32; a shuffled
-// page a multiple of n_per_tile with at least 64 / n_per_tile scales per token.
+// page a multiple of n_per_tile with at least 64 / n_per_tile scales per token; NVFP4 pages in
+// natural order with a finite global scale > 0.
 void check_geometry(const CacheGeometry& g);
 
 // Byte offsets inside a page: value byte c (elements 2c, 2c+1) and scale s of entry t.
 int64_t value_offset(const CacheGeometry& g, int64_t t, int64_t c);
 int64_t scale_offset(const CacheGeometry& g, int64_t t, int64_t s);
 
-// The cache: u8 [num_pages, page_size, D/2 + D/32], each page contiguous, stride(0) >= the page.
+// The cache: u8 [num_pages, page_size, D/2 + D/block], each page contiguous, stride(0) >= the page.
 void check_cache(const Tensor& cache, const CacheGeometry& g);
 
-// Quantizes rows of k (bf16 [T', D], T' >= T) with `rule` (elements nearest-even) into the slots
+// Quantizes rows of k (bf16 [T', D], T' >= T) with `rule` (MXFP4) or fp4::nvfp4_quantize (NVFP4:
+// block scale e4m3fn(amax / (6 * global)), nearest even, saturating at 448, no floor; elements
+// x / (e4m3 * global) nearest-even, all zero when the scale byte is 0) into the slots
 // of slot_mapping (i64 [T]; slot = page * page_size + entry, < 0 writes nothing). Returns a copy of
 // `cache` with the writes applied (bytes outside the written entries unchanged).
 Tensor write_k_cache(const Tensor& cache, const Tensor& k, const Tensor& slot_mapping,

@@ -17,6 +17,7 @@
 #include "core/rng.h"
 #include "ops/paged.h"
 #include "ops/typed_op.h"
+#include "ops/values.h"
 #include "reference/decode_attention.h"
 
 namespace attncheck {
@@ -59,6 +60,7 @@ struct DecodeAttentionParams {
   int64_t seed = 0;
   Fp8Codes fp8_codes = Fp8Codes::ordinary;
   int64_t offset_log2 = 0;
+  values::Values values = values::Values::typical;
 
   int64_t lk() const { return kHeadDims[static_cast<size_t>(lk_lv)].lk; }
   int64_t lv() const { return kHeadDims[static_cast<size_t>(lk_lv)].lv; }
@@ -141,6 +143,21 @@ void plant_fp8_specials(const Tensor& cache, const PagedLayout& pl, int64_t P, i
   }
 }
 
+// values (harness/ops/values.h): q N(0, 1) (N(0, 4^2) with a soft-cap), caches N(0, kv_std^2)
+// dequantized by k_scale. Under MLA, V is K's first Lv dims: ties share only the dims past Lv and
+// zero q on V's.
+void shape_values(const DecodeAttentionParams& p, const Tensor& q, const Tensor& k,
+                  const Tensor& v) {
+  values::Magnitudes m;
+  m.scale = p.sm_scale() * p.k_scale();
+  m.q = p.logit_cap > 0 ? 4.0 : 1.0;
+  m.k = p.kv_std();
+  m.tie_from = p.is_mla ? p.lv() : 0;
+  values::shape_queries(p.values, q, k, m);
+  values::shape_keys(p.values, k, m);
+  if (!p.is_mla) values::shape_values(p.values, v, p.kv_std());
+}
+
 class DecodeAttentionOp final : public ContractDependentTypedOp<DecodeAttentionParams> {
  public:
   using P = DecodeAttentionParams;
@@ -148,8 +165,8 @@ class DecodeAttentionOp final : public ContractDependentTypedOp<DecodeAttentionP
   Fields<P> fields() const override {
     std::vector<std::pair<HeadDims, std::string>> dims;
     for (const auto& d : kHeadDims) dims.emplace_back(d.dims, d.name);
-    return Fields<P>()
-        .choice("lk_lv", "d", &P::lk_lv, dims, "QK head dim x V head dim")
+    Fields<P> f;
+    f.choice("lk_lv", "d", &P::lk_lv, dims, "QK head dim x V head dim")
         .add("is_mla", "mla", &P::is_mla,
              "V is the first Lv dims of K (same storage); needs Lv < Lk")
         .add("heads", "h", &P::heads, "query heads Hq")
@@ -190,6 +207,8 @@ class DecodeAttentionOp final : public ContractDependentTypedOp<DecodeAttentionP
              "the pages read (a sparse storage, docs/abi.md). contiguous layout only")
         .only({0, 31, 32})
         .out_of_id_at_default();
+    values::add_field(f, &P::values);
+    return f;
   }
 
   std::optional<std::string> unbuildable(const P& p) const override {
@@ -199,6 +218,8 @@ class DecodeAttentionOp final : public ContractDependentTypedOp<DecodeAttentionP
       return "decode_attention: fp8_codes = special needs an fp8 kv_dtype";
     if (p.offset_log2 != 0 && p.layout != Layout::contiguous)
       return "decode_attention: offset_log2 needs the contiguous layout";
+    if (auto why = values::unbuildable(p.values, p.fp8_codes == Fp8Codes::special, p.offset_log2))
+      return "decode_attention: " + *why;
     return std::nullopt;
   }
 
@@ -262,6 +283,7 @@ class DecodeAttentionOp final : public ContractDependentTypedOp<DecodeAttentionP
     };
     const Tensor k = cache("k_buffer", lk);
     const Tensor v = p.is_mla ? k.slice(-1, 0, std::min(lv, lk)) : cache("v_buffer", lv);
+    shape_values(p, q, k, v);
     if (p.fp8_codes == Fp8Codes::special) {
       plant_fp8_specials(k, pl, page_size, first_page);
       if (!p.is_mla) plant_fp8_specials(v, pl, page_size, first_page);

@@ -4,6 +4,9 @@
 // indexer_mxfp4_logits_decode (paged MQA logits of MXFP4 q against the cache; derived budget).
 // What they guard against: scales rounded the wrong way, nibble order swapped, the scale slice of
 // another block, the e8m0 byte 0 (2^-127) read as zero, NaN scales of unread slots leaking in.
+// Axis `format` = nvfp4 swaps the keys for NVFP4 (16-element blocks, e4m3fn scales, one fp32
+// global scale per cache, a kernel parameter): the global scale applied twice or not at all, the
+// 16- and 32-element blocks confused, the e4m3 scale truncated instead of rounded.
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -32,6 +35,52 @@ int64_t n_per_tile_of(Layout layout) {
   return layout == Layout::shuffle16 ? 16 : (layout == Layout::shuffle32 ? 32 : 0);
 }
 
+const std::vector<std::pair<mx::KeyFormat, std::string>> kFormatNames = {
+    {mx::KeyFormat::mxfp4, "mxfp4"}, {mx::KeyFormat::nvfp4, "nvfp4"}};
+constexpr const char* kFormatHelp =
+    "key format: mxfp4 (32-element blocks, e8m0 scales) or nvfp4 (16-element blocks, e4m3fn "
+    "scales, one fp32 global scale per cache; natural page order only)";
+
+// The NVFP4 cache's global scale, fixed per case (fp32, none a power of two): "odd" puts typical
+// block scales near 20..300, "saturating" sends most to e4m3's 448 (0x7E), "tiny" most to e4m3
+// subnormals or 0, "unit" is 1.
+enum class GlobalScale { odd, saturating, tiny, unit };
+const std::vector<std::pair<GlobalScale, std::string>> kGlobalNames = {
+    {GlobalScale::odd, "odd"},
+    {GlobalScale::saturating, "sat"},
+    {GlobalScale::tiny, "tiny"},
+    {GlobalScale::unit, "unit"}};
+constexpr const char* kGlobalHelp =
+    "nvfp4 global scale: odd 0.0371, sat 0.00123 (block scales saturate at 448), tiny 11.3 "
+    "(block scales subnormal or 0), unit 1";
+float global_scale_value(GlobalScale g) {
+  switch (g) {
+    case GlobalScale::odd:
+      return 0.0371f;
+    case GlobalScale::saturating:
+      return 0.00123f;
+    case GlobalScale::tiny:
+      return 11.3f;
+    case GlobalScale::unit:
+      return 1.0f;
+  }
+  return 1.0f;
+}
+
+// Why an nvfp4-only axis is set on an mxfp4 case (nullopt when it is not).
+std::optional<std::string> format_problem(mx::KeyFormat f, GlobalScale g) {
+  if (f == mx::KeyFormat::mxfp4 && g != GlobalScale::odd)
+    return "global_scale applies to format nvfp4 only";
+  return std::nullopt;
+}
+
+// The nvfp4 kernel parameters (none for mxfp4, whose cases keep their parameters).
+void add_format_params(nlohmann::json& j, const mx::CacheGeometry& g) {
+  if (g.format != mx::KeyFormat::nvfp4) return;
+  j["format"] = "nvfp4";
+  j["global_scale"] = static_cast<double>(g.global_scale);
+}
+
 // The geometry of a case, or why it describes no cache (an error in the case file).
 std::optional<std::string> geometry_problem(const mx::CacheGeometry& g) {
   try {
@@ -52,13 +101,13 @@ Tensor make_cache(const mx::CacheGeometry& g, int64_t pages, int64_t pad, std::b
   return storage.as_strided({pages, g.page_size, g.entry_bytes()}, {stride, g.entry_bytes(), 1}, 0);
 }
 
-// bf16 rows with non-power-of-two magnitudes per row and per 32-element block.
-void fill_rows(const Tensor& t, const Rng& rng) {
+// bf16 rows with non-power-of-two magnitudes per row and per `block`-element block.
+void fill_rows(const Tensor& t, const Rng& rng, int64_t block = 32) {
   const int64_t rows = t.size(0), D = t.size(1);
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t b = 0; b < D / 32; ++b) {
+    for (int64_t b = 0; b < D / block; ++b) {
       const double factor = std::exp(rng.normal_at(static_cast<uint64_t>(1000000 + r * 64 + b)));
-      for (int64_t d = b * 32; d < b * 32 + 32; ++d)
+      for (int64_t d = b * block; d < b * block + block; ++d)
         t.set({r, d}, factor * rng.normal_at(static_cast<uint64_t>(r * D + d)));
     }
 }
@@ -74,8 +123,12 @@ struct KCacheParams {
   fp4::MxScaleRule scale_rule = fp4::MxScaleRule::ceil;
   Values values = Values::model;
   int64_t pad = 0;
+  mx::KeyFormat format = mx::KeyFormat::mxfp4;
+  GlobalScale global_scale = GlobalScale::odd;
   int64_t seed = 0;
-  mx::CacheGeometry geometry() const { return {head_dim, block_size, n_per_tile_of(layout)}; }
+  mx::CacheGeometry geometry() const {
+    return {head_dim, block_size, n_per_tile_of(layout), format, global_scale_value(global_scale)};
+  }
 };
 
 class IndexerMxfp4KCacheOp final : public TypedOp<KCacheParams> {
@@ -102,10 +155,17 @@ class IndexerMxfp4KCacheOp final : public TypedOp<KCacheParams> {
                 "amax sits on the rules' boundaries (6, 6.5, 7 times a power of two)")
         .add("pad", "pad", &P::pad, "bytes after each page (page stride = page + pad)")
         .bounds(0, 4096)
+        .choice("format", "", &P::format, kFormatNames, kFormatHelp)
+        .out_of_id_at_default()
+        .choice("global_scale", "g", &P::global_scale, kGlobalNames, kGlobalHelp)
+        .out_of_id_at_default()
         .add("seed", "s", &P::seed, "input seed");
   }
 
   std::optional<std::string> unbuildable(const P& p) const override {
+    if (auto f = format_problem(p.format, p.global_scale)) return f;
+    if (p.format == mx::KeyFormat::nvfp4 && p.scale_rule != fp4::MxScaleRule::ceil)
+      return "scale_rule applies to format mxfp4 only (nvfp4 rounds its e4m3 scale to nearest)";
     return geometry_problem(p.geometry());
   }
 
@@ -114,7 +174,7 @@ class IndexerMxfp4KCacheOp final : public TypedOp<KCacheParams> {
     const int64_t T = prm.tokens, seed = prm.seed;
     const int64_t D = g.head_dim, pages = (T + g.page_size - 1) / g.page_size + 2;
     Tensor k = Tensor::empty(DType::bf16, {T + 3, D});
-    fill_rows(k, Rng(c.id, "k", static_cast<uint64_t>(seed)));
+    fill_rows(k, Rng(c.id, "k", static_cast<uint64_t>(seed)), g.block());
     if (prm.values == Values::extreme) plant_extremes(k);
     Rng rng(c.id, "slots", static_cast<uint64_t>(seed));
     const std::vector<int64_t> order = permutation(pages * g.page_size, rng);
@@ -131,8 +191,10 @@ class IndexerMxfp4KCacheOp final : public TypedOp<KCacheParams> {
   }
 
   nlohmann::json kernel_params(const P& p, const Problem&) const override {
-    return {{"n_per_tile", n_per_tile_of(p.layout)},
-            {"scale_rule", std::string(fp4::scale_rule_name(p.scale_rule))}};
+    nlohmann::json j = {{"n_per_tile", n_per_tile_of(p.layout)},
+                        {"scale_rule", std::string(fp4::scale_rule_name(p.scale_rule))}};
+    add_format_params(j, p.geometry());
+    return j;
   }
 
   TensorMap reference(const Problem& prob, const P& p) const override {
@@ -172,8 +234,12 @@ struct LogitsParams {
   int64_t next_n = 1;
   int64_t max_ctx = 200;
   Scales scales = Scales::model;
+  mx::KeyFormat format = mx::KeyFormat::mxfp4;
+  GlobalScale global_scale = GlobalScale::odd;
   int64_t seed = 0;
-  mx::CacheGeometry geometry() const { return {head_dim, block_size, n_per_tile_of(layout)}; }
+  mx::CacheGeometry geometry() const {
+    return {head_dim, block_size, n_per_tile_of(layout), format, global_scale_value(global_scale)};
+  }
 };
 
 class IndexerMxfp4LogitsDecodeOp final : public TypedOp<LogitsParams> {
@@ -198,11 +264,17 @@ class IndexerMxfp4LogitsDecodeOp final : public TypedOp<LogitsParams> {
         .choice("scales", "sc", &P::scales,
                 {{Scales::model, "model"}, {Scales::extreme, "extreme"}},
                 "extreme: K block 0 scale bytes 0..2 against q bytes 250..252, K block 1 bytes "
-                "250..252 against q bytes 0..2 (products stay fp32-normal)")
+                "250..252 against q bytes 0..2 (products stay fp32-normal); nvfp4: K block 0 "
+                "e4m3 bytes 0x00 (zero), 0x01 (2^-9), 0x7E (448), q unchanged")
+        .choice("format", "", &P::format, kFormatNames, kFormatHelp)
+        .out_of_id_at_default()
+        .choice("global_scale", "g", &P::global_scale, kGlobalNames, kGlobalHelp)
+        .out_of_id_at_default()
         .add("seed", "s", &P::seed, "input seed");
   }
 
   std::optional<std::string> unbuildable(const P& p) const override {
+    if (auto f = format_problem(p.format, p.global_scale)) return f;
     return geometry_problem(p.geometry());
   }
 
@@ -237,7 +309,7 @@ class IndexerMxfp4LogitsDecodeOp final : public TypedOp<LogitsParams> {
     Tensor q = Tensor::empty(DType::u8, {B, NN, H, D / 2});
     Tensor qs = Tensor::empty(DType::u8, {B, NN, H, D / 32});
     quantize_rows(qb, reinterpret_cast<uint8_t*>(q.data()), reinterpret_cast<uint8_t*>(qs.data()));
-    if (extreme)
+    if (extreme && g.format == mx::KeyFormat::mxfp4)
       for (int64_t i = 0; i < B * NN * H; ++i) {
         auto* s = reinterpret_cast<uint8_t*>(qs.data()) + i * (D / 32);
         s[0] = static_cast<uint8_t>(250 + i % 3);
@@ -265,7 +337,9 @@ class IndexerMxfp4LogitsDecodeOp final : public TypedOp<LogitsParams> {
   }
 
   nlohmann::json kernel_params(const P& p, const Problem&) const override {
-    return {{"n_per_tile", n_per_tile_of(p.layout)}};
+    nlohmann::json j = {{"n_per_tile", n_per_tile_of(p.layout)}};
+    add_format_params(j, p.geometry());
+    return j;
   }
 
   TensorMap reference(const Problem& prob, const P& prm) const override {
@@ -281,12 +355,19 @@ class IndexerMxfp4LogitsDecodeOp final : public TypedOp<LogitsParams> {
         p.arg("q"), p.arg("q_scale"), p.arg("kv_cache"), prm.geometry(), p.arg("weights"),
         p.arg("context_lens"), p.arg("block_table"), p.arg("logits").size(1));
     const double u = unit_roundoff(DType::f32);
+    // NVFP4 keys: e2m1 x e2m1 x e4m3 x 2^k is exact in fp32, the global scale adds one rounding
+    // to each term and a kernel may apply it per term or per block (two more: gamma_{D+2}).
+    const bool nv = prm.format == mx::KeyFormat::nvfp4;
+    const int64_t n = nv ? D + 2 : D;
     return {{"logits",
              BudgetBuilder("logits")
-                 .absolute(gamma_n(D, u) * terms,
+                 .absolute(gamma_n(n, u) * terms,
                            "q.k: " + std::to_string(D) +
-                               " exact e2m1 x e2m1 x 2^k products summed in fp32, any order "
-                               "(gamma_D * max sum_h |w| sum_d |q k|)")
+                               (nv ? " exact e2m1 x e2m1 x e4m3 x 2^k products times the fp32 "
+                                     "global scale (two roundings), summed in fp32, any order "
+                                     "(gamma_(D+2) * max sum_h |w| sum_d |q k|)"
+                                   : " exact e2m1 x e2m1 x 2^k products summed in fp32, any order "
+                                     "(gamma_D * max sum_h |w| sum_d |q k|)"))
                  .accumulation(H + 1, DType::f32, terms, Bound::worst_case,
                                "weight product and " + std::to_string(H) + "-head sum")
                  .output_rounding(DType::f32)
@@ -308,25 +389,46 @@ class IndexerMxfp4LogitsDecodeOp final : public TypedOp<LogitsParams> {
     }
   }
 
-  // Request b's keys: generated bf16, quantized (ceil rule), written in the page order of g.
+  // Request b's keys: generated bf16, quantized (MXFP4: ceil rule; NVFP4: fp4::nvfp4_quantize with
+  // the case's global scale), written in the page order of g. Extreme MXFP4 scales: block 0 bytes
+  // 0..2, block 1 bytes 250..252; extreme NVFP4 scales: block 0 bytes 0x00, 0x01, 0x7E.
   static void write_keys(const Case& c, const mx::CacheGeometry& g, const Tensor& cache,
                          const Tensor& table, int64_t b, int64_t len, bool extreme, int64_t seed) {
-    const int64_t D = g.head_dim;
+    const int64_t D = g.head_dim, ns = g.scale_count();
+    const bool nv = g.format == mx::KeyFormat::nvfp4;
     Tensor kb = Tensor::empty(DType::bf16, {len, D});
-    fill_rows(kb, Rng(c.id, "k" + std::to_string(b), static_cast<uint64_t>(seed)));
+    fill_rows(kb, Rng(c.id, "k" + std::to_string(b), static_cast<uint64_t>(seed)), g.block());
     std::vector<uint8_t> packed(static_cast<size_t>(len * D / 2)),
-        scales(static_cast<size_t>(len * D / 32));
-    quantize_rows(kb, packed.data(), scales.data());
+        scales(static_cast<size_t>(len * ns));
+    if (nv)
+      quantize_nvfp4_rows(kb, g.global_scale, packed.data(), scales.data());
+    else
+      quantize_rows(kb, packed.data(), scales.data());
     for (int64_t p = 0; p < len; ++p) {
-      uint8_t* s = scales.data() + p * (D / 32);
-      if (extreme) {
+      uint8_t* s = scales.data() + p * ns;
+      if (extreme && nv) {
+        constexpr uint8_t kPlanted[3] = {0x00, 0x01, 0x7E};  // zero, 2^-9, 448
+        s[0] = kPlanted[p % 3];
+      } else if (extreme) {
         s[0] = static_cast<uint8_t>(p % 3);
         if (D >= 64) s[1] = static_cast<uint8_t>(250 + p % 3);
       }
       const int64_t page = table.at<int32_t>({b, p / g.page_size}), t = p % g.page_size;
       auto* base = reinterpret_cast<uint8_t*>(cache.element_ptr(Index{page, 0, 0}));
       for (int64_t i = 0; i < D / 2; ++i) base[mx::value_offset(g, t, i)] = packed[p * D / 2 + i];
-      for (int64_t i = 0; i < D / 32; ++i) base[mx::scale_offset(g, t, i)] = s[i];
+      for (int64_t i = 0; i < ns; ++i) base[mx::scale_offset(g, t, i)] = s[i];
+    }
+  }
+
+  static void quantize_nvfp4_rows(const Tensor& rows, float global, uint8_t* packed,
+                                  uint8_t* scales) {
+    const int64_t n = rows.size(0), D = rows.size(1), ns = D / fp4::kNvfp4Block;
+    std::vector<double> x(static_cast<size_t>(D));
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t d = 0; d < D; ++d) x[d] = rows.get({r, d});
+      fp4::nvfp4_quantize(x, global, fp4::E2m1Rounding::nearest_even, fp4::NibbleOrder::low_first,
+                          std::span(packed + r * D / 2, static_cast<size_t>(D / 2)),
+                          std::span(scales + r * ns, static_cast<size_t>(ns)));
     }
   }
 };

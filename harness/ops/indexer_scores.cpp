@@ -7,20 +7,58 @@
 #include "core/rng.h"
 #include "core/policy.h"
 #include "ops/indexer_inputs.h"
+#include "ops/values.h"
 
 namespace attncheck::indexer_ops {
 namespace {
 
 constexpr int64_t kMaxHeads = 128;
 
+// The logits ops' value kinds (harness/ops/values.h), on the bf16 q rows and raw head weights
+// before the quantizer (so q stays fp8 codes and the weights what the quantizer makes of them):
+//   large   raw weights x 2^40: logits near 2^40 (past fp16's range: a half-precision head sum
+//           or store overflows)
+//   tiny    raw weights x 2^-120 (bf16 near its smallest normal, some subnormal): weights and
+//           logits fp32 subnormals (a kernel that flushes them returns 0)
+//   cancel  head 2i+1's q row = head 2i's, raw weights 16 r_2i and r_2i+1 - 16 r_2i: each pair of
+//           weighted ReLU terms cancels to the size of one, the sums of |terms| 16x the logit
+const std::vector<values::Values> kLogitsValues = {values::Values::typical, values::Values::large,
+                                                   values::Values::tiny, values::Values::cancel};
+constexpr const char* kLogitsValuesHelp =
+    "input value distribution (harness/ops/indexer_scores.cpp): typical; large = head weights "
+    "x 2^40 (logits near 2^40); tiny = head weights x 2^-120 (fp32 subnormal weights and "
+    "logits); cancel = head pairs with equal q and weights that cancel";
+
+void shape_logits_inputs(values::Values v, const Tensor& q, const Tensor& raw) {
+  switch (v) {
+    case values::Values::large:
+      return values::scale_finite(raw, std::ldexp(1.0, 40));
+    case values::Values::tiny:
+      return values::scale_finite(raw, std::ldexp(1.0, -120));
+    case values::Values::cancel:
+      for (int64_t t = 0; t < raw.size(0); ++t)
+        for (int64_t h = 0; h + 1 < raw.size(1); h += 2) {
+          for (int64_t d = 0; d < q.size(2); ++d) q.set({t, h + 1, d}, q.get({t, h, d}));
+          const double big = 16 * raw.get({t, h});
+          raw.set({t, h + 1}, raw.get({t, h + 1}) - big);
+          raw.set({t, h}, big);
+        }
+      return;
+    default:
+      return;
+  }
+}
+
 // q fp8 [rows, H, 128] and weights f32 [rows, H] from the vLLM quantizer on generated bf16 q.
-ix::QuantizedQ make_q(const std::string& id, int64_t rows, int64_t H, DType fp8, int64_t seed) {
+ix::QuantizedQ make_q(const std::string& id, int64_t rows, int64_t H, DType fp8, int64_t seed,
+                      values::Values v = values::Values::typical) {
   const float qmax = ix::quant_max(fp8, ix::QuantMaxVariant::vllm);
   Tensor q = Tensor::empty(DType::bf16, {rows, H, ix::kHeadDim});
   if (rows * H > 0)
     fill_quant_rows(q.reshape({rows * H, ix::kHeadDim}), id, "q", seed, qmax, RowMix::model);
   Tensor raw = Tensor::empty(DType::bf16, {rows, H});
   fill_normal(raw, Rng(id, "weights_raw", static_cast<uint64_t>(seed)));
+  shape_logits_inputs(v, q, raw);
   return ix::quantize_q(q, raw, fp8, qmax);
 }
 
@@ -39,6 +77,7 @@ std::optional<std::string> heads_problem(int64_t H) {
 struct LogitsPrefillParams : Fp8Params, WindowParams {
   int64_t heads = 32;
   Fp8Codes fp8_codes = Fp8Codes::ordinary;
+  values::Values values = values::Values::typical;
 };
 
 class IndexerLogitsPrefillOp final : public TypedOp<LogitsPrefillParams> {
@@ -56,13 +95,14 @@ class IndexerLogitsPrefillOp final : public TypedOp<LogitsPrefillParams> {
     add_fp8_codes(f,
                   "special: q and k hold the saturation codes (+-448 e4m3fn, +-240 "
                   "e4m3fnuz) every 11th element and, in e4m3fn, -0");
+    values::add_field(f, &P::values, kLogitsValues, kLogitsValuesHelp);
     return f;
   }
 
   std::optional<std::string> unbuildable(const P& p) const override {
     if (const auto why = windows_unbuildable(p)) return why;
     if (p.heads < 0) return "heads must be >= 0";
-    return std::nullopt;
+    return values::unbuildable(p.values, p.fp8_codes == Fp8Codes::special, 0);
   }
 
   std::optional<std::string> invalid(const P& p) const override { return heads_problem(p.heads); }
@@ -71,7 +111,7 @@ class IndexerLogitsPrefillOp final : public TypedOp<LogitsPrefillParams> {
     const auto w = prefill_windows(c.id, p, p.seed);
     const int64_t H = p.heads;
     const float qmax = ix::quant_max(p.fp8, ix::QuantMaxVariant::vllm);
-    const auto q = make_q(c.id, w.M, H, p.fp8, p.seed);
+    const auto q = make_q(c.id, w.M, H, p.fp8, p.seed, p.values);
     Tensor kb = Tensor::empty(DType::bf16, {w.N, ix::kHeadDim});
     fill_quant_rows(kb, c.id, "k", p.seed, qmax, RowMix::model);
     const auto k = ix::quantize_k(kb, p.fp8, qmax);
@@ -119,6 +159,7 @@ struct LogitsDecodeParams : PagedReadParams {
   int64_t heads = 32;
   int64_t next_n = 1;
   int64_t chunk_q = 64;
+  values::Values values = values::Values::typical;
   LogitsDecodeParams() { batch = 8; }
 };
 
@@ -139,13 +180,14 @@ class IndexerLogitsDecodeOp final : public TypedOp<LogitsDecodeParams> {
     add_paged_read_tail(f,
                         "special: q and the tokens read hold the saturation codes and, in "
                         "e4m3fn, -0; every other value byte of the pages NaN codes");
+    values::add_field(f, &P::values, kLogitsValues, kLogitsValuesHelp);
     return f;
   }
 
   std::optional<std::string> unbuildable(const P& p) const override {
     if (p.next_n < 1 || p.block_size < 1 || p.pad < 0) return "next_n, block_size >= 1, pad >= 0";
     if (p.heads < 0) return "heads must be >= 0";
-    return std::nullopt;
+    return values::unbuildable(p.values, p.fp8_codes == Fp8Codes::special, p.offset_log2);
   }
 
   std::optional<std::string> invalid(const P& p) const override {
@@ -163,7 +205,7 @@ class IndexerLogitsDecodeOp final : public TypedOp<LogitsDecodeParams> {
     const auto in = paged_inputs(c.id, p, RowMix::model, CacheCodes::decoded);
     const int64_t B = in.layout.seq_lens.size(0), rows = B * NN;
     const int64_t max_model_len = p.max_ctx + 37;  // columns past every context must read -inf
-    const auto q = make_q(c.id, rows, H, p.fp8, p.seed);
+    const auto q = make_q(c.id, rows, H, p.fp8, p.seed, p.values);
     if (p.fp8_codes == Fp8Codes::special) plant_fp8_specials(q.q_fp8);
     Problem prob;
     prob.args = {{"q",

@@ -22,6 +22,7 @@
 #include "core/rng.h"
 #include "ops/paged.h"
 #include "ops/typed_op.h"
+#include "ops/values.h"
 #include "reference/mla_decode.h"
 
 namespace attncheck::mla {
@@ -60,6 +61,7 @@ struct CommonParams {
   int64_t seed = 0;
   Fp8Codes fp8_codes = Fp8Codes::ordinary;
   int64_t offset_log2 = 0;
+  values::Values values = values::Values::typical;
 
   int64_t lk() const { return dims == Dims::d576x512 ? 576 : 96; }
   int64_t lv() const { return dims == Dims::d576x512 ? 512 : 64; }
@@ -136,13 +138,14 @@ void add_input_fields(Fields<P>& f, const AxisTexts& t) {
       .template add<int64_t>("offset_log2", "offlog", &P::offset_log2, t.offset_log2)
       .only({0, 31, 32})
       .out_of_id_at_default();
+  values::add_field<P>(f, &P::values);
 }
 
 // A case file's error shared by both ops (special codes are fp8 codes).
 inline std::optional<std::string> unbuildable(const CommonParams& p) {
   if (p.special_codes() && !is_fp8(p.cache_dtype()))
     return "fp8_codes = special needs an fp8 kv_dtype";
-  return std::nullopt;
+  return values::unbuildable(p.values, p.special_codes(), p.offset_log2);
 }
 
 // Both ops' refusal: aiter's 16-head rule.
@@ -266,6 +269,16 @@ inline Inputs make_inputs(const std::string& case_id, const CommonParams& p) {
   in.cache =
       make_cache(case_id, kvd, pl.num_blocks, P, lk, readable, p.seed, first, p.special_codes());
   in.q = make_query(case_id, p.layout, p.dtype, in.tokens, p.heads, lk, p.seed);
+  // values (harness/ops/values.h): q N(0, 3^2), cache U(-1, 1) or fp8 codes up to 4 (times
+  // kv_scale). V is the cache's first Lv dims, so ties share only the rope dims past Lv.
+  values::Magnitudes m;
+  m.scale = p.softmax_scale() * p.kv_scale();
+  m.q = 3.0;
+  m.k = is_fp8(kvd) ? 2.0 : 0.5;
+  m.tie_from = p.lv();
+  const Tensor held = in.cache.slice(0, first, first + pl.num_blocks);
+  values::shape_queries(p.values, in.q, held, m);
+  values::shape_keys(p.values, held, m);
   in.out = make_token_head_view(p.layout, p.dtype, in.tokens, p.heads, p.lv());
   in.lse = make_lse_view(p.layout, in.tokens, p.heads);
   return in;

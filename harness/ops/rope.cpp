@@ -13,6 +13,7 @@
 #include "core/rng.h"
 #include "core/policy.h"
 #include "ops/typed_op.h"
+#include "ops/values.h"
 #include "reference/rope.h"
 
 namespace attncheck {
@@ -113,7 +114,10 @@ Budget rope_budget(DType dt, double max_abs_input) {
           2.0 * u32 * 2.0 * max_abs_input,
           "fp32 evaluation error 2 u32 (|a|+|b|) with |a|,|b| <= " + format_number(max_abs_input) +
               "; reference in double from the same inputs and cache values");
-  if (dt == DType::f16) b.absolute(std::ldexp(1.0, -24), "the f16 subnormal spacing");
+  // Where the outputs are subnormal, one ulp is the subnormal spacing, not 2u|e| (bf16's matters
+  // only for tiny inputs: values = tiny).
+  b.absolute(2 * subnormal_half_spacing(dt),
+             "the " + std::string(dtype_name(dt)) + " subnormal spacing");
   return b.build();
 }
 double max_abs(const Tensor& t) {
@@ -131,7 +135,18 @@ struct RopeParams : RopeCommonParams {
   int64_t heads = 4;
   int64_t head_dim = 128;
   int64_t rot = 64;
+  values::Values values = values::Values::typical;
 };
+
+// values (harness/ops/values.h) of rope's N(0, 1) inputs: large = x 2^k so |x| reaches about an
+// eighth of the dtype's largest finite value (f16 2^13, bf16 2^124: a rotation computed in the
+// input dtype or a product that leaves fp32 overflows); tiny = about twice the smallest normal
+// (outputs in the subnormal range: a flush-to-zero kernel returns 0).
+void shape_rope_inputs(values::Values v, const Tensor& t) {
+  if (v == values::Values::tiny) values::scale_finite(t, values::tiny_factor(t.dtype(), 1.0));
+  if (v == values::Values::large)
+    values::scale_finite(t, values::power_of_two_near(max_finite(t.dtype()) / 8 / 6));
+}
 
 class RopeOp final : public TypedOp<RopeParams> {
  public:
@@ -159,6 +174,11 @@ class RopeOp final : public TypedOp<RopeParams> {
         .add("rot", "rot", &P::rot, "rotary dims")
         .only({32, 64});
     add_tokens_seed(f);
+    values::add_field(f, &P::values, {values::Values::typical, values::Values::large,
+                                      values::Values::tiny},
+                      "input value distribution (harness/ops/rope.cpp): typical N(0, 1); large "
+                      "= |x| up to an eighth of the dtype's largest finite value; tiny = about "
+                      "twice the dtype's smallest normal (subnormal outputs)");
     return f;
   }
 
@@ -189,6 +209,8 @@ class RopeOp final : public TypedOp<RopeParams> {
     }
     fill_normal(q_full, Rng(c.id, "q", seed));
     fill_normal(k_full, Rng(c.id, "k", seed));
+    shape_rope_inputs(p.values, q_full);
+    shape_rope_inputs(p.values, k_full);
 
     const bool inplace = p.contract == Contract::inplace;
     Problem prob = rope_problem(c, p, inplace ? "rope_inplace" : "rope_out_of_place", H, rot);

@@ -204,5 +204,57 @@ TEST(Mxfp4Cache, WriterQuantizesIntoTheSlotAndLeavesEverythingElse) {
   }
 }
 
+// e4m3fn by its bit fields (bias 7, subnormals m * 2^-9), for bytes 0..0x7E.
+double e4m3_by_fields(unsigned byte) {
+  const unsigned e = byte >> 3, m = byte & 7;
+  return e == 0 ? m * std::ldexp(1.0, -9)
+                : (1 + m / 8.0) * std::ldexp(1.0, static_cast<int>(e) - 7);
+}
+
+// NVFP4 keys, checked against a second formulation: the page's value bytes at t * D/2 + c, then
+// its scales at S * D/2 + t * D/16 + s; each scale byte the e4m3 value nearest amax / (6 * global)
+// (ties to the even byte, 448 at most) found by search; each element e2m1 * e4m3 * global.
+TEST(Nvfp4Cache, WriterAndReaderFollowTheFormatDefinition) {
+  const float global = 0.0371f;
+  const CacheGeometry g{64, 16, 0, KeyFormat::nvfp4, global};
+  EXPECT_EQ(g.entry_bytes(), 32 + 4);
+  const Tensor cache = Tensor::filled_bytes(DType::u8, {2, 16, 36}, std::byte{0xFF});
+  Rng rng("nvfp4_writer", "all");
+  Tensor k = Tensor::empty(DType::bf16, {3, 64});
+  fill_normal(k, rng, 0.0, 3.0);
+  for (int d = 0; d < 16; ++d) k.set({1, d}, 0.0);              // a zero block: byte 0, zero codes
+  for (int d = 16; d < 32; ++d) k.set({1, d}, 1e4 * (d - 20));  // saturates at 448
+  Tensor slots = Tensor::empty(DType::i64, {3});
+  const int64_t want[] = {5, 17, 31};
+  for (int i = 0; i < 3; ++i) slots.at<int64_t>({i}) = want[i];
+  const Tensor out = write_k_cache(cache, k, slots, g, fp4::MxScaleRule::ceil);
+  const auto* bytes = reinterpret_cast<const uint8_t*>(out.storage()->bytes.data());
+  for (int row = 0; row < 3; ++row) {
+    const int64_t page = want[row] / 16, t = want[row] % 16;
+    const uint8_t* base = bytes + page * 16 * 36;
+    std::vector<double> dec(64);
+    read_key(out, g, page, t, dec.data());
+    for (int b = 0; b < 4; ++b) {
+      double amax = 0;
+      for (int d = 0; d < 16; ++d) amax = std::max(amax, std::fabs(k.get({row, b * 16 + d})));
+      const double target = amax / (6.0 * global);
+      unsigned best = 0;
+      for (unsigned c = 1; c <= 0x7E; ++c) {
+        const double dc = std::fabs(e4m3_by_fields(c) - target),
+                     db = std::fabs(e4m3_by_fields(best) - target);
+        if (dc < db || (dc == db && c % 2 == 0)) best = c;
+      }
+      const uint8_t sb = base[16 * 32 + t * 4 + b];
+      ASSERT_EQ(sb, best) << "row " << row << " block " << b;
+      for (int d = b * 16; d < b * 16 + 16; ++d) {
+        const uint8_t byte = base[t * 32 + d / 2];
+        const double v = nibble_value(d % 2 ? byte >> 4 : byte & 15) * e4m3_by_fields(sb) * global;
+        ASSERT_EQ(dec[d], v) << "row " << row << " element " << d;
+      }
+    }
+  }
+  EXPECT_EQ(bytes[16 * 32 + 6 * 4], 0xFF);  // slot 6 (page 0) is nobody's: untouched
+}
+
 }  // namespace
 }  // namespace attncheck::ref::mxfp4

@@ -7,10 +7,13 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <regex>
 
 #include "core/numeric.h"
 #include "ops/op.h"
+#include "run/cases.h"
 #include "run/evaluate.h"
+#include "run/provenance.h"
 
 namespace attncheck {
 namespace {
@@ -33,7 +36,8 @@ int64_t pow2(int64_t x) {
 
 // The kernel's arithmetic on the CPU (NVIDIA tiles). mutant_tile: the pre-fix tile, with V read
 // from the K tile at V's pitch (the seed bug re-created by AC_MUTANT_DECODE_TILE_FROM_LK).
-TensorMap emulate(const Problem& p, bool mutant_tile) {
+// no_max: the MHA kernel's exp(s) without a max subtraction (AC_MUTANT_DECODE_SOFTMAX_NO_MAX).
+TensorMap emulate(const Problem& p, bool mutant_tile, bool no_max = false) {
   const Tensor &q = p.arg("q"), &kb = p.arg("k_buffer"), &vb = p.arg("v_buffer");
   const Tensor &table = p.arg("req_to_token"), &lens = p.arg("b_seq_len");
   const auto& kp = p.kernel_params;
@@ -89,7 +93,7 @@ TensorMap emulate(const Problem& p, bool mutant_tile) {
             sc[j] = x;
             mx = std::max(mx, x);
           }
-          const float m_new = std::max(m, mx);
+          const float m_new = no_max && !grouped ? 0.0f : std::max(m, mx);
           float sum = 0;
           for (auto& x : sc) {
             const float e = std::exp(x - m_new);
@@ -142,10 +146,11 @@ struct Judged {
   std::string message;
 };
 
-Judged judge(const Case& c, bool mutant_tile) {
+Judged judge(const Case& c, bool mutant_tile, bool no_max = false) {
   const Problem p = op().make(c);
   const TensorMap expected = op().reference(p);
-  const auto results = check_outputs(op().checks(p, expected), expected, emulate(p, mutant_tile));
+  const auto results =
+      check_outputs(op().checks(p, expected), expected, emulate(p, mutant_tile, no_max));
   Judged j;
   for (const auto& r : results) {
     j.passed = j.passed && r.passed;
@@ -362,6 +367,63 @@ TEST(DecodeAttentionOp, LargeOffsetCasesReadPagesPastTheOffset) {
   }
   EXPECT_THROW((void)op().make(op().make_case({{"offset_log2", 31}, {"layout", "strided"}})),
                std::invalid_argument);
+}
+
+// values (harness/ops/values.h): the fp32 emulation passes every budget for every distribution
+// (the budgets are derived from the inputs, so they stay valid), and the overflow-unsafe softmax
+// (AC_MUTANT_DECODE_SOFTMAX_NO_MAX) fails exactly where logits pass exp's fp32 range: values =
+// large on the MHA kernel without a soft-cap. Typical inputs never show it.
+TEST(DecodeAttentionOp, ValuesKindsPassTheEmulationAndOnlyLargeKillsNoMax) {
+  const std::vector<Params> shapes = {
+      {{"lk_lv", "576x512"}, {"splits", 8}},
+      {{"lk_lv", "320x256"}, {"kv_dtype", "e4m3fn"}, {"dtype", "f16"}, {"page_size", 1}},
+      {{"lk_lv", "128x128"}, {"is_mla", false}, {"kv_heads", 16}},
+      {{"lk_lv", "128x128"}, {"is_mla", false}, {"kv_heads", 16}, {"logit_cap", 30}},
+      {{"lk_lv", "192x128"}, {"is_mla", false}, {"kv_heads", 2}, {"kv_dtype", "e4m3fnuz"}},
+      {{"lk_lv", "192x128"}, {"is_mla", false}, {"kv_heads", 16}, {"dtype", "f16"}, {"splits", 1}},
+  };
+  for (const char* kind : {"typical", "large", "peaked", "ties", "tiny", "cancel"})
+    for (Params params : shapes) {
+      params["values"] = kind;
+      const Case c = op().make_case(params);
+      const Judged j = judge(c, false);
+      EXPECT_TRUE(j.passed) << c.id << "\n" << j.message;
+      const bool mha = params.contains("kv_heads") && params.at("kv_heads") == 16;
+      const bool capped = params.contains("logit_cap");
+      const bool overflows = std::string(kind) == "large" && mha && !capped;
+      const Judged m = judge(c, false, true);
+      EXPECT_EQ(m.passed, !overflows) << c.id << " (no max)\n" << m.message;
+      std::printf("%-100s error/budget %.3g, no-max %s\n", c.id.c_str(), j.worst_ratio,
+                  m.passed ? "passes" : "fails");
+    }
+}
+
+// The quick tier's typical MHA-kernel cases (the no-max emulation changes only that kernel) all
+// pass the no-max emulation: the mutant survived them (logits below 30), while values cases fail.
+TEST(DecodeAttentionOp, NoMaxSurvivesEveryTypicalQuickCase) {
+  const CaseFile f = load_case_file(default_root() + "/cases/decode_attention.toml");
+  int killed = 0, typical = 0;
+  for (const Case& c : f.tiers.at("quick")) {
+    if (!op().problem(c).expect_refusal.empty() || c.params.value("offset_log2", 0) != 0 ||
+        c.params.value("max_ctx", 0) > 100 || c.params.at("heads") != c.params.at("kv_heads"))
+      continue;  // refusals; sparse storages; long contexts (slow on the CPU, same logits); GQA
+    const bool is_typical = c.params.value("values", "typical") == "typical";
+    const bool fails = !judge(c, false, true).passed;
+    // The regex of decode_softmax_no_max in kernels_under_test/decode_attention.mutants.
+    const bool named = std::regex_search(c.id, std::regex("^decode_attention/.*-hkv16-.*-vlarge$"));
+    if (is_typical) {
+      ++typical;
+      EXPECT_FALSE(fails) << c.id;
+    } else {
+      killed += fails;
+    }
+    if (named) {
+      EXPECT_TRUE(fails) << c.id << " is named by the mutant's regex";
+    }
+  }
+  std::printf("no-max emulation: %d typical quick cases pass, %d values cases fail\n", typical,
+              killed);
+  EXPECT_GT(killed, 0);
 }
 
 }  // namespace
