@@ -233,8 +233,9 @@ struct State {
   bool cuda = false;
   std::string library = "attncheck-pybridge";
   std::string ops;
-  std::map<std::string, std::string> contracts;  // entry -> declared arithmetic contract
-  pid_t pid = 0;                                 // the process that loaded the adapter
+  std::map<std::string, std::string> contracts;   // entry -> declared arithmetic contract
+  std::map<std::string, std::string> properties;  // entry -> declared invariance properties
+  pid_t pid = 0;                                  // the process that loaded the adapter
 };
 
 std::mutex g_mutex;
@@ -385,6 +386,22 @@ void load_adapter(bool started) {
       return;
     }
     g.contracts[entry] = contract;
+  }
+  // Each entry's invariance properties (validated by attncheck_bridge as well).
+  Ref declared(PyObject_CallMethod(host.get(), "entry_properties", "O", adapter.get()));
+  Ref listed(declared ? PySequence_Fast(declared.get(), "entry_properties: not a sequence")
+                      : nullptr);
+  if (!listed) {
+    g.error = who() + ": cannot read the entries' properties: " + take_error();
+    return;
+  }
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(listed.get()); ++i) {
+    const char *entry = nullptr, *names = nullptr;
+    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(listed.get(), i), "ss", &entry, &names)) {
+      g.error = who() + ": cannot read the entries' properties: " + take_error();
+      return;
+    }
+    g.properties[entry] = names;
   }
   g.host = host.release();
   g.adapter = adapter.release();
@@ -639,6 +656,13 @@ const char* contract(const char* op) {
   return it == g.contracts.end() ? nullptr : it->second.c_str();
 }
 
+// The extension's `properties`: the entry's declared invariance properties, NULL for none.
+const char* properties(const char* op) {
+  if (!op || !ready()) return nullptr;
+  const auto it = g.properties.find(op);
+  return it == g.properties.end() ? nullptr : it->second.c_str();
+}
+
 // The extension's `case_context`: the case whose launches follow, handed to attncheck_bridge
 // (its `invalid()` and `current_case()`), so that adapters ask the op instead of re-coding it.
 int case_context(const char* case_json, char* msg, size_t msg_len) {
@@ -701,13 +725,12 @@ attncheck_plugin_v1 g_table = {
     copy_to_device,        copy_to_host,         run, time,        roofline};
 
 // No fill or background work: the harness uploads poison and runs without concurrent kernels.
-// properties NULL: none declared.
 const attncheck_plugin_ext_v1 g_extension = {sizeof(attncheck_plugin_ext_v1),
                                              nullptr,
                                              nullptr,
                                              contract,
                                              case_context,
-                                             nullptr,
+                                             properties,
                                              graph_capture,
                                              graph_replay,
                                              graph_release};
@@ -721,8 +744,8 @@ AC_EXPORT const attncheck_plugin_v1* attncheck_plugin_v1_get(void) {
   return &g_table;
 }
 
-// The optional extension table (kernels_under_test/attncheck_abi.h): the entries' contracts and
-// the case context.
+// The optional extension table (kernels_under_test/attncheck_abi.h): the entries' contracts, the
+// case context and the entries' invariance properties.
 AC_EXPORT const attncheck_plugin_ext_v1* attncheck_plugin_ext_v1_get(void) {
   return &g_extension;
 }

@@ -102,7 +102,15 @@ typedef struct attncheck_plugin_ext_v1 {
      the launches of every case ("null" for a problem made by hand, with no case); the string is
      valid during the call only. NULL: not wanted. */
   int (*case_context)(const char* case_json, char* msg, size_t msg_len);
-  /* (see invariance) */
+  /* The invariance properties kernel entry `op` promises bitwise (docs/verification.md
+     "Invariance"), comma-separated: "batch-invariant" (a request's outputs do not depend on the
+     other requests of its batch), "batch-order-invariant" (nor on their order),
+     "split-invariant" (nor on the split count or tile parameter the op exposes),
+     "page-order-invariant" (nor on where its pages lie in the cache). The harness checks the
+     op's relations bitwise for the declared ones and within the op's budgets for the others.
+     NULL (the function or its result), or a library whose `size` ends before this field: none.
+     An unknown name fails the entry's cases. The string must stay valid while the library is
+     loaded. */
   const char* (*properties)(const char* op);
   /* Graph replay (docs/abi.md "Graph capture"): captures the launches one `run` of entry `op`
      makes into a CUDA/HIP graph (or, for Python adapters, a torch.cuda.CUDAGraph) without

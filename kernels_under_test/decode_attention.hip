@@ -517,7 +517,14 @@ void run_decode_attention(const ack::KParams& p, const ack::KArgs& args) {
 
   const int64_t B = q.size(0), hq = q.size(1), lk = q.size(2);
   const int64_t hkv = k.size(-2), lv = v.size(-1), P = k.ndim == 4 ? k.size(1) : 1;
+#if defined(AC_MUTANT_DECODE_SPLIT_BY_BATCH)
+  // Seed bug (a launch heuristic like vLLM's): the split count comes from the batch size, fewer
+  // splits for a fuller batch, instead of num_kv_splits. Each result stays within budget; a
+  // request's bits change with the batch it shares.
+  const int64_t S = std::max<int64_t>(1, p.i("num_kv_splits") / std::max<int64_t>(1, q.size(0)));
+#else
   const int64_t S = p.i("num_kv_splits");
+#endif
   const bool is_mla = p.b("is_mla");
   if (p.i("page_size") != P)
     throw ack::Refusal("page_size " + str(p.i("page_size")) + " does not match k_buffer's " +
@@ -694,6 +701,10 @@ void run_decode_attention(const ack::KParams& p, const ack::KArgs& args) {
   check(hipGetLastError(), "decode_attention stage 2 launch");
 }
 
-const ack::KernelRegistrar kRegister("decode_attention", run_decode_attention, ack::kGraphSafe);
+// Bitwise: a request's programs (grid x = its index) read only its own row, length and pages,
+// with split bounds from its own length and num_kv_splits, and reduce over its tokens in order;
+// page ids only form addresses. The split count changes the reduction (not split-invariant).
+const ack::KernelRegistrar kRegister("decode_attention", run_decode_attention, ack::kGraphSafe,
+                                     "batch-invariant,page-order-invariant");
 
 }  // namespace

@@ -90,6 +90,7 @@ namespace {
 struct Entry {
   KernelFn fn = nullptr;
   GraphSafety graph = kNotGraphSafe;
+  std::string properties;  // empty: none declared
 };
 std::map<std::string, Entry>& registry() {
   static std::map<std::string, Entry> r;
@@ -98,8 +99,9 @@ std::map<std::string, Entry>& registry() {
 thread_local void* current_stream = nullptr;
 }  // namespace
 
-KernelRegistrar::KernelRegistrar(const char* op, KernelFn fn, GraphSafety graph) {
-  registry()[op] = Entry{fn, graph};
+KernelRegistrar::KernelRegistrar(const char* op, KernelFn fn, GraphSafety graph,
+                                 const char* properties) {
+  registry()[op] = Entry{fn, graph, properties ? properties : ""};
 }
 KernelFn find_kernel(const std::string& op) {
   auto it = registry().find(op);
@@ -108,6 +110,11 @@ KernelFn find_kernel(const std::string& op) {
 bool graph_safe(const std::string& op) {
   auto it = registry().find(op);
   return it != registry().end() && it->second.graph == kGraphSafe;
+}
+const char* kernel_properties(const char* op) {
+  const auto it = registry().find(op ? op : "");
+  return it == registry().end() || it->second.properties.empty() ? nullptr
+                                                                 : it->second.properties.c_str();
 }
 void* launch_stream() {
   return current_stream;

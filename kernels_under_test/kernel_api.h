@@ -72,11 +72,18 @@ using KernelFn = void (*)(const KParams& params, const KArgs& args);
 // allocation or copy.
 enum GraphSafety { kNotGraphSafe = 0, kGraphSafe = 1 };
 
+// `properties`: the invariance properties the entry promises bitwise (the ABI's `properties`,
+// docs/abi.md), comma-separated; declare only what the kernel's code guarantees.
 struct KernelRegistrar {
-  KernelRegistrar(const char* op, KernelFn fn, GraphSafety graph = kNotGraphSafe);
+  KernelRegistrar(const char* op, KernelFn fn, GraphSafety graph = kNotGraphSafe,
+                  const char* properties = nullptr);
+  KernelRegistrar(const char* op, KernelFn fn, const char* properties)
+      : KernelRegistrar(op, fn, kNotGraphSafe, properties) {}
 };
 KernelFn find_kernel(const std::string& op);
 bool graph_safe(const std::string& op);
+// The ABI's `properties`: what `op`'s registration declared, or NULL.
+const char* kernel_properties(const char* op);
 std::string kernel_names();
 
 // The stream entries launch on (a hipStream_t / cudaStream_t): the capturing stream while the

@@ -131,6 +131,10 @@ void run_mla_decode(const ack::KParams& p, const ack::KArgs& args) {
   mla::run_attention(a, work);
 }
 
-const ack::KernelRegistrar kRegister("mla_decode", run_mla_decode);
+// Bitwise: the split count is chosen from the token count and the longest row
+// (mla_common.h run_attention), which a permutation keeps and a batch of one changes; each row
+// reduces over its keys in order and block ids only form addresses.
+const ack::KernelRegistrar kRegister("mla_decode", run_mla_decode,
+                                     "batch-order-invariant,page-order-invariant");
 
 }  // namespace

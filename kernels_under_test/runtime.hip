@@ -418,16 +418,19 @@ int background(uint32_t microseconds, char* msg, size_t msg_len) {
 }
 
 // contract NULL: every entry computes under the default arithmetic contract (fp32-accumulate).
-// case_context and properties NULL: not wanted, none declared.
-const attncheck_plugin_ext_v1 kExtension = {sizeof(attncheck_plugin_ext_v1),
-                                            fill,
-                                            background,
-                                            nullptr,
-                                            nullptr,
-                                            nullptr,
-                                            graph_capture,
-                                            graph_replay,
-                                            graph_release};
+// properties: what each entry's registration declares (kernel_api.h); graph capture of the
+// entries registered graph-safe.
+const attncheck_plugin_ext_v1 kExtension = {
+    .size = sizeof(attncheck_plugin_ext_v1),
+    .fill = fill,
+    .background = background,
+    .contract = nullptr,
+    .case_context = nullptr,
+    .properties = ack::kernel_properties,
+    .graph_capture = graph_capture,
+    .graph_replay = graph_replay,
+    .graph_release = graph_release,
+};
 
 const attncheck_plugin_v1 kTable = {
     ATTNCHECK_ABI_VERSION,

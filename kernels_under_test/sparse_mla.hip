@@ -144,6 +144,10 @@ void run_sparse_mla(const ack::KParams& p, const ack::KArgs& args) {
   mla::run_attention(a, work);
 }
 
-const ack::KernelRegistrar kRegister("sparse_mla", run_sparse_mla);
+// Bitwise: tokens are independent rows; the split count comes from the token count and the
+// largest row (mla_common.h run_attention), which a permutation keeps and a token alone changes;
+// each row reduces over its slots in top-k order and block ids only form addresses.
+const ack::KernelRegistrar kRegister("sparse_mla", run_sparse_mla,
+                                     "batch-order-invariant,page-order-invariant");
 
 }  // namespace

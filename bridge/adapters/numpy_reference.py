@@ -433,6 +433,13 @@ def _decode_attention(t, p, sm_scale_power=1):
         lse_out[b] = (m + np.log(l))[:, 0].astype(np.float32)
 
 
-@ADAPTER.entry("decode_attention", contract="qk-products-in-input-type")
+# Bitwise invariance (docs/verification.md "Invariance"): each request is computed on its own
+# (the loop over b above, shapes of that request only), num_kv_splits is checked but never used,
+# and page ids only gather the rows, in token order.
+@ADAPTER.entry(
+    "decode_attention",
+    contract="qk-products-in-input-type",
+    properties=("batch-invariant", "split-invariant", "page-order-invariant"),
+)
 def decode_attention(t, p):
     _decode_attention(t, p)

@@ -724,6 +724,14 @@ def _decode_checks(t, p):
                 sm_scale=sm_scale, cap=cap, k_scale=k_scale, v_scale=v_scale, is_mla=is_mla, fmt=fmt)
 
 
+# Invariance (docs/verification.md "Invariance"): vLLM promises no bitwise property of
+# decode_attention_fwd (its batch invariance is a separate mode; its backends choose num_kv_splits
+# per batch, which this entry bypasses by passing the case's), so none is declared and the op's
+# relations hold within its budgets. ATTNCHECK_VLLM_DECODE_PROPERTIES (names of ab.PROPERTIES,
+# comma-separated) declares some for an experiment: does the kernel hold them bitwise?
+DECODE_PROPERTIES = ab.property_names(os.environ.get("ATTNCHECK_VLLM_DECODE_PROPERTIES", ""))
+
+
 # The call decode_attention() makes, for `attncheck repro --export pytest` (attncheck_bridge.Export):
 # fp8 caches viewed as the platform's torch fp8 dtype, the NaN-filled split partials, is_mla and the
 # scales only where the revision takes them.
@@ -751,8 +759,8 @@ _DECODE_EXPORT = ab.Export(
 # kernels (tl.load(B_Seqlen + cur_batch) in stage 1 and 2) and sizes its grids from shapes and
 # num_kv_splits, as vLLM's Triton backend captures it in CUDA graphs; this entry reads no argument
 # contents on the host either (attn_logits is allocated from shapes).
-@ADAPTER.entry("decode_attention", contract=DECODE_CONTRACT, export=_DECODE_EXPORT,
-               graph_capturable=True)
+@ADAPTER.entry("decode_attention", contract=DECODE_CONTRACT, properties=DECODE_PROPERTIES,
+               export=_DECODE_EXPORT, graph_capturable=True)
 def decode_attention(t, p):
     """decode_attention_fwd(q, k_buffer, v_buffer, o, lse, req_to_token, b_seq_len, attn_logits,
     num_kv_splits, sm_scale, page_size, logit_cap[, k_scale, v_scale], is_mla); attn_logits, the

@@ -6,7 +6,8 @@
 Runs `attncheck run --tier smoke --op decode_attention` three times:
   - py:numpy_reference (q.k products rounded to the input type, declared as
     qk-products-in-input-type): every valid case passes, at least one only under its declared
-    contract, which the result, the JUnit properties and the run's summary name;
+    contract, which the result, the JUnit properties and the run's summary name; its declared
+    invariance properties make every relation bitwise, and each holds;
   - py:numpy_broken, bug undeclared_rounding (the same arithmetic declared as the default): it
     fails the default budgets, with the hint "the error would fit contract
     qk-products-in-input-type", and nothing passes under a contract it did not declare;
@@ -78,6 +79,14 @@ expect(f"case(s) under {QK}" in p.stdout, "reference: the run's summary does not
 junit = ET.parse(os.path.join(out, "junit.xml"))
 props = {(tc.get("name"), pr.get("name")): pr.get("value") for tc in junit.iter("testcase") for pr in tc.iter("property")}
 expect(all(props.get((r["id"], "contract")) == r["contract"] for r in valid), "reference: junit.xml does not carry each case's contract")
+
+# 1b. Invariance through the bridge: numpy_reference's decode entry declares batch-, split- and
+# page-order invariance (attncheck_bridge -> the extension table's `properties`), so the op's
+# relations run bitwise, and hold.
+rels = [(r["id"], o) for r in valid for o in r.get("invariance", [])]
+expect(rels and all(o["mode"] == "bitwise" and o["passed"] for _, o in rels), f"reference: relations not all bitwise and passed: {rels[:4]}")
+names = {o["relation"].split(" [")[0].split(" (")[0] for _, o in rels}
+expect({"batch permutation", "shuffled physical page order"} <= names and any("alone vs in the batch" in n for n in names) and any(n.startswith("split count") for n in names), f"reference: relations missing: {sorted(names)}")
 
 # 2. The same arithmetic declared as the default: caught, with the contract it would fit.
 results, p, _ = run("undeclared_rounding", "py:numpy_broken", "undeclared_rounding")

@@ -164,3 +164,33 @@ def test_contracts_per_entry_and_validated():
         ab.Adapter(name="x", contract="f64-evaluate")
     with pytest.raises(ValueError, match="non-empty"):
         ab.Adapter(name="x", contract="")
+
+
+def test_properties_per_entry_validated_and_handed_to_the_plugin():
+    assert ab.PROPERTIES == ("batch-invariant", "batch-order-invariant", "split-invariant", "page-order-invariant")
+    a = ab.Adapter(name="k")
+    a.add("none", lambda t, p: None)
+
+    @a.entry("decode_attention", properties=("batch-invariant", "page-order-invariant"))
+    def decode(t, p):
+        pass
+
+    a.add("text", lambda t, p: None, properties=" split-invariant, split-invariant ")
+    assert a.properties_of("none") == ()
+    assert a.properties_of("decode_attention") == ("batch-invariant", "page-order-invariant")
+    assert a.properties_of("text") == ("split-invariant",)  # trimmed, repeats dropped
+    assert a.properties_of("absent") is None
+    # What the C++ side reads (the extension table's `properties`): entries declaring none left out.
+    assert _host.entry_properties(a) == [("decode_attention", "batch-invariant,page-order-invariant"), ("text", "split-invariant")]
+    with pytest.raises(ValueError, match=r"adapter 'k', entry 'bad': unknown invariance property 'order-free'; known: batch-invariant"):
+        a.add("bad", lambda t, p: None, properties=("order-free",))
+    with pytest.raises(ValueError, match="comma-separated string"):
+        a.add("bad", lambda t, p: None, properties=7)
+    assert a.properties_of("bad") is None
+
+
+def test_shipped_adapters_declare_what_their_code_guarantees():
+    # numpy_reference computes each request alone, ignores num_kv_splits and gathers pages by id.
+    ref = _host.load_adapter("numpy_reference")
+    assert ref.properties_of("decode_attention") == ("batch-invariant", "split-invariant", "page-order-invariant")
+    assert dict(_host.entry_properties(ref)) == {"decode_attention": "batch-invariant,split-invariant,page-order-invariant"}

@@ -218,6 +218,14 @@ nlohmann::json Result::to_json() const {
         {"launches", stress->launches},     {"differing", stress->differing},
         {"failed", stress->failed},         {"nondeterminism_rate", stress->rate()},
         {"conditions", stress->conditions}, {"first_difference", stress->first_difference}};
+  if (!invariance.empty()) {
+    j["invariance"] = nlohmann::json::array();
+    for (const auto& o : invariance)
+      j["invariance"].push_back({{"relation", o.relation},
+                                 {"mode", o.mode},
+                                 {"passed", o.passed},
+                                 {"message", o.message}});
+  }
   return j;
 }
 
@@ -271,6 +279,10 @@ Result Result::from_json(const nlohmann::json& j) {
       ss.first_difference = st.value("first_difference", "");
       r.stress = ss;
     }
+    for (const auto& o : j.value("invariance", nlohmann::json::array()))
+      r.invariance.push_back({field(o, "relation").get<std::string>(),
+                              field(o, "mode").get<std::string>(), field(o, "passed").get<bool>(),
+                              o.value("message", "")});
   } catch (const nlohmann::json::exception& e) {
     throw std::invalid_argument(std::string("malformed result record: ") + e.what());
   }

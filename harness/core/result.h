@@ -73,6 +73,15 @@ struct StressStats {
   double rate() const { return launches ? static_cast<double>(differing) / launches : 0.0; }
 };
 
+// One metamorphic relation of a case (docs/verification.md "Invariance"): its transformed
+// problem's outputs, mapped back, against the first launch's.
+struct RelationOutcome {
+  std::string relation;  // "batch permutation [2,0,3,1]"
+  std::string mode;      // "bitwise" (the entry declares the property) or "budget"
+  bool passed = false;
+  std::string message;  // why it failed, or what was compared
+};
+
 struct Result {
   std::string id;
   std::string op;
@@ -96,6 +105,7 @@ struct Result {
   // (sticky faults), so the worker process that ran it retires after reporting it.
   bool device_error = false;
   std::optional<StressStats> stress;  // only with --stress
+  std::vector<RelationOutcome> invariance;  // the op's relations, after the checks passed
 
   bool failing() const { return is_failing(verdict); }
   nlohmann::json to_json() const;

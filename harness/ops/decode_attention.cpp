@@ -364,6 +364,29 @@ class DecodeAttentionOp final : public ContractDependentTypedOp<DecodeAttentionP
     return kp;
   }
 
+  // Invariance (docs/verification.md "Invariance"): the requests in another order, the longest
+  // alone, another split count (budgets of that count), the pages shuffled.
+  std::vector<Relation> relations(const Problem& prob) const override {
+    const P& p = typed(prob);
+    const BatchArgs batch{{"req_to_token", "b_seq_len", "q", "o", "lse"}, {}, ""};
+    std::vector<Relation> out;
+    const int64_t B = request_count(prob, batch);
+    if (B > 1) {
+      out.push_back(permuted_requests(prob, batch, derangement(B, static_cast<uint64_t>(p.seed))));
+      out.push_back(request_alone(prob, batch, longest_request(prob.arg("b_seq_len"))));
+    }
+    P other = p;
+    other.splits = p.splits == 1 ? 3 : 1;
+    out.push_back(with_kernel_param(
+        prob, "split count " + std::to_string(p.splits) + " -> " + std::to_string(other.splits),
+        "num_kv_splits", other.splits, other));
+    out.back().bitwise_under = {kSplitInvariant};
+    if (auto shuffled = shuffled_pages(prob, {"k_buffer", "v_buffer"}, "req_to_token",
+                                       static_cast<uint64_t>(p.seed)))
+      out.push_back(std::move(*shuffled));
+    return out;
+  }
+
   TensorMap reference(const Problem& prob, const P& p) const override {
     auto r = ref::decode_attention(inputs_of(prob, p));
     return {{"o", held_rows_of(r.o, prob.arg("o"))}, {"lse", r.lse}};

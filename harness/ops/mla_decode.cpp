@@ -126,6 +126,28 @@ class MlaDecodeOp final : public ContractDependentTypedOp<MlaDecodeParams> {
     return kp;
   }
 
+  // Invariance (docs/verification.md "Invariance"): the requests in another order, the longest
+  // alone, one KV split instead of the kernel's choice, the blocks shuffled.
+  std::vector<Relation> relations(const Problem& prob) const override {
+    const P& p = typed(prob);
+    const BatchArgs batch{{"block_table", "seq_lens"}, {"q", "out", "lse"}, "query_start_loc"};
+    std::vector<Relation> out;
+    const int64_t B = request_count(prob, batch);
+    if (B > 1) {
+      out.push_back(permuted_requests(prob, batch, derangement(B, static_cast<uint64_t>(p.seed))));
+      out.push_back(request_alone(prob, batch, longest_request(prob.arg("seq_lens"))));
+    }
+    // The budgets hold for any split count (the kernel chooses it), so the case's apply.
+    out.push_back(with_kernel_param(prob, "num_kv_splits 1 (the kernel's choice otherwise)",
+                                    "num_kv_splits", 1, p));
+    out.back().own_budgets = false;
+    out.back().bitwise_under = {kSplitInvariant};
+    if (auto shuffled =
+            shuffled_pages(prob, {"kv_cache"}, "block_table", static_cast<uint64_t>(p.seed)))
+      out.push_back(std::move(*shuffled));
+    return out;
+  }
+
   TensorMap reference(const Problem& prob, const P& p) const override {
     const auto r = ref::mla_decode(prob.arg("q"), {prob.arg("kv_cache"), p.kv_scale()},
                                    prob.arg("block_table"), prob.arg("seq_lens"),

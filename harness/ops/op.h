@@ -16,6 +16,7 @@
 #include "core/case.h"
 #include "core/policy.h"
 #include "ops/graph_variant.h"
+#include "ops/relation.h"
 
 namespace attncheck {
 
@@ -70,6 +71,12 @@ class Op {
   }
   // Declared deterministic kernels must repeat bitwise (--repeat).
   virtual bool deterministic() const { return true; }
+  // Metamorphic relations of a valid problem (ops/relation.h, docs/verification.md
+  // "Invariance"): transformed problems whose outputs, mapped back, must equal the case's.
+  virtual std::vector<Relation> relations(const Problem& p) const {
+    (void)p;
+    return {};
+  }
   // Why the kernel must refuse the configuration of these (completed) parameters, or nothing:
   // the op's one answer (typed ops: TypedOp::invalid), for evaluate(), goldens and the bridge.
   virtual std::optional<std::string> invalid_reason(const Params& params) const {

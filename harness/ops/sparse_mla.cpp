@@ -149,6 +149,29 @@ class SparseMlaOp final : public ContractDependentTypedOp<SparseMlaParams> {
     return mla::common_kernel_params(p);
   }
 
+  // Invariance (docs/verification.md "Invariance"): tokens are independent rows (their request
+  // id and top-k row travel with them): the tokens in another order, the last token alone, one
+  // KV split instead of the kernel's choice, the blocks shuffled.
+  std::vector<Relation> relations(const Problem& prob) const override {
+    const P& p = typed(prob);
+    BatchArgs tokens{{"q", "req_id_per_token", "topk_indices", "out", "lse"}, {}, ""};
+    tokens.unit = "token";
+    std::vector<Relation> out;
+    const int64_t T = request_count(prob, tokens);
+    if (T > 1) {
+      out.push_back(permuted_requests(prob, tokens, derangement(T, static_cast<uint64_t>(p.seed))));
+      out.push_back(request_alone(prob, tokens, T - 1));
+    }
+    out.push_back(with_kernel_param(prob, "num_kv_splits 1 (the kernel's choice otherwise)",
+                                    "num_kv_splits", 1, p));
+    out.back().own_budgets = false;  // the budgets hold for any split count
+    out.back().bitwise_under = {kSplitInvariant};
+    if (auto shuffled =
+            shuffled_pages(prob, {"kv_cache"}, "block_table", static_cast<uint64_t>(p.seed)))
+      out.push_back(std::move(*shuffled));
+    return out;
+  }
+
   TensorMap reference(const Problem& prob, const P& p) const override {
     const auto r = ref::sparse_mla(prob.arg("q"), {prob.arg("kv_cache"), p.kv_scale()},
                                    packed(prob, p), p.softmax_scale(), p.lv());

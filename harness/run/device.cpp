@@ -306,6 +306,24 @@ std::string KernelLibrary::declared_contract(const std::string& entry) const {
   return name ? name : "";
 }
 
+std::vector<std::string> KernelLibrary::declared_properties(const std::string& entry) const {
+  std::vector<std::string> out;
+  if (!ATTNCHECK_EXT_HAS(ext_, properties)) return out;
+  const char* list = ext_->properties(entry.c_str());
+  std::string item;
+  for (const char* c = list ? list : "";; ++c) {
+    if (*c == ',' || *c == '\0') {
+      const auto b = item.find_first_not_of(' '), e = item.find_last_not_of(' ');
+      if (b != std::string::npos) out.push_back(item.substr(b, e - b + 1));
+      item.clear();
+      if (*c == '\0') break;
+    } else {
+      item += *c;
+    }
+  }
+  return out;
+}
+
 bool KernelLibrary::has_entry(const std::string& entry) const {
   return std::find(entries_.begin(), entries_.end(), entry) != entries_.end();
 }

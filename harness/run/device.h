@@ -39,6 +39,9 @@ class KernelLibrary {
   // The arithmetic contract the library declares for `entry` (extension table, `contract`), as
   // written; "" when it declares none (no extension, an older table, NULL): the default contract.
   std::string declared_contract(const std::string& entry) const;
+  // The invariance properties the library declares for `entry` (extension table, `properties`),
+  // as written; empty when it declares none.
+  std::vector<std::string> declared_properties(const std::string& entry) const;
   // nullopt when there is no usable device; `why` gets the library's message.
   std::optional<DeviceInfo> device(std::string* why = nullptr) const;
 

@@ -11,6 +11,7 @@
 
 #include "run/cases.h"
 #include "run/graph_replay.h"
+#include "run/invariance.h"
 
 namespace attncheck {
 
@@ -137,6 +138,7 @@ class ContractJudge {
 
   bool applies() const { return declared_.has_value(); }
   const Contract& declared() const { return *declared_; }
+  const TensorMap& expected() const { return expected_; }
 
   const std::vector<OutputCheck>& checks_for(const Contract& c) {
     for (const auto& [contract, checks] : derived_)
@@ -331,6 +333,10 @@ void judge_kernel(Result& r, const Op& op, const Problem& p, ContractJudge& judg
       }
     }
   }
+  if (opt.invariance && problems.empty())  // the op's relations (run/invariance.h)
+    check_invariance(r, op, p, judge.expected(), o.outputs,
+                     judge.applies() ? std::optional(judge.declared()) : std::nullopt, device,
+                     problems);
   if (opt.stress > 0)
     stress_launches(r, op, p, o.outputs, judge, declared_used, device, opt.stress, problems);
   // Graph replay (run/graph_replay.h), for ops that declare mutable metadata.

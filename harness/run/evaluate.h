@@ -27,6 +27,8 @@ struct RunOptions {
   // >0: after the checks, this many more launches under varying conditions (shared-memory poison
   // patterns, L2 flush, concurrent work), each compared bitwise with the first (Result::stress).
   int stress = 0;
+  // After the checks pass: the op's metamorphic relations (run/invariance.h).
+  bool invariance = true;
 };
 
 struct EvalContext {

@@ -23,6 +23,12 @@ says how the kernel rounds; attncheck compares under the default ``fp32-accumula
 first and, when they fail, under the budgets derived from the declared contract, naming it
 beside the verdict.
 
+An entry's *invariance properties* (``PROPERTIES``; docs/verification.md "Invariance") are what
+the kernel promises bitwise: ``@ADAPTER.entry("decode_attention", properties=("batch-invariant",))``.
+attncheck checks the op's relations (requests permuted or alone, another split count, shuffled
+pages) bitwise for the declared ones and within the op's budgets for the others; declare only
+what the upstream kernel guarantees.
+
 An entry writes its outputs *in place* through the views it is handed, returns nothing, and
 signals what it cannot do with exceptions:
 
@@ -67,6 +73,8 @@ __all__ = [
     "CONTRACT_PARTS",
     "DEFAULT_CONTRACT",
     "contract_name",
+    "PROPERTIES",
+    "property_names",
     "current_case",
     "invalid",
     "refuse_if_invalid",
@@ -101,6 +109,36 @@ def _canonical_combinations():
 CONTRACTS = _canonical_combinations()
 """Every known contract name in canonical spelling: the default, then each ``+`` combination of
 ``CONTRACT_PARTS`` (parts in ``CONTRACT_PARTS`` order)."""
+
+
+# Invariance properties (docs/verification.md "Invariance"; the C++ side knows the same names in
+# harness/ops/relation.h and fails the cases of an entry that declares another).
+
+PROPERTIES = (
+    "batch-invariant",  # a request's outputs do not depend on the other requests of its batch
+    "batch-order-invariant",  # nor on their order
+    "split-invariant",  # nor on the split count / tile parameter the op exposes
+    "page-order-invariant",  # nor on where its pages lie in the cache
+)
+"""The invariance properties an entry may declare."""
+
+
+def property_names(properties) -> tuple:
+    """``properties`` (an iterable of names, or one comma-separated string) checked against
+    ``PROPERTIES``, without repeats, in declaration order; ValueError naming the known ones."""
+    if isinstance(properties, str):
+        properties = [p.strip() for p in properties.split(",") if p.strip()]
+    try:
+        names = list(properties)
+    except TypeError:
+        raise ValueError(f"properties must be names or a comma-separated string, got {properties!r}") from None
+    out = []
+    for p in names:
+        if p not in PROPERTIES:
+            raise ValueError(f"unknown invariance property {p!r}; known: {', '.join(PROPERTIES)}")
+        if p not in out:
+            out.append(p)
+    return tuple(out)
 
 
 def contract_name(name) -> str:
@@ -254,15 +292,17 @@ class Adapter:
         self.contract = contract
         self._entries: dict[str, object] = {}
         self._contracts: dict[str, str] = {}
+        self._properties: dict[str, tuple] = {}
         self._exports: dict[str, Export] = {}
         self._graph_capturable: set[str] = set()
 
-    def entry(self, name: str, contract: str | None = None, export: Export | None = None,
-              graph_capturable: bool = False):
+    def entry(self, name: str, contract: str | None = None, properties=(),
+              export: Export | None = None, graph_capturable: bool = False):
         """Decorator registering ``fn(tensors, params)`` as kernel entry ``name`` (the name the
         harness passes as ``op``: "page_indices", "rope_inplace", "rope_out_of_place", ...),
-        declaring arithmetic contract ``contract`` (one of ``CONTRACTS``; None: the adapter's) and,
-        with ``export``, how it calls its upstream function (``Export``).
+        declaring arithmetic contract ``contract`` (one of ``CONTRACTS``; None: the adapter's),
+        the invariance ``properties`` it promises bitwise (names of ``PROPERTIES``) and, with
+        ``export``, how it calls its upstream function (``Export``).
 
         ``graph_capturable=True`` declares that one call may be captured into a
         ``torch.cuda.CUDAGraph`` and replayed after the arguments' contents changed (no host read
@@ -286,6 +326,10 @@ class Adapter:
                 contract = contract_name(contract)
             except ValueError as e:
                 raise ValueError(f"adapter {self.name!r}, entry {name!r}: {e}") from None
+        try:
+            properties = property_names(properties)
+        except ValueError as e:
+            raise ValueError(f"adapter {self.name!r}, entry {name!r}: {e}") from None
 
         def register(fn):
             if not callable(fn):
@@ -294,6 +338,7 @@ class Adapter:
                 raise ValueError(f"adapter {self.name!r}: entry {name!r} registered twice")
             self._entries[name] = fn
             self._contracts[name] = contract
+            self._properties[name] = properties
             if export is not None:
                 self._exports[name] = export
             if graph_capturable:
@@ -302,13 +347,23 @@ class Adapter:
 
         return register
 
-    def add(self, name: str, fn, contract: str | None = None, graph_capturable: bool = False):
+    def add(self, name: str, fn, contract: str | None = None, properties=(),
+            graph_capturable: bool = False):
         """Non-decorator form of entry()."""
-        return self.entry(name, contract, graph_capturable=graph_capturable)(fn)
+        return self.entry(name, contract, properties, graph_capturable=graph_capturable)(fn)
 
     def graph_capturable(self, name: str) -> bool:
         """Whether entry ``name`` declared itself graph-capturable (entry(graph_capturable=True))."""
         return name in self._graph_capturable
+
+    def properties_of(self, name: str) -> tuple | None:
+        """The invariance properties entry ``name`` declares, None if no such entry."""
+        return self._properties.get(name)
+
+    @property
+    def properties(self) -> dict:
+        """entry name -> declared invariance properties (a tuple), in registration order."""
+        return dict(self._properties)
 
     def export_of(self, name: str) -> Export | None:
         """How entry ``name`` calls its upstream function, None when it does not say."""

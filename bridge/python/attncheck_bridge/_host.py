@@ -105,6 +105,12 @@ def entry_contracts(adapter: Adapter):
     return list(adapter.contracts.items())
 
 
+def entry_properties(adapter: Adapter):
+    """[(entry, "name,name")] for the C++ side (the extension table's ``properties``); entries
+    that declare none are left out."""
+    return [(e, ",".join(p)) for e, p in adapter.properties.items() if p]
+
+
 # --------------------------------------------------------------------------------------------
 # Device
 

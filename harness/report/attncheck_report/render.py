@@ -116,6 +116,21 @@ def _case_row(report: Report, c) -> dict:
     }
 
 
+def _invariance_context(report) -> dict:
+    """The relations the cases ran (docs/verification.md "Invariance"): how many, bitwise or within
+    budget, and each violation with its case."""
+    ran = [(c, o) for c in report.cases for o in c.invariance]
+    return {
+        "cases": len({c.key for c, _ in ran}),
+        "relations": len(ran),
+        "bitwise": sum(o["mode"] == "bitwise" for _, o in ran),
+        "budget": sum(o["mode"] == "budget" for _, o in ran),
+        "violated": [{"id": c.id, "arch": c.arch, "relation": o["relation"], "mode": o["mode"],
+                      "message": one_line(str(o.get("message", "")), 300)}
+                     for c, o in ran if not o["passed"]],
+    }
+
+
 def _shrunk_row(s: dict) -> dict:
     """The minimal failing case of `run --shrink`, shown beside its original."""
     return {"id": s["id"], "check": s["check"], "entry": s["case_file_entry"],
@@ -184,6 +199,7 @@ def html_context(report: Report) -> dict:
         "failures_shrunk": any(r["shrunk"] for r in failure_rows),
         "known_bugs": [_case_row(report, c) for c in report.cases if c.verdict == "known_bug"],
         "contracted": [_case_row(report, c) for c in report.cases if c.under_declared_contract],
+        "invariance": _invariance_context(report),
         "unexpected": [_case_row(report, c) for c in report.cases
                        if c.verdict == "unexpected_pass"],
         "regression": _regression_context(report),
@@ -359,6 +375,16 @@ def write_markdown(report: Report, path: Path, top: int = 10) -> None:
                      " contract** (the default budgets fail): "
                      + ", ".join(f"`{c.id}` ({c.contract})" for c in contracted[:top])
                      + (" …" if len(contracted) > top else ""))
+        lines.append("")
+
+    inv = _invariance_context(report)
+    if inv["relations"]:
+        lines.append(f"**Invariance**: {inv['relations']} relations on {inv['cases']} cases"
+                     f" ({inv['bitwise']} bitwise, {inv['budget']} within budget),"
+                     f" {len(inv['violated'])} violated"
+                     + (": " + "; ".join(f"`{v['id']}` {v['relation']} ({v['mode']})"
+                                         for v in inv["violated"][:top]) if inv["violated"] else "")
+                     + (" …" if len(inv["violated"]) > top else ""))
         lines.append("")
 
     unexpected = [c for c in report.cases if c.verdict == "unexpected_pass"]

@@ -109,6 +109,9 @@ class CaseResult:
     # The arithmetic contract whose budgets the checks hold ("fp32-accumulate", the default, or
     # the kernel's declared one when the default budgets failed; "" for ops no contract changes).
     contract: str = ""
+    # The op's metamorphic relations (docs/verification.md "Invariance"): dicts with "relation",
+    # "mode" ("bitwise" | "budget"), "passed" and "message"; empty when none ran.
+    invariance: list = field(default_factory=list)
     # `attncheck run --shrink`: the simplest case found that fails the same check (id, params,
     # case_file_entry, repro, check, evaluations, stopped); None when the failure was not shrunk.
     shrunk: Optional[dict] = None
@@ -295,6 +298,11 @@ def _parse_case(raw: Any, run: Run, where: str) -> CaseResult:
     contract = raw.get("contract", "")
     if not isinstance(contract, str):
         raise ResultsError(f"{where}: 'contract' must be a string, got {contract!r}")
+    invariance = raw.get("invariance") or []
+    if not isinstance(invariance, list) or not all(
+            isinstance(o, dict) and isinstance(o.get("relation"), str) and isinstance(o.get("passed"), bool)
+            and o.get("mode") in ("bitwise", "budget") for o in invariance):
+        raise ResultsError(f"{where}: 'invariance' must be a JSON array of {{relation, mode: bitwise|budget, passed, message}}")
     shrunk = _parse_shrunk(raw.get("shrunk"), raw["op"], where)
     timings = raw.get("timings_ms") or {}
     if not isinstance(timings, dict):
@@ -317,6 +325,7 @@ def _parse_case(raw: Any, run: Run, where: str) -> CaseResult:
         source=where,
         run=run,
         contract=contract,
+        invariance=invariance,
         shrunk=shrunk,
     )
     # The record names its bundle; when the run directory moved since (a CI artifact, merged

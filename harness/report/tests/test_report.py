@@ -319,3 +319,35 @@ def test_contract_is_shown_beside_the_budget_and_contract_passes_are_named(tmp_p
     _, _, md_plain = report_text(tmp_path / "po")
     assert "declared arithmetic contract" not in md_plain
     assert "· contract" not in (tmp_path / "po" / "report.html").read_text()
+
+
+def test_invariance_relations_are_counted_and_violations_named(tmp_path):
+    """The relations each case ran (docs/verification.md "Invariance"): the summary counts them,
+    bitwise and within budget, and names every violation with its case; a malformed record is an
+    error naming the field."""
+    records = passing_records()
+    records[0]["invariance"] = [
+        {"relation": "batch permutation [1,2,0]", "mode": "bitwise", "passed": True, "message": "same bits"},
+        {"relation": "split count 4 -> 1", "mode": "budget", "passed": True, "message": "within"},
+    ]
+    records[1]["verdict"], records[1]["failing"] = "failed", True
+    records[1]["invariance"] = [
+        {"relation": "request 3 alone vs in the batch of 4", "mode": "bitwise", "passed": False,
+         "message": "'o' differs bitwise from the case's launch"},
+    ]
+    d = synthetic.write_results(tmp_path / "r", records)
+    assert run_report(d, "--out", tmp_path / "o").returncode == 0
+    _, _, md = report_text(tmp_path / "o")
+    line = next(x for x in md.splitlines() if x.startswith("**Invariance**"))
+    assert "3 relations on 2 cases (2 bitwise, 1 within budget), 1 violated" in line
+    assert f"`{records[1]['id']}` request 3 alone vs in the batch of 4 (bitwise)" in line
+    html = (tmp_path / "o" / "report.html").read_text()
+    assert "<td>request 3 alone vs in the batch of 4</td>" in html
+    # Without relations nothing is added.
+    plain = synthetic.write_results(tmp_path / "p", passing_records())
+    assert run_report(plain, "--out", tmp_path / "po").returncode == 0
+    assert "Invariance" not in report_text(tmp_path / "po")[2]
+    bad = passing_records()
+    bad[0]["invariance"] = [{"relation": "x", "mode": "sometimes", "passed": True}]
+    proc = run_report(synthetic.write_results(tmp_path / "b", bad), "--out", tmp_path / "bo")
+    assert proc.returncode != 0 and "'invariance' must be a JSON array" in proc.stderr

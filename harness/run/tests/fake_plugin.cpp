@@ -23,6 +23,9 @@
 //                    first output halfway between the default budget's limit and the limit of
 //                    the contract $ATTNCHECK_FAKE_FAULT_CONTRACT (default: the declared one)
 //   beyond_contract  move it to twice that contract's limit (outside both)
+//   batch_of_one     flip the lowest bit of element 0 of the first output when that output's dim 0
+//                    is 1 (a batch of one request): a kernel whose result depends on the batch,
+//                    far within every budget
 //
 // Graph capture (docs/abi.md "Graph capture") records the call and replays it on the buffers'
 // current contents, as a correct capture would; $ATTNCHECK_FAKE_GRAPH, read at each call, varies
@@ -34,6 +37,8 @@
 // $ATTNCHECK_FAKE_CONTRACT, when set, is the arithmetic contract every entry declares through the
 // extension table's `contract` (passed through unchecked, so a test can declare a bad name);
 // unset, the library declares none (the default).
+// $ATTNCHECK_FAKE_PROPERTIES, when set, is the invariance property list every entry declares
+// through the extension table's `properties` (passed through unchecked).
 //
 // A fault is selected by the kernel parameter "fault" or by $ATTNCHECK_FAKE_FAULT, optionally
 // only for launches whose kernel parameters contain every key/value of the JSON object in
@@ -340,6 +345,9 @@ int run_impl(const char* op_name, const char* params_json, const attncheck_arg* 
     } else if (fault == "nondeterministic" && call % 2 == 0) {
       Index zero(first_out->shape().size(), 0);
       first_out->set_bits(zero, first_out->get_bits(zero) ^ 1u);
+    } else if (fault == "batch_of_one" && first_out->size(0) == 1) {
+      Index zero(first_out->shape().size(), 0);
+      first_out->set_bits(zero, first_out->get_bits(zero) ^ 1u);
     } else if (fault == "nan" && is_floating(first_out->dtype())) {
       Index zero(first_out->shape().size(), 0);
       first_out->set_bits(zero, nan_bits(first_out->dtype()));
@@ -512,6 +520,15 @@ const char* contract(const char* op) {
   return name.empty() ? nullptr : name.c_str();
 }
 
+// The declared invariance properties: $ATTNCHECK_FAKE_PROPERTIES for every entry.
+const char* properties(const char* op) {
+  (void)op;
+  static std::string list;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  list = env("ATTNCHECK_FAKE_PROPERTIES");
+  return list.empty() ? nullptr : list.c_str();
+}
+
 // The case context (the ABI's case_context): the fake rebuilds a problem from the wire, and the
 // op's typed parameters of that problem come from the case's axis values.
 int case_context(const char* case_json, char* msg, size_t msg_len) {
@@ -613,13 +630,14 @@ void graph_release(void* graph) {
   delete static_cast<RecordedCall*>(graph);
 }
 
-// Neither fill nor background work: the contract, the case context and graph capture.
+// Neither fill nor background work: the contract, the case context, the properties and graph
+// capture.
 const attncheck_plugin_ext_v1 kExtension = {sizeof(attncheck_plugin_ext_v1),
                                             nullptr,
                                             nullptr,
                                             contract,
                                             case_context,
-                                            nullptr,
+                                            properties,
                                             graph_capture,
                                             graph_replay,
                                             graph_release};
@@ -630,7 +648,7 @@ const attncheck_plugin_ext_v1 kExtensionBeforeGraph = {
     nullptr,
     contract,
     case_context,
-    nullptr,
+    properties,
     nullptr,
     nullptr,
     nullptr};

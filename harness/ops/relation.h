@@ -1,0 +1,73 @@
+// Metamorphic relations (docs/verification.md "Invariance"): a transformed problem whose outputs,
+// mapped back, must equal the case's first launch's. Each op declares its relations in one place
+// (Op::relations, PyTorch-OpInfo style); the runner (run/invariance.h) launches them. The builders
+// here are shared by the paged batch ops: requests permuted or alone, pages shuffled.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/case.h"
+
+namespace attncheck {
+
+// The kernel properties that make a relation bitwise (docs/abi.md "properties"). Without its
+// property a relation holds within the op's own budgets.
+inline constexpr const char* kBatchInvariant = "batch-invariant";  // alone == in any batch
+inline constexpr const char* kBatchOrderInvariant = "batch-order-invariant";  // any order
+inline constexpr const char* kSplitInvariant = "split-invariant";             // any split count
+inline constexpr const char* kPageOrderInvariant = "page-order-invariant";    // any page order
+// Every property name a library may declare.
+std::vector<std::string> known_properties();
+
+struct Relation {
+  std::string name;  // "batch permutation [2,0,3,1]": named in the verdict
+  // The properties under which outputs must match bitwise (any one suffices; batch-invariant
+  // implies batch-order-invariant, so a permutation lists both).
+  std::vector<std::string> bitwise_under;
+  Problem problem;  // same op and kernel entry, transformed inputs
+  // The transformed launch's outputs in the case's output space; `first`: the case's first launch.
+  std::function<TensorMap(const TensorMap& outputs, const TensorMap& first)> back;
+  // The op's budgets of the transformed problem (what changed enters its error model, e.g. the
+  // split count) instead of the case's.
+  bool own_budgets = false;
+};
+
+// Which arguments of a batch problem belong to which request.
+struct BatchArgs {
+  std::vector<std::string> per_request;  // dim 0 = request (lengths, block table rows)
+  std::vector<std::string> per_token;    // dim 0 = query token (q, out, lse)
+  // int32 [B + 1] prefix sums of tokens per request ("query_start_loc"); "": one token per
+  // request, and per_token args are indexed by request.
+  std::string token_starts;
+  std::string unit = "request";  // what one row of per_request is, in relation names ("token")
+};
+
+// The requests of `p` in `order` (a permutation of [0, B)), outputs un-permuted.
+Relation permuted_requests(const Problem& p, const BatchArgs& args, std::vector<int64_t> order);
+// Request `r` alone as a batch of one; its rows replace the first launch's rows.
+Relation request_alone(const Problem& p, const BatchArgs& args, int64_t r);
+// The request with the most tokens in `seq_lens` (int32 [B]; the first of equals).
+int64_t longest_request(const Tensor& seq_lens);
+// The number of requests (dim 0 of the first per_request arg).
+int64_t request_count(const Problem& p, const BatchArgs& args);
+// A deterministic permutation of [0, n) that moves every element when n > 1 (a rotation composed
+// with a shuffle seeded by `seed`).
+std::vector<int64_t> derangement(int64_t n, uint64_t seed);
+
+// The same logical cache with its pages (dim 0 of every `caches` arg) moved by a deterministic
+// permutation and `table`'s non-negative ids rewritten to match. nullopt for a sparse storage
+// (large-offset cases: the host does not hold the pages to move).
+std::optional<Relation> shuffled_pages(const Problem& p, const std::vector<std::string>& caches,
+                                       const std::string& table, uint64_t seed);
+
+// The problem with one kernel parameter changed (and the typed parameters `params`, so the op's
+// budgets follow); outputs map back unchanged.
+Relation with_kernel_param(const Problem& p, std::string name, const std::string& key,
+                           const nlohmann::json& value, std::any params);
+
+std::string format_order(const std::vector<int64_t>& order);
+
+}  // namespace attncheck
