@@ -377,8 +377,8 @@ inline std::vector<OutputCheck> budgets(const ref::MlaInputScales& s, DType q_dt
 // only) does not cover: atol gains delta, and calc_diff = ||a - e||^2 / (||a||^2 + ||e||^2) <=
 // (sqrt(c) + sqrt(n delta^2 / ||e||^2))^2 for the old bound c. Negligible for ordinary
 // magnitudes (delta is 2^-25 in f16, 2^-134 in bf16).
-inline void widen_for_output_underflow(Budget& b, const Tensor& expected_out) {
-  const double delta = subnormal_half_spacing(expected_out.dtype());
+inline void widen_for_output_underflow(Budget& b, const Tensor& expected_out, DType out_dtype) {
+  const double delta = subnormal_half_spacing(out_dtype);
   double energy = 0;
   for (const double v : expected_out.to_vector()) energy += v * v;
   b.atol += delta;

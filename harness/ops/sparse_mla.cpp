@@ -183,7 +183,7 @@ class SparseMlaOp final : public ContractDependentTypedOp<SparseMlaParams> {
                                            const Contract& contract) const override {
     auto checks = budget_checks(prob, p, contract);
     if (const auto out = expected.find("out"); out != expected.end())
-      mla::widen_for_output_underflow(checks.at(0).budget, out->second);
+      mla::widen_for_output_underflow(checks.at(0).budget, out->second, prob.arg("out").dtype());
     return checks;
   }
 

@@ -244,7 +244,7 @@ class SparseMlaFp4Op final : public TypedOp<SparseMlaFp4Params> {
     const auto s =
         ref::mla_input_scales(prob.arg("q"), {decoded, 1.0}, slots, rec::kDims, keys_max);
     auto checks = mla::budgets(s, p.dtype, p.dtype, rec::kDims, p.softmax_scale());
-    mla::widen_for_output_underflow(checks.at(0).budget, expected.at("out"));
+    mla::widen_for_output_underflow(checks.at(0).budget, expected.at("out"), p.dtype);
     return checks;
   }
 
