@@ -406,14 +406,17 @@ def test_decode_declares_the_contract_of_both_kernel_paths():
         assert vllm_triton.ADAPTER.contract_of(exact) == "fp32-accumulate"
 
 
-def test_decode_declares_no_invariance_unless_an_experiment_asks(monkeypatch):
+def test_decode_declares_the_kernels_invariance_and_an_experiment_replaces_it(monkeypatch):
     import importlib
 
-    # vLLM promises no bitwise invariance of decode_attention_fwd: budget-level relations only.
+    # One program per (request, head group, split), split bounds from the request's own length:
+    # batch- and page-order-invariant, not split-invariant (the split count changes the reduction).
     monkeypatch.delenv("ATTNCHECK_VLLM_DECODE_PROPERTIES", raising=False)
-    assert importlib.reload(vllm_triton).ADAPTER.properties_of("decode_attention") == ()
-    monkeypatch.setenv("ATTNCHECK_VLLM_DECODE_PROPERTIES", "batch-invariant,page-order-invariant")
     assert importlib.reload(vllm_triton).ADAPTER.properties_of("decode_attention") == ("batch-invariant", "page-order-invariant")
+    monkeypatch.setenv("ATTNCHECK_VLLM_DECODE_PROPERTIES", "")
+    assert importlib.reload(vllm_triton).ADAPTER.properties_of("decode_attention") == ()
+    monkeypatch.setenv("ATTNCHECK_VLLM_DECODE_PROPERTIES", "batch-invariant,split-invariant")
+    assert importlib.reload(vllm_triton).ADAPTER.properties_of("decode_attention") == ("batch-invariant", "split-invariant")
     monkeypatch.setenv("ATTNCHECK_VLLM_DECODE_PROPERTIES", "order-free")
     with pytest.raises(ValueError, match="unknown invariance property 'order-free'"):
         importlib.reload(vllm_triton)
