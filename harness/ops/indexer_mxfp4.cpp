@@ -67,6 +67,19 @@ float global_scale_value(GlobalScale g) {
   return 1.0f;
 }
 
+// The trailing fields both ops share, in case-id order: the key format and the NVFP4 global scale
+// (both out of ids at their defaults), the seed and the storage offset.
+template <class P>
+Fields<P> add_key_format_fields(Fields<P>& f) {
+  f.choice("format", "", &P::format, kFormatNames, kFormatHelp)
+      .out_of_id_at_default()
+      .choice("global_scale", "g", &P::global_scale, kGlobalNames, kGlobalHelp)
+      .out_of_id_at_default()
+      .add("seed", "s", &P::seed, "input seed");
+  add_storage_offset(f, &P::storage_offset);
+  return f;
+}
+
 // Why an nvfp4-only axis is set on an mxfp4 case (nullopt when it is not).
 std::optional<std::string> format_problem(mx::KeyFormat f, GlobalScale g) {
   if (f == mx::KeyFormat::mxfp4 && g != GlobalScale::odd)
@@ -137,8 +150,8 @@ class IndexerMxfp4KCacheOp final : public TypedOp<KCacheParams> {
   using P = KCacheParams;
   std::string name() const override { return "indexer_mxfp4_k_cache"; }
   Fields<P> fields() const override {
-    return Fields<P>()
-        .add("block_size", "bs", &P::block_size, "entries per cache page")
+    Fields<P> f;
+    f.add("block_size", "bs", &P::block_size, "entries per cache page")
         .only({1, 16, 64})
         .add("head_dim", "d", &P::head_dim, "index head dim D")
         .only({32, 64, 128})
@@ -155,14 +168,8 @@ class IndexerMxfp4KCacheOp final : public TypedOp<KCacheParams> {
                 "extreme: zero rows, rows at 1e-38 and 3e38 (scale bytes 0 and 253), blocks whose "
                 "amax sits on the rules' boundaries (6, 6.5, 7 times a power of two)")
         .add("pad", "pad", &P::pad, "bytes after each page (page stride = page + pad)")
-        .bounds(0, 4096)
-        .choice("format", "", &P::format, kFormatNames, kFormatHelp)
-        .out_of_id_at_default()
-        .choice("global_scale", "g", &P::global_scale, kGlobalNames, kGlobalHelp)
-        .out_of_id_at_default()
-        .add("seed", "s", &P::seed, "input seed")
-        .add("storage_offset", "soff", &P::storage_offset, kStorageOffsetHelp)
-        .out_of_id_at_default();
+        .bounds(0, 4096);
+    return add_key_format_fields(f);
   }
 
   std::optional<std::string> unbuildable(const P& p) const override {
@@ -251,8 +258,8 @@ class IndexerMxfp4LogitsDecodeOp final : public TypedOp<LogitsParams> {
   using P = LogitsParams;
   std::string name() const override { return "indexer_mxfp4_logits_decode"; }
   Fields<P> fields() const override {
-    return Fields<P>()
-        .add("heads", "h", &P::heads, "index heads")
+    Fields<P> f;
+    f.add("heads", "h", &P::heads, "index heads")
         .bounds(1, 128)
         .add("head_dim", "d", &P::head_dim, "index head dim D")
         .only({32, 64, 128})
@@ -269,14 +276,8 @@ class IndexerMxfp4LogitsDecodeOp final : public TypedOp<LogitsParams> {
                 {{Scales::model, "model"}, {Scales::extreme, "extreme"}},
                 "extreme: K block 0 scale bytes 0..2 against q bytes 250..252, K block 1 bytes "
                 "250..252 against q bytes 0..2 (products stay fp32-normal); nvfp4: K block 0 "
-                "e4m3 bytes 0x00 (zero), 0x01 (2^-9), 0x7E (448), q unchanged")
-        .choice("format", "", &P::format, kFormatNames, kFormatHelp)
-        .out_of_id_at_default()
-        .choice("global_scale", "g", &P::global_scale, kGlobalNames, kGlobalHelp)
-        .out_of_id_at_default()
-        .add("seed", "s", &P::seed, "input seed")
-        .add("storage_offset", "soff", &P::storage_offset, kStorageOffsetHelp)
-        .out_of_id_at_default();
+                "e4m3 bytes 0x00 (zero), 0x01 (2^-9), 0x7E (448), q unchanged");
+    return add_key_format_fields(f);
   }
 
   std::optional<std::string> unbuildable(const P& p) const override {
