@@ -72,10 +72,10 @@ CheckResult compare_numeric(const std::string& name, const Tensor& expected, con
   double sxy = 0, sxx = 0, syy = 0, se2 = 0, sd2 = 0;
   const double rel_floor = std::max(budget.atol, 1e-30);
   double worst_ratio = -1;
-  const DType at = actual.dtype();
-  expected.for_each_index([&](const Index& idx, int64_t) {
-    const double e = expected.get(idx);
-    const double a = actual.get(idx);
+  const DType at = actual.dtype(), et = expected.dtype();
+  expected.for_each_bits_with(actual, [&](const Index& idx, int64_t, uint64_t eb, uint64_t ab) {
+    const double e = decode_value(eb, et);
+    const double a = decode_value(ab, at);
     const bool e_nan = std::isnan(e), a_nan = std::isnan(a);
     m.nan_expected += e_nan;
     m.nan_actual += a_nan;
@@ -131,8 +131,7 @@ CheckResult compare_exact(const std::string& name, const Tensor& expected, const
   CheckResult r{name, b, {}, false, ""};
   Metrics& m = r.metrics;
   m.count = expected.numel();
-  expected.for_each_index([&](const Index& idx, int64_t) {
-    const uint64_t e = expected.get_bits(idx), a = actual.get_bits(idx);
+  expected.for_each_bits_with(actual, [&](const Index& idx, int64_t, uint64_t e, uint64_t a) {
     if (e != a) {
       if (m.bit_mismatches == 0)
         m.worst = {idx, expected.get(idx), actual.get(idx),

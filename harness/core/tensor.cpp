@@ -389,22 +389,37 @@ Tensor Tensor::to(DType dtype) const {
   return t;
 }
 
+const std::byte* Tensor::direct_bytes() const {
+  if (!storage_ || storage_->sparse()) return nullptr;
+  const auto [lo, hi] = extent();
+  if (lo < 0 ||
+      hi * static_cast<int64_t>(element_size()) > static_cast<int64_t>(storage_->bytes.size()))
+    return nullptr;
+  return storage_->bytes.data();
+}
+
 void Tensor::copy_from(const Tensor& src) {
   if (src.shape_ != shape_)
     throw std::invalid_argument("copy_from: shape mismatch " + src.describe() + " -> " +
                                 describe());
   const bool same = src.dtype_ == dtype_;
-  src.for_each_index([&](const Index& idx, int64_t) {
-    if (same)
-      set_bits(idx, src.get_bits(idx));
+  std::byte* dst = const_cast<std::byte*>(direct_bytes());
+  const auto es = static_cast<int64_t>(element_size());
+  // Source bits are read through for_each_bits_with (this tensor's bits in the pair are unused).
+  src.for_each_bits_with(*this, [&](const Index& idx, int64_t, uint64_t bits, uint64_t) {
+    const uint64_t out = same ? bits : encode_value(decode_value(bits, src.dtype_), dtype_);
+    if (dst)
+      std::memcpy(dst + unchecked_offset(idx) * es, &out, static_cast<size_t>(es));
     else
-      set(idx, src.get(idx));
+      set_bits(idx, out);
   });
 }
 
 std::vector<double> Tensor::to_vector() const {
   std::vector<double> v(static_cast<size_t>(numel()));
-  for_each_index([&](const Index& idx, int64_t lin) { v[lin] = get(idx); });
+  for_each_bits_with(*this, [&](const Index&, int64_t k, uint64_t bits, uint64_t) {
+    v[static_cast<size_t>(k)] = decode_value(bits, dtype_);
+  });
   return v;
 }
 
