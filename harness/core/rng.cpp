@@ -1,22 +1,39 @@
 #include "rng.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <span>
 #include <stdexcept>
 
 #include "numeric.h"
 
+// The AVX2 kernel is compiled for x86 with GCC or Clang (a function-level target attribute) and
+// chosen at run time when the CPU has AVX2; the portable kernel serves everywhere else.
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#define ATTNCHECK_AVX2_KERNEL 1
+#include <immintrin.h>
+#else
+#define ATTNCHECK_AVX2_KERNEL 0
+#endif
+
 namespace attncheck {
 
+namespace {
+// Philox4x32's multipliers and Weyl key increments (Salmon et al., SC'11).
+constexpr uint32_t kPhiloxM0 = 0xD2511F53u, kPhiloxM1 = 0xCD9E8D57u;
+constexpr uint32_t kPhiloxW0 = 0x9E3779B9u, kPhiloxW1 = 0xBB67AE85u;
+}  // namespace
+
 std::array<uint32_t, 4> philox4x32_10(std::array<uint32_t, 4> c, std::array<uint32_t, 2> k) {
-  constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u, kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
   for (int round = 0; round < 10; ++round) {
-    const uint64_t p0 = static_cast<uint64_t>(kM0) * c[0];
-    const uint64_t p1 = static_cast<uint64_t>(kM1) * c[2];
+    const uint64_t p0 = static_cast<uint64_t>(kPhiloxM0) * c[0];
+    const uint64_t p1 = static_cast<uint64_t>(kPhiloxM1) * c[2];
     c = {static_cast<uint32_t>(p1 >> 32) ^ c[1] ^ k[0], static_cast<uint32_t>(p1),
          static_cast<uint32_t>(p0 >> 32) ^ c[3] ^ k[1], static_cast<uint32_t>(p0)};
-    k[0] += kW0;
-    k[1] += kW1;
+    k[0] += kPhiloxW0;
+    k[1] += kPhiloxW1;
   }
   return c;
 }
@@ -112,55 +129,363 @@ double Rng::normal_at(uint64_t k) const {
 }
 
 namespace {
-// Calls set(element's bytes, k) for element k of `t` in logical row-major order. A dense storage
-// is bounds-checked once for the whole view and walked by incremental offsets (Tensor's per-
-// element access checks every index: most of the generators' cost); a sparse one element by
-// element through its host window.
-template <class SetFn>
-void for_each_element(const Tensor& t, SetFn&& set) {
-  if (t.numel() == 0) return;
-  const auto es = static_cast<int64_t>(t.element_size());
-  const Storage& s = *t.storage();
-  const auto [lo, hi] = t.extent();
-  if (s.sparse() || lo < 0 || hi * es > static_cast<int64_t>(s.bytes.size())) {
-    t.for_each_index([&](const Index& idx, int64_t k) { set(t.element_ptr(idx), k); });
-    return;
-  }
-  auto* base = const_cast<std::byte*>(s.bytes.data());
-  t.for_each_offset([&](int64_t off, int64_t k) { set(base + off * es, k); });
+// ---- Batched Philox: runs of lanes side by side (structure of arrays). ----
+
+// Elements per batch; a normal value takes three Philox blocks.
+constexpr size_t kChunk = 64;
+constexpr size_t kMaxLanes = 3 * kChunk;
+// Lane counts are padded to this (one AVX2 vector); padding lanes compute unused blocks.
+constexpr size_t kLaneGroup = 8;
+
+struct PhiloxLanes {
+  // w[j][i]: word j of lane i, the counter before a kernel runs and its random bits after.
+  alignas(32) uint32_t w[4][kMaxLanes];
+};
+
+size_t padded(size_t n) {
+  return (n + kLaneGroup - 1) / kLaneGroup * kLaneGroup;
 }
 
-void put(std::byte* p, double v, DType t, size_t es) {
-  const uint64_t bits = encode_value(v, t);
-  std::memcpy(p, &bits, es);
+// The rounds of philox4x32_10 over lanes [0, lanes), a group of kLaneGroup at a time.
+void philox_lanes_portable(PhiloxLanes& l, size_t lanes, uint64_t key) {
+  for (size_t g = 0; g < lanes; g += kLaneGroup) {
+    auto k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
+    for (int round = 0; round < 10; ++round) {
+      for (size_t i = g; i < g + kLaneGroup; ++i) {
+        const uint64_t p0 = static_cast<uint64_t>(kPhiloxM0) * l.w[0][i];
+        const uint64_t p1 = static_cast<uint64_t>(kPhiloxM1) * l.w[2][i];
+        l.w[0][i] = static_cast<uint32_t>(p1 >> 32) ^ l.w[1][i] ^ k0;
+        l.w[1][i] = static_cast<uint32_t>(p1);
+        l.w[2][i] = static_cast<uint32_t>(p0 >> 32) ^ l.w[3][i] ^ k1;
+        l.w[3][i] = static_cast<uint32_t>(p0);
+      }
+      k0 += kPhiloxW0;
+      k1 += kPhiloxW1;
+    }
+  }
+}
+
+#if ATTNCHECK_AVX2_KERNEL
+#define ATTNCHECK_TARGET_AVX2 __attribute__((target("avx2")))
+// The 32x32 -> 64-bit products of the eight lanes of `a` with m (a constant in every 64-bit lane):
+// high and low halves, each lane in place.
+ATTNCHECK_TARGET_AVX2 inline void mul_hi_lo(__m256i a, __m256i m, __m256i& hi, __m256i& lo) {
+  const __m256i even = _mm256_mul_epu32(a, m);
+  const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), m);
+  hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
+  lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
+}
+
+// V vectors of eight lanes from lane `first` on; several in flight hide the multiplies' latency.
+template <int V>
+ATTNCHECK_TARGET_AVX2 void philox_vectors_avx2(PhiloxLanes& l, size_t first, uint64_t key) {
+  __m256i c[4][V];
+  for (int j = 0; j < 4; ++j)
+    for (int v = 0; v < V; ++v)
+      c[j][v] = _mm256_load_si256(reinterpret_cast<const __m256i*>(&l.w[j][first + 8 * v]));
+  const __m256i m0 = _mm256_set1_epi64x(kPhiloxM0), m1 = _mm256_set1_epi64x(kPhiloxM1);
+  auto k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
+  for (int round = 0; round < 10; ++round) {
+    const __m256i key0 = _mm256_set1_epi32(static_cast<int>(k0));
+    const __m256i key1 = _mm256_set1_epi32(static_cast<int>(k1));
+    for (int v = 0; v < V; ++v) {
+      __m256i hi0, lo0, hi1, lo1;
+      mul_hi_lo(c[0][v], m0, hi0, lo0);
+      mul_hi_lo(c[2][v], m1, hi1, lo1);
+      c[0][v] = _mm256_xor_si256(_mm256_xor_si256(hi1, c[1][v]), key0);
+      c[1][v] = lo1;
+      c[2][v] = _mm256_xor_si256(_mm256_xor_si256(hi0, c[3][v]), key1);
+      c[3][v] = lo0;
+    }
+    k0 += kPhiloxW0;
+    k1 += kPhiloxW1;
+  }
+  for (int j = 0; j < 4; ++j)
+    for (int v = 0; v < V; ++v)
+      _mm256_store_si256(reinterpret_cast<__m256i*>(&l.w[j][first + 8 * v]), c[j][v]);
+}
+
+ATTNCHECK_TARGET_AVX2 void philox_lanes_avx2(PhiloxLanes& l, size_t lanes, uint64_t key) {
+  size_t i = 0;
+  for (; i + 24 <= lanes; i += 24) philox_vectors_avx2<3>(l, i, key);
+  for (; i < lanes; i += 8) philox_vectors_avx2<1>(l, i, key);
+}
+#endif
+
+bool cpu_has_avx2() {
+#if ATTNCHECK_AVX2_KERNEL
+  return __builtin_cpu_supports("avx2");
+#else
+  return false;
+#endif
+}
+
+PhiloxKernel fastest_kernel() {
+  static const PhiloxKernel k = cpu_has_avx2() ? PhiloxKernel::avx2 : PhiloxKernel::portable;
+  return k;
+}
+
+std::atomic<int> g_chosen_kernel{-1};  // -1: the fastest available
+
+void philox_lanes(PhiloxLanes& l, size_t lanes, uint64_t key) {
+#if ATTNCHECK_AVX2_KERNEL
+  if (philox_kernel() == PhiloxKernel::avx2) return philox_lanes_avx2(l, lanes, key);
+#endif
+  philox_lanes_portable(l, lanes, key);
+}
+
+void set_lane(PhiloxLanes& l, size_t i, uint64_t counter, uint32_t space) {
+  l.w[0][i] = static_cast<uint32_t>(counter);
+  l.w[1][i] = static_cast<uint32_t>(counter >> 32);
+  l.w[2][i] = space;
+  l.w[3][i] = 0;
+}
+
+// Rng::block(k) for k = first .. first + n - 1: lane i holds block(first + i).
+void blocks(PhiloxLanes& l, uint64_t key, uint64_t first, size_t n) {
+  const size_t lanes = padded(n);
+  for (size_t i = 0; i < lanes; ++i) set_lane(l, i, first + i, 0);
+  philox_lanes(l, lanes, key);
+}
+
+// normal_at(first + i) = sums[i] * 2^-24 - 6 for i < n: the twelve 24-bit uniforms of
+// Rng::normal_at summed as integers (below 2^28, so the double of the definition holds it exactly).
+void normal_sums(uint64_t key, uint64_t first, size_t n, uint32_t* sums) {
+  PhiloxLanes l;
+  const size_t stride = padded(n);  // lane j * stride + i: block j of element first + i
+  for (size_t j = 0; j < 3; ++j)
+    for (size_t i = 0; i < stride; ++i) set_lane(l, j * stride + i, 3 * (first + i) + j, 2);
+  philox_lanes(l, 3 * stride, key);
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t s = 0;
+    for (size_t j = 0; j < 3; ++j)
+      for (const auto& word : l.w) s += word[j * stride + i] >> 8;
+    sums[i] = s;
+  }
+}
+
+// ---- Encoding and storing a chunk. ----
+
+// encode_value (tensor.cpp) of each value, written packed at out: f16/bf16 overflow to inf, fp8
+// saturates, exactly as there.
+void encode_chunk(std::span<const double> v, DType dt, std::byte* out) {
+  switch (dt) {
+    case DType::f64:
+      std::memcpy(out, v.data(), v.size_bytes());
+      return;
+    case DType::f32:
+      for (size_t i = 0; i < v.size(); ++i) {
+        const auto f = static_cast<float>(v[i]);
+        std::memcpy(out + 4 * i, &f, 4);
+      }
+      return;
+    case DType::f16:
+    case DType::bf16:
+      return encode_minifloats(v, dt, Saturation::nonsaturate, out);
+    case DType::e4m3fn:
+    case DType::e4m3fnuz:
+    case DType::e5m2:
+    case DType::e5m2fnuz:
+      return encode_minifloats(v, dt, Saturation::saturate, out);
+    default: {
+      const size_t es = dtype_size(dt);
+      for (size_t i = 0; i < v.size(); ++i) {
+        const uint64_t bits = encode_value(v[i], dt);
+        std::memcpy(out + i * es, &bits, es);
+      }
+    }
+  }
+}
+
+// The storage offsets of a view's elements in logical row-major order, as runs along the innermost
+// dimension after merging the dimensions that continue each other (a contiguous view is one run),
+// so that a chunk of consecutive elements lands in one or a few strided runs.
+class RunCursor {
+ public:
+  struct Run {
+    int64_t offset, stride, length;
+  };
+  explicit RunCursor(const Tensor& t) : row_offset_(t.offset()) {
+    for (size_t d = 0; d < t.shape().size(); ++d) {
+      const int64_t size = t.shape()[d], stride = t.strides()[d];
+      if (size == 1) continue;
+      if (!sizes_.empty() && strides_.back() == stride * size) {
+        sizes_.back() *= size;
+        strides_.back() = stride;
+      } else {
+        sizes_.push_back(size);
+        strides_.push_back(stride);
+      }
+    }
+    if (sizes_.empty()) {
+      sizes_.push_back(1);
+      strides_.push_back(1);
+    }
+    idx_.assign(sizes_.size() - 1, 0);
+  }
+  // The next at most `max` (>= 1) elements that lie in the current row.
+  Run next(int64_t max) {
+    const int64_t len = std::min(max, sizes_.back() - pos_);
+    const Run run{row_offset_ + pos_ * strides_.back(), strides_.back(), len};
+    pos_ += len;
+    if (pos_ == sizes_.back()) next_row();
+    return run;
+  }
+
+ private:
+  void next_row() {
+    pos_ = 0;
+    for (size_t d = idx_.size(); d-- > 0;) {
+      row_offset_ += strides_[d];
+      if (++idx_[d] < sizes_[d]) return;
+      row_offset_ -= idx_[d] * strides_[d];
+      idx_[d] = 0;
+    }
+  }
+  std::vector<int64_t> sizes_, strides_;  // merged dimensions, the innermost (the rows) last
+  Index idx_;                             // index into the outer dimensions
+  int64_t row_offset_;
+  int64_t pos_ = 0;
+};
+
+template <size_t kSize>
+void scatter(std::byte* dst, int64_t stride_bytes, const std::byte* src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) std::memcpy(dst + i * stride_bytes, src + i * kSize, kSize);
+}
+
+void store_run(std::byte* dst, int64_t stride_bytes, const std::byte* src, int64_t n, size_t es) {
+  if (stride_bytes == static_cast<int64_t>(es)) {
+    std::memcpy(dst, src, static_cast<size_t>(n) * es);
+    return;
+  }
+  switch (es) {
+    case 1:
+      return scatter<1>(dst, stride_bytes, src, n);
+    case 2:
+      return scatter<2>(dst, stride_bytes, src, n);
+    case 4:
+      return scatter<4>(dst, stride_bytes, src, n);
+    default:
+      return scatter<8>(dst, stride_bytes, src, n);
+  }
+}
+
+// Writes every element of `t`, element k (logical row-major order) taking the k-th value:
+// produce(first, n, out) writes the encoded elements first .. first + n - 1 (n <= kChunk) packed
+// at out. A view whose bytes all lie in the host's bytes (a dense storage, or a sparse one's
+// window) is written by runs of offsets; any other element by element through Tensor::element_ptr,
+// which throws for the first one outside a sparse window, as the per-element generators did.
+template <class Produce>
+void fill_chunks(const Tensor& t, Produce&& produce) {
+  const int64_t n = t.numel();
+  if (n == 0) return;
+  const auto es = static_cast<int64_t>(t.element_size());
+  const Storage& s = *t.storage();
+  const auto begin = static_cast<int64_t>(s.sparse() ? s.window_begin : 0);
+  const auto held = static_cast<int64_t>(s.bytes.size());
+  const auto [lo, hi] = t.extent();
+  alignas(32) std::byte staging[kChunk * 8];
+  if (lo * es < begin || hi * es > begin + held) {
+    int64_t first = -1;
+    t.for_each_index([&](const Index& idx, int64_t k) {
+      if (first < 0 || k >= first + static_cast<int64_t>(kChunk)) {
+        first = k;
+        produce(k, static_cast<size_t>(std::min<int64_t>(kChunk, n - k)), staging);
+      }
+      std::memcpy(t.element_ptr(idx), staging + (k - first) * es, static_cast<size_t>(es));
+    });
+    return;
+  }
+  auto* host = const_cast<std::byte*>(s.bytes.data());
+  RunCursor cursor(t);
+  for (int64_t first = 0; first < n; first += static_cast<int64_t>(kChunk)) {
+    const int64_t m = std::min<int64_t>(kChunk, n - first);
+    produce(first, static_cast<size_t>(m), staging);
+    for (int64_t i = 0; i < m;) {
+      const auto run = cursor.next(m - i);
+      store_run(host + (run.offset * es - begin), run.stride * es, staging + i * es, run.length,
+                static_cast<size_t>(es));
+      i += run.length;
+    }
+  }
+}
+
+double uniform_of(const PhiloxLanes& l, size_t i) {
+  const uint64_t v = (static_cast<uint64_t>(l.w[0][i]) << 32) | l.w[1][i];
+  return static_cast<double>(v >> 11) * 0x1.0p-53;  // Rng::uniform_at
 }
 }  // namespace
 
+void Rng::uniform_run(uint64_t first, std::span<double> out) const {
+  for (size_t done = 0; done < out.size(); done += kChunk) {
+    const size_t n = std::min(kChunk, out.size() - done);
+    PhiloxLanes l;
+    blocks(l, key_, first + done, n);
+    for (size_t i = 0; i < n; ++i) out[done + i] = uniform_of(l, i);
+  }
+}
+
+void Rng::normal_run(uint64_t first, std::span<double> out) const {
+  for (size_t done = 0; done < out.size(); done += kChunk) {
+    const size_t n = std::min(kChunk, out.size() - done);
+    uint32_t sums[kChunk];
+    normal_sums(key_, first + done, n, sums);
+    for (size_t i = 0; i < n; ++i) out[done + i] = static_cast<double>(sums[i]) * 0x1.0p-24 - 6.0;
+  }
+}
+
+bool philox_kernel_available(PhiloxKernel k) {
+  return k == PhiloxKernel::portable || (k == PhiloxKernel::avx2 && cpu_has_avx2());
+}
+
+PhiloxKernel philox_kernel() {
+  const int chosen = g_chosen_kernel.load(std::memory_order_relaxed);
+  return chosen < 0 ? fastest_kernel() : static_cast<PhiloxKernel>(chosen);
+}
+
+void set_philox_kernel(PhiloxKernel k) {
+  if (!philox_kernel_available(k))
+    throw std::invalid_argument("set_philox_kernel: this CPU cannot run the requested kernel");
+  g_chosen_kernel.store(static_cast<int>(k), std::memory_order_relaxed);
+}
+
+void reset_philox_kernel() {
+  g_chosen_kernel.store(-1, std::memory_order_relaxed);
+}
+
 void fill_normal(const Tensor& t, const Rng& rng, double mean, double stddev) {
   const DType dt = t.dtype();
-  const size_t es = t.element_size();
-  for_each_element(t, [&](std::byte* p, int64_t k) {
-    put(p, mean + stddev * rng.normal_at(static_cast<uint64_t>(k)), dt, es);
+  fill_chunks(t, [&](int64_t first, size_t n, std::byte* out) {
+    double v[kChunk];
+    rng.normal_run(static_cast<uint64_t>(first), {v, n});
+    for (size_t i = 0; i < n; ++i) v[i] = mean + stddev * v[i];
+    encode_chunk({v, n}, dt, out);
   });
 }
 
 void fill_uniform(const Tensor& t, const Rng& rng, double lo, double hi) {
   const DType dt = t.dtype();
-  const size_t es = t.element_size();
-  for_each_element(t, [&](std::byte* p, int64_t k) {
-    put(p, lo + (hi - lo) * rng.uniform_at(static_cast<uint64_t>(k)), dt, es);
+  fill_chunks(t, [&](int64_t first, size_t n, std::byte* out) {
+    double v[kChunk];
+    rng.uniform_run(static_cast<uint64_t>(first), {v, n});
+    for (size_t i = 0; i < n; ++i) v[i] = lo + (hi - lo) * v[i];
+    encode_chunk({v, n}, dt, out);
   });
 }
 
 void fill_uniform_int(const Tensor& t, const Rng& rng, int64_t lo, int64_t hi) {
   const auto range = static_cast<uint64_t>(hi - lo) + 1;
   const DType dt = t.dtype();
-  const size_t es = t.element_size();
-  for_each_element(t, [&](std::byte* p, int64_t k) {
-    const auto r = rng.block(static_cast<uint64_t>(k));
-    const uint64_t v = (static_cast<uint64_t>(r[0]) << 32) | r[1];
-    // 64 random bits modulo a small range: bias below range / 2^64, irrelevant for test data.
-    put(p, static_cast<double>(lo + static_cast<int64_t>(v % range)), dt, es);
+  fill_chunks(t, [&](int64_t first, size_t n, std::byte* out) {
+    PhiloxLanes l;
+    blocks(l, rng.key(), static_cast<uint64_t>(first), n);
+    double v[kChunk];
+    for (size_t i = 0; i < n; ++i) {
+      const uint64_t bits = (static_cast<uint64_t>(l.w[0][i]) << 32) | l.w[1][i];
+      // 64 random bits modulo a small range: bias below range / 2^64, irrelevant for test data.
+      v[i] = static_cast<double>(lo + static_cast<int64_t>(bits % range));
+    }
+    encode_chunk({v, n}, dt, out);
   });
 }
 
@@ -171,9 +496,10 @@ void fill_fp8_codes(const Tensor& t, const Rng& rng, double max_abs) {
     const double v = fp8_decode(static_cast<uint8_t>(c), t.dtype());
     if (std::isfinite(v) && std::fabs(v) <= max_abs) codes.push_back(static_cast<uint8_t>(c));
   }
-  for_each_element(t, [&](std::byte* p, int64_t k) {
-    const auto r = rng.block(static_cast<uint64_t>(k));
-    *p = static_cast<std::byte>(codes[r[0] % codes.size()]);
+  fill_chunks(t, [&](int64_t first, size_t n, std::byte* out) {
+    PhiloxLanes l;
+    blocks(l, rng.key(), static_cast<uint64_t>(first), n);
+    for (size_t i = 0; i < n; ++i) out[i] = static_cast<std::byte>(codes[l.w[0][i] % codes.size()]);
   });
 }
 
