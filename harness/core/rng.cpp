@@ -176,13 +176,9 @@ ATTNCHECK_TARGET_AVX2 inline void mul_hi_lo(__m256i a, __m256i m, __m256i& hi, _
   lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
 }
 
-// V vectors of eight lanes from lane `first` on; several in flight hide the multiplies' latency.
+// Philox4x32-10 on V vectors of eight lanes each; several in flight hide the multiplies' latency.
 template <int V>
-ATTNCHECK_TARGET_AVX2 void philox_vectors_avx2(PhiloxLanes& l, size_t first, uint64_t key) {
-  __m256i c[4][V];
-  for (int j = 0; j < 4; ++j)
-    for (int v = 0; v < V; ++v)
-      c[j][v] = _mm256_load_si256(reinterpret_cast<const __m256i*>(&l.w[j][first + 8 * v]));
+ATTNCHECK_TARGET_AVX2 inline void philox_rounds_avx2(__m256i (&c)[4][V], uint64_t key) {
   const __m256i m0 = _mm256_set1_epi64x(kPhiloxM0), m1 = _mm256_set1_epi64x(kPhiloxM1);
   auto k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
   for (int round = 0; round < 10; ++round) {
@@ -200,6 +196,16 @@ ATTNCHECK_TARGET_AVX2 void philox_vectors_avx2(PhiloxLanes& l, size_t first, uin
     k0 += kPhiloxW0;
     k1 += kPhiloxW1;
   }
+}
+
+// Lanes first .. first + 8V - 1 of l, in place.
+template <int V>
+ATTNCHECK_TARGET_AVX2 void philox_vectors_avx2(PhiloxLanes& l, size_t first, uint64_t key) {
+  __m256i c[4][V];
+  for (int j = 0; j < 4; ++j)
+    for (int v = 0; v < V; ++v)
+      c[j][v] = _mm256_load_si256(reinterpret_cast<const __m256i*>(&l.w[j][first + 8 * v]));
+  philox_rounds_avx2<V>(c, key);
   for (int j = 0; j < 4; ++j)
     for (int v = 0; v < V; ++v)
       _mm256_store_si256(reinterpret_cast<__m256i*>(&l.w[j][first + 8 * v]), c[j][v]);
@@ -209,6 +215,98 @@ ATTNCHECK_TARGET_AVX2 void philox_lanes_avx2(PhiloxLanes& l, size_t lanes, uint6
   size_t i = 0;
   for (; i + 24 <= lanes; i += 24) philox_vectors_avx2<3>(l, i, key);
   for (; i < lanes; i += 8) philox_vectors_avx2<1>(l, i, key);
+}
+
+// normal_sums (below) with the counters made and the words summed in registers: elements
+// first + g .. first + g + 7 per step, their three blocks as three vectors in flight.
+ATTNCHECK_TARGET_AVX2 void normal_sums_avx2(uint64_t key, uint64_t first, size_t n,
+                                            uint32_t* sums) {
+  const __m256i three_i = _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21);
+  const __m256i sign = _mm256_set1_epi32(INT32_MIN);
+  for (size_t g = 0; g < n; g += 8) {
+    __m256i c[4][3];
+    for (int j = 0; j < 3; ++j) {
+      // Counter 3 (first + g + i) + j = base + 3i over 64 bits: the low word wraps, carrying one
+      // into the high word where it ends below base's low word.
+      const uint64_t base = 3 * (first + g) + static_cast<uint64_t>(j);
+      const __m256i base_lo = _mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(base)));
+      const __m256i lo = _mm256_add_epi32(base_lo, three_i);
+      const __m256i carry = _mm256_cmpgt_epi32(_mm256_xor_si256(base_lo, sign),
+                                               _mm256_xor_si256(lo, sign));  // -1 or 0
+      c[0][j] = lo;
+      c[1][j] = _mm256_sub_epi32(
+          _mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(base >> 32))), carry);
+      c[2][j] = _mm256_set1_epi32(2);
+      c[3][j] = _mm256_setzero_si256();
+    }
+    philox_rounds_avx2<3>(c, key);
+    __m256i sum = _mm256_setzero_si256();
+    for (int j = 0; j < 3; ++j)
+      for (int w = 0; w < 4; ++w) sum = _mm256_add_epi32(sum, _mm256_srli_epi32(c[w][j], 8));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(sums + g), sum);
+  }
+}
+
+// encode_minifloat of each value into the packed codes of encode_minifloats, four at a time: values
+// in the format's normal range below its top binade round by integers (numeric.cpp's fast path,
+// the same arithmetic on 64-bit lanes); any other value (zero, subnormal, huge, inf, NaN) goes
+// through encode_minifloat itself.
+ATTNCHECK_TARGET_AVX2 void encode_minifloats_avx2(std::span<const double> x, DType t,
+                                                  Saturation sat, std::byte* out) {
+  const MiniFloat f = minifloat_format(t);
+  const size_t width = dtype_size(t);
+  const int shift = 52 - f.man_bits;
+  const __m128i shift_n = _mm_cvtsi32_si128(shift);
+  const __m128i man_n = _mm_cvtsi32_si128(f.man_bits);
+  const __m128i sign_n = _mm_cvtsi32_si128(f.exp_bits + f.man_bits);
+  // Biased double exponents of the fast path: 1023 + (1 - bias) .. 1023 + (top - 2 - bias).
+  const __m256i exp_below = _mm256_set1_epi64x(1023 + 1 - f.bias - 1);
+  const __m256i exp_above = _mm256_set1_epi64x(1023 + (1 << f.exp_bits) - 3 - f.bias + 1);
+  const __m256i exp_mask = _mm256_set1_epi64x(0x7FF);
+  const __m256i man52 = _mm256_set1_epi64x((int64_t{1} << 52) - 1);
+  const __m256i implicit = _mm256_set1_epi64x(int64_t{1} << 52);
+  const __m256i rem_mask = _mm256_set1_epi64x((int64_t{1} << shift) - 1);
+  const __m256i half = _mm256_set1_epi64x(int64_t{1} << (shift - 1));
+  const __m256i one = _mm256_set1_epi64x(1);
+  const __m256i rebias = _mm256_set1_epi64x(1023 - f.bias);
+  const __m256i hidden = _mm256_set1_epi64x(int64_t{1} << f.man_bits);
+  const __m256i low_words = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+  size_t i = 0;
+  for (; i + 4 <= x.size(); i += 4) {
+    const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.data() + i));
+    const __m256i e = _mm256_and_si256(_mm256_srli_epi64(bits, 52), exp_mask);
+    const __m256i fast =
+        _mm256_and_si256(_mm256_cmpgt_epi64(e, exp_below), _mm256_cmpgt_epi64(exp_above, e));
+    const __m256i sig = _mm256_or_si256(_mm256_and_si256(bits, man52), implicit);
+    __m256i r = _mm256_srl_epi64(sig, shift_n);
+    const __m256i rem = _mm256_and_si256(sig, rem_mask);
+    const __m256i odd = _mm256_cmpeq_epi64(_mm256_and_si256(r, one), one);
+    const __m256i up = _mm256_or_si256(_mm256_cmpgt_epi64(rem, half),
+                                       _mm256_and_si256(_mm256_cmpeq_epi64(rem, half), odd));
+    r = _mm256_sub_epi64(r, up);  // up is -1 where the value rounds up
+    const __m256i field = _mm256_sll_epi64(_mm256_sub_epi64(e, rebias), man_n);
+    const __m256i code = _mm256_or_si256(_mm256_add_epi64(field, _mm256_sub_epi64(r, hidden)),
+                                         _mm256_sll_epi64(_mm256_srli_epi64(bits, 63), sign_n));
+    const __m128i code32 = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(code, low_words));
+    const __m128i code16 = _mm_packus_epi32(code32, code32);  // fast lanes' codes fit
+    if (width == 2) {
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(out + 2 * i), code16);
+    } else {
+      const auto code8 = static_cast<uint32_t>(_mm_cvtsi128_si32(_mm_packus_epi16(code16, code16)));
+      std::memcpy(out + i, &code8, 4);
+    }
+    const int fast_lanes = _mm256_movemask_pd(_mm256_castsi256_pd(fast));
+    if (fast_lanes == 0xF) continue;
+    for (size_t lane = 0; lane < 4; ++lane) {
+      if (fast_lanes & (1 << lane)) continue;
+      const uint32_t slow = encode_minifloat(x[i + lane], t, sat);
+      std::memcpy(out + (i + lane) * width, &slow, width);
+    }
+  }
+  for (; i < x.size(); ++i) {
+    const uint32_t code = encode_minifloat(x[i], t, sat);
+    std::memcpy(out + i * width, &code, width);
+  }
 }
 #endif
 
@@ -250,7 +348,7 @@ void blocks(PhiloxLanes& l, uint64_t key, uint64_t first, size_t n) {
 
 // normal_at(first + i) = sums[i] * 2^-24 - 6 for i < n: the twelve 24-bit uniforms of
 // Rng::normal_at summed as integers (below 2^28, so the double of the definition holds it exactly).
-void normal_sums(uint64_t key, uint64_t first, size_t n, uint32_t* sums) {
+void normal_sums_portable(uint64_t key, uint64_t first, size_t n, uint32_t* sums) {
   PhiloxLanes l;
   const size_t stride = padded(n);  // lane j * stride + i: block j of element first + i
   for (size_t j = 0; j < 3; ++j)
@@ -264,7 +362,22 @@ void normal_sums(uint64_t key, uint64_t first, size_t n, uint32_t* sums) {
   }
 }
 
+// normal_sums(key, first, n, sums) for n <= kChunk; sums has room for n rounded up to a lane group.
+void normal_sums(uint64_t key, uint64_t first, size_t n, uint32_t* sums) {
+#if ATTNCHECK_AVX2_KERNEL
+  if (philox_kernel() == PhiloxKernel::avx2) return normal_sums_avx2(key, first, n, sums);
+#endif
+  normal_sums_portable(key, first, n, sums);
+}
+
 // ---- Encoding and storing a chunk. ----
+
+void encode_minifloat_chunk(std::span<const double> v, DType dt, Saturation sat, std::byte* out) {
+#if ATTNCHECK_AVX2_KERNEL
+  if (philox_kernel() == PhiloxKernel::avx2) return encode_minifloats_avx2(v, dt, sat, out);
+#endif
+  encode_minifloats(v, dt, sat, out);
+}
 
 // encode_value (tensor.cpp) of each value, written packed at out: f16/bf16 overflow to inf, fp8
 // saturates, exactly as there.
@@ -281,12 +394,12 @@ void encode_chunk(std::span<const double> v, DType dt, std::byte* out) {
       return;
     case DType::f16:
     case DType::bf16:
-      return encode_minifloats(v, dt, Saturation::nonsaturate, out);
+      return encode_minifloat_chunk(v, dt, Saturation::nonsaturate, out);
     case DType::e4m3fn:
     case DType::e4m3fnuz:
     case DType::e5m2:
     case DType::e5m2fnuz:
-      return encode_minifloats(v, dt, Saturation::saturate, out);
+      return encode_minifloat_chunk(v, dt, Saturation::saturate, out);
     default: {
       const size_t es = dtype_size(dt);
       for (size_t i = 0; i < v.size(); ++i) {

@@ -118,6 +118,9 @@ std::vector<Layout> layouts() {
   out.push_back({"overlapping rows", {200}, [](const Tensor& t) {
                    return t.as_strided({20, 30}, {7, 1}, 2);
                  }});
+  out.push_back({"sliding windows", {80}, [](const Tensor& t) {
+                   return t.as_strided({9, 70}, {1, 1}, 0);
+                 }});
   out.push_back({"zero stride row", {30}, [](const Tensor& t) {
                    return t.as_strided({9, 70}, {3, 0}, 1);
                  }});
