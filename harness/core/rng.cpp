@@ -6,6 +6,7 @@
 #include <cstring>
 #include <span>
 #include <stdexcept>
+#include <string>
 
 #include "numeric.h"
 
@@ -523,6 +524,28 @@ void fill_chunks(const Tensor& t, Produce&& produce) {
   }
 }
 
+#if defined(__GNUC__) || defined(__clang__)
+__extension__ typedef unsigned __int128 Uint128;
+#endif
+
+// a % d for 32-bit a and d > 0, exact, by multiplications where the compiler has 128-bit integers
+// (Lemire, Kaser and Kurz, "Faster remainder by direct computation", 2019): a division per element
+// would cost more than its Philox block.
+class Mod32 {
+ public:
+  explicit Mod32(uint32_t d) : d_(d), m_(~uint64_t{0} / d + 1) {}
+  uint32_t operator()(uint32_t a) const {
+#if defined(__GNUC__) || defined(__clang__)
+    return static_cast<uint32_t>((static_cast<Uint128>(m_ * a) * d_) >> 64);
+#else
+    return a % d_;
+#endif
+  }
+
+ private:
+  uint64_t d_, m_;
+};
+
 double uniform_of(const PhiloxLanes& l, size_t i) {
   const uint64_t v = (static_cast<uint64_t>(l.w[0][i]) << 32) | l.w[1][i];
   return static_cast<double>(v >> 11) * 0x1.0p-53;  // Rng::uniform_at
@@ -609,10 +632,14 @@ void fill_fp8_codes(const Tensor& t, const Rng& rng, double max_abs) {
     const double v = fp8_decode(static_cast<uint8_t>(c), t.dtype());
     if (std::isfinite(v) && std::fabs(v) <= max_abs) codes.push_back(static_cast<uint8_t>(c));
   }
+  if (codes.empty())
+    throw std::invalid_argument("fill_fp8_codes: no finite " + std::string(dtype_name(t.dtype())) +
+                                " value has a magnitude of at most " + std::to_string(max_abs));
+  const Mod32 mod_codes(static_cast<uint32_t>(codes.size()));
   fill_chunks(t, [&](int64_t first, size_t n, std::byte* out) {
     PhiloxLanes l;
     blocks(l, rng.key(), static_cast<uint64_t>(first), n);
-    for (size_t i = 0; i < n; ++i) out[i] = static_cast<std::byte>(codes[l.w[0][i] % codes.size()]);
+    for (size_t i = 0; i < n; ++i) out[i] = static_cast<std::byte>(codes[mod_codes(l.w[0][i])]);
   });
 }
 

@@ -200,7 +200,7 @@ TEST_P(PhiloxKernels, OtherFillsEqualTheirDefinitions) {
         [&](const Tensor& t) { def::fill_uniform_int(t, rng, -(1ll << 40), 7); },
         "fill_uniform_int wide");
     for (DType dt : {DType::e4m3fn, DType::e4m3fnuz, DType::e5m2, DType::e5m2fnuz})
-      for (double max_abs : {0.5, 8.0, 1e9})
+      for (double max_abs : {0.0, 0.5, 8.0, 1e9})
         expect_same_bytes(
             dt, layout, [&](const Tensor& t) { fill_fp8_codes(t, rng, max_abs); },
             [&](const Tensor& t) { def::fill_fp8_codes(t, rng, max_abs); }, "fill_fp8_codes");
@@ -229,6 +229,13 @@ TEST_P(PhiloxKernels, SparseStoragesEqualTheDefinition) {
     EXPECT_EQ(want_all.storage()->bytes, got_all.storage()->bytes)
         << dtype_name(dt) << " up to the first element outside the window";
   }
+}
+
+TEST(FillFp8Codes, NoAdmissibleCodeIsAnError) {
+  const Tensor t = Tensor::empty(DType::e4m3fn, {4});
+  EXPECT_TRUE(testing_util::Contains(
+      testing_util::error_of<std::invalid_argument>([&] { fill_fp8_codes(t, Rng(1), -1.0); }),
+      "no finite fp8_e4m3fn value"));
 }
 
 // The kernel switch itself: the fastest is the default, and the portable one is always there.
