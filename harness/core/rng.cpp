@@ -4,9 +4,11 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 
 #include "numeric.h"
 
@@ -484,6 +486,28 @@ void store_run(std::byte* dst, int64_t stride_bytes, const std::byte* src, int64
   }
 }
 
+// produce(first, n, out) (below); where some element cannot be encoded (a value outside an
+// integer dtype) the elements before it one by one: how many are ready, and the error to throw
+// once they are stored, as the per-element generators stored every element before the one that
+// threw.
+template <class Produce>
+std::pair<int64_t, std::exception_ptr> produce_chunk(Produce& produce, int64_t first, int64_t n,
+                                                     std::byte* out, int64_t es) {
+  try {
+    produce(first, static_cast<size_t>(n), out);
+    return {n, nullptr};
+  } catch (...) {
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    try {
+      produce(first + i, 1, out + i * es);
+    } catch (...) {
+      return {i, std::current_exception()};
+    }
+  }
+  return {n, nullptr};
+}
+
 // Writes every element of `t`, element k (logical row-major order) taking the k-th value:
 // produce(first, n, out) writes the encoded elements first .. first + n - 1 (n <= kChunk) packed
 // at out. A view whose bytes all lie in the host's bytes (a dense storage, or a sparse one's
@@ -498,29 +522,34 @@ void fill_chunks(const Tensor& t, Produce&& produce) {
   const auto begin = static_cast<int64_t>(s.sparse() ? s.window_begin : 0);
   const auto held = static_cast<int64_t>(s.bytes.size());
   const auto [lo, hi] = t.extent();
+  const auto chunk = static_cast<int64_t>(kChunk);
   alignas(32) std::byte staging[kChunk * 8];
+  int64_t ready = 0;
+  std::exception_ptr error;
   if (lo * es < begin || hi * es > begin + held) {
     int64_t first = -1;
     t.for_each_index([&](const Index& idx, int64_t k) {
-      if (first < 0 || k >= first + static_cast<int64_t>(kChunk)) {
+      if (first < 0 || k >= first + chunk) {
         first = k;
-        produce(k, static_cast<size_t>(std::min<int64_t>(kChunk, n - k)), staging);
+        std::tie(ready, error) = produce_chunk(produce, k, std::min(chunk, n - k), staging, es);
       }
-      std::memcpy(t.element_ptr(idx), staging + (k - first) * es, static_cast<size_t>(es));
+      std::byte* p = t.element_ptr(idx);
+      if (k - first >= ready) std::rethrow_exception(error);
+      std::memcpy(p, staging + (k - first) * es, static_cast<size_t>(es));
     });
     return;
   }
   auto* host = const_cast<std::byte*>(s.bytes.data());
   RunCursor cursor(t);
-  for (int64_t first = 0; first < n; first += static_cast<int64_t>(kChunk)) {
-    const int64_t m = std::min<int64_t>(kChunk, n - first);
-    produce(first, static_cast<size_t>(m), staging);
-    for (int64_t i = 0; i < m;) {
-      const auto run = cursor.next(m - i);
+  for (int64_t first = 0; first < n; first += chunk) {
+    std::tie(ready, error) = produce_chunk(produce, first, std::min(chunk, n - first), staging, es);
+    for (int64_t i = 0; i < ready;) {
+      const auto run = cursor.next(ready - i);
       store_run(host + (run.offset * es - begin), run.stride * es, staging + i * es, run.length,
                 static_cast<size_t>(es));
       i += run.length;
     }
+    if (error) std::rethrow_exception(error);
   }
 }
 

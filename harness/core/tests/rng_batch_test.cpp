@@ -231,6 +231,23 @@ TEST_P(PhiloxKernels, SparseStoragesEqualTheDefinition) {
   }
 }
 
+// A value an integer dtype cannot hold throws, every element before it written, as defined.
+TEST_P(PhiloxKernels, UnencodableValuesThrowAfterTheElementsBeforeThem) {
+  for (const Layout& layout : layouts()) {
+    if (layout.storage_shape.empty() || layout.storage_shape[0] < 60) continue;
+    const Rng rng("rng_batch_test/throw", layout.name);
+    const Tensor want = Tensor::filled_bytes(DType::i8, layout.storage_shape, std::byte{0xA5});
+    const Tensor got = Tensor::filled_bytes(DType::i8, layout.storage_shape, std::byte{0xA5});
+    const std::string want_error = testing_util::error_of<std::out_of_range>(
+        [&] { def::fill_normal(layout.view(want), rng, 110.0, 12.0); });
+    const std::string got_error = testing_util::error_of<std::out_of_range>(
+        [&] { fill_normal(layout.view(got), rng, 110.0, 12.0); });
+    EXPECT_EQ(want_error, got_error) << layout.name;
+    EXPECT_TRUE(testing_util::Contains(got_error, "is not representable in i8"));
+    EXPECT_EQ(want.storage()->bytes, got.storage()->bytes) << layout.name;
+  }
+}
+
 TEST(FillFp8Codes, NoAdmissibleCodeIsAnError) {
   const Tensor t = Tensor::empty(DType::e4m3fn, {4});
   EXPECT_TRUE(testing_util::Contains(
