@@ -154,8 +154,9 @@ const std::pair<double, double> kMoments[] = {{0.0, 1.0},   {0.5, 2.0}, {-3.0, 0
 TEST_P(PhiloxKernels, FillNormalEqualsTheDefinitionForEveryFloatType) {
   const auto all = layouts();
   for (DType dt : kFloatTypes)
-    for (const auto& [mean, stddev] : kMoments)
+    for (const auto& moments : kMoments)
       for (const Layout& layout : all) {
+        const double mean = moments.first, stddev = moments.second;  // lambdas capture these
         const Rng rng("rng_batch_test/normal", layout.name + std::to_string(stddev));
         expect_same_bytes(
             dt, layout, [&](const Tensor& t) { fill_normal(t, rng, mean, stddev); },
