@@ -752,6 +752,14 @@ std::string read_in_child(const std::function<void()>& read, double timeout_s) {
     // A crash must end it by its signal (no inherited handler may treat it as its own).
     for (int sig : {SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL}) ::signal(sig, SIG_DFL);
     ::close(fds[0]);
+    // Only its own pipe end stays open: readers started at once by several threads (the golden
+    // checks) must not hold each other's pipes open, or one that hangs would delay the others'
+    // end of file until its timeout.
+    if (fds[1] != 3) {
+      ::dup2(fds[1], 3);
+      fds[1] = 3;
+    }
+    ::close_range(4, ~0u, 0);
     std::string msg = "ok";
     try {
       read();

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <future>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -678,8 +679,14 @@ std::vector<CaseFile> load_case_dir(const std::string& dir) {
   std::map<std::string, std::map<std::string, std::string>> seen;  // tier -> id -> source
   const int64_t max_total = case_limits().total;
   int64_t total = 0;
-  for (const auto& p : paths) {
-    files.push_back(load_case_file(p));
+  // Parsed and expanded at once, one thread per file (a run's start waits for the largest file,
+  // not for all of them); checked in path order, so the first bad file is the one reported.
+  std::vector<std::future<CaseFile>> loading;
+  for (const auto& p : paths)
+    loading.push_back(std::async(std::launch::async, [p] { return load_case_file(p); }));
+  for (size_t i = 0; i < paths.size(); ++i) {
+    const std::string& p = paths[i];
+    files.push_back(loading[i].get());
     for (const auto& [tier, cs] : files.back().tiers) total += static_cast<int64_t>(cs.size());
     if (total > max_total)
       throw CaseFileError(p + ": the case files of " + dir + " up to this one hold " +

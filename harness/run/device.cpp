@@ -82,16 +82,81 @@ DLDataType dl_dtype(DType t) {
 struct DeviceStorage {
   std::shared_ptr<Storage> host;
   void* device = nullptr;
-  size_t bytes = 0;  // storage bytes (guards excluded)
+  size_t bytes = 0;     // storage bytes (guards excluded)
+  size_t capacity = 0;  // the device block's bytes (guards and the block's spare tail included)
+  bool cached = false;  // the block came from (and goes back to) the DeviceBlockCache
   std::vector<std::string> arg_names;
 };
+}  // namespace
 
+// Device blocks kept between launches. A case makes a handful of allocations and every launch
+// of it (relations, graph replay, stress) as many again; allocation and release are among the
+// slowest device calls (a release synchronizes), and they dominated the per-case upload time of
+// the quick tier on the GPU host (docs/results.md). A block is reused only for a storage of its
+// size class, and every byte of it is uploaded again (guards, data, the spare tail in the guard
+// pattern), so nothing of an earlier case can be read by the next one. Sizes are rounded up to
+// eighths of a power of two; blocks over kLargest are not kept, nor more than kKept bytes in all.
+// ATTNCHECK_DEVICE_BLOCK_CACHE=0 allocates and releases every block (the behaviour before).
+class DeviceBlockCache {
+ public:
+  static constexpr size_t kLargest = size_t{128} << 20;
+  static constexpr size_t kKept = size_t{512} << 20;
+
+  explicit DeviceBlockCache(const attncheck_plugin_v1& api) : api_(api) {
+    const char* env = std::getenv("ATTNCHECK_DEVICE_BLOCK_CACHE");
+    enabled_ = !(env && std::string(env) == "0");
+  }
+  ~DeviceBlockCache() {
+    for (auto& [size, ptr] : free_) api_.release(ptr);
+  }
+  DeviceBlockCache(const DeviceBlockCache&) = delete;
+  DeviceBlockCache& operator=(const DeviceBlockCache&) = delete;
+
+  // The size class of a request (itself when blocks of that size are not kept).
+  size_t capacity_for(size_t bytes) const {
+    if (!enabled_ || bytes > kLargest) return bytes;
+    size_t pow2 = 4096;
+    while (pow2 < bytes) pow2 <<= 1;
+    const size_t step = std::max<size_t>(pow2 / 8, 4096);
+    return (bytes + step - 1) / step * step;
+  }
+  // A block of exactly `capacity` bytes (capacity_for's answer); false with `msg` on failure.
+  bool acquire(size_t capacity, void** ptr, bool* cached, char* msg, size_t msg_len) {
+    *cached = enabled_ && capacity <= kLargest;
+    if (*cached) {
+      if (auto it = free_.find(capacity); it != free_.end()) {
+        *ptr = it->second;
+        free_.erase(it);
+        kept_ -= capacity;
+        return true;
+      }
+    }
+    return api_.alloc(capacity, ptr, msg, msg_len) == ATTNCHECK_OK;
+  }
+  void give_back(void* ptr, size_t capacity, bool cached) {
+    if (!cached || kept_ + capacity > kKept) {
+      api_.release(ptr);
+      return;
+    }
+    free_.emplace(capacity, ptr);
+    kept_ += capacity;
+  }
+
+ private:
+  const attncheck_plugin_v1& api_;
+  bool enabled_ = true;
+  std::multimap<size_t, void*> free_;
+  size_t kept_ = 0;
+};
+
+namespace {
 class DeviceBuffers {
  public:
-  explicit DeviceBuffers(const KernelLibrary& lib) : api_(lib.api()), ext_(lib.extension()) {}
+  DeviceBuffers(const KernelLibrary& lib, DeviceBlockCache& blocks)
+      : api_(lib.api()), ext_(lib.extension()), blocks_(blocks) {}
   ~DeviceBuffers() {
     for (auto& s : storages_)
-      if (s.device) api_.release(s.device);
+      if (s.device) blocks_.give_back(s.device, s.capacity, s.cached);
   }
   DeviceStorage& get(const std::shared_ptr<Storage>& host, const std::string& arg, DType dtype) {
     for (auto& s : storages_)
@@ -104,19 +169,21 @@ class DeviceBuffers {
     s.bytes = host->bytes.size();
     s.arg_names.push_back(arg);
     if (host->sparse()) return upload_sparse(std::move(s), dtype);
-    const size_t total = s.bytes + 2 * DeviceRunner::kGuardBytes;
+    const size_t G = DeviceRunner::kGuardBytes;
+    const size_t total = s.bytes + 2 * G;
+    s.capacity = blocks_.capacity_for(total);
     char msg[kMsg] = {0};
-    if (api_.alloc(total, &s.device, msg, kMsg) != ATTNCHECK_OK)
+    if (!blocks_.acquire(s.capacity, &s.device, &s.cached, msg, kMsg))
       throw std::runtime_error("device allocation of " + std::to_string(total) + " bytes for '" +
                                arg + "' failed: " + msg);
-    std::vector<std::byte> staging(total);
-    for (size_t i = 0; i < DeviceRunner::kGuardBytes; ++i) {
-      staging[i] = guard_byte(i);
-      staging[total - DeviceRunner::kGuardBytes + i] = guard_byte(i + 1);
-    }
-    std::memcpy(staging.data() + DeviceRunner::kGuardBytes, host->bytes.data(), s.bytes);
-    if (api_.copy_to_device(s.device, staging.data(), total, msg, kMsg) != ATTNCHECK_OK) {
-      api_.release(s.device);
+    // Guard, data, guard; a reused block's spare tail continues the trailing guard's pattern.
+    std::vector<std::byte> staging(s.capacity);
+    for (size_t i = 0; i < G; ++i) staging[i] = guard_byte(i);
+    for (size_t i = 0; G + s.bytes + i < s.capacity; ++i)
+      staging[G + s.bytes + i] = guard_byte(i + 1);
+    std::memcpy(staging.data() + G, host->bytes.data(), s.bytes);
+    if (api_.copy_to_device(s.device, staging.data(), s.capacity, msg, kMsg) != ATTNCHECK_OK) {
+      blocks_.give_back(s.device, s.capacity, false);
       throw std::runtime_error("copy to device for '" + arg + "' failed: " + msg);
     }
     storages_.push_back(std::move(s));
@@ -126,7 +193,8 @@ class DeviceBuffers {
   // poisoned rest is not read back).
   std::vector<std::byte> read_back(const DeviceStorage& s) const {
     const size_t G = DeviceRunner::kGuardBytes;
-    std::vector<std::byte> staging(s.bytes + 2 * G);
+    // A dense storage's whole block: its trailing guard runs to the block's end.
+    std::vector<std::byte> staging(s.host->sparse() ? s.bytes + 2 * G : s.capacity);
     char msg[kMsg] = {0};
     auto* dev = static_cast<std::byte*>(s.device);
     const bool ok =
@@ -179,6 +247,8 @@ class DeviceBuffers {
     const size_t G = DeviceRunner::kGuardBytes;
     const uint64_t extent = s.host->extent, begin = s.host->window_begin;
     const size_t total = extent + 2 * G;
+    s.capacity = total;  // gigabytes of extent: allocated for this launch alone
+    s.cached = false;
     char msg[kMsg] = {0};
     const std::string& arg = s.arg_names.front();
     if (api_.alloc(total, &s.device, msg, kMsg) != ATTNCHECK_OK)
@@ -221,6 +291,7 @@ class DeviceBuffers {
 
   const attncheck_plugin_v1& api_;
   const attncheck_plugin_ext_v1* ext_;
+  DeviceBlockCache& blocks_;
   std::vector<DeviceStorage> storages_;
 };
 
@@ -338,7 +409,7 @@ std::optional<DeviceInfo> KernelLibrary::device(std::string* why) const {
 }
 
 DeviceRunner::DeviceRunner(const KernelLibrary& lib, std::string arch)
-    : lib_(lib), arch_(std::move(arch)) {}
+    : lib_(lib), arch_(std::move(arch)), blocks_(std::make_unique<DeviceBlockCache>(lib.api())) {}
 
 DeviceRunner::~DeviceRunner() {
   if (l2_scratch_) lib_.api().release(l2_scratch_);
@@ -453,7 +524,7 @@ void read_back_outputs(const Problem& p, DeviceBuffers& bufs, DeviceOutcome& out
         break;
       }
     }
-    for (size_t i = 0; i < G; ++i) {
+    for (size_t i = 0; G + s.bytes + i < back.size(); ++i) {
       if (back[G + s.bytes + i] != guard_byte(i + 1)) {
         out.violations.push_back("guard after buffer of " + who + " overwritten at byte +" +
                                  std::to_string(i));
@@ -531,7 +602,7 @@ DeviceOutcome DeviceRunner::run_unguarded(const Problem& p, const LaunchConditio
   };
   std::optional<DownloadClock> release_clock;
   const auto upload_start = std::chrono::steady_clock::now();
-  DeviceBuffers bufs(lib_);
+  DeviceBuffers bufs(lib_, *blocks_);
   const bool rocm = arch_.rfind("gfx", 0) == 0;
   Marshalled m = marshal(p, bufs, rocm);
   prepare_launch(when);
@@ -577,7 +648,7 @@ DeviceOutcome DeviceRunner::replay(const Problem& captured, const Problem& repla
   }
   try {
     const auto* ext = lib_.extension();
-    DeviceBuffers bufs(lib_);
+    DeviceBuffers bufs(lib_, *blocks_);
     Marshalled m = marshal(captured, bufs, arch_.rfind("gfx", 0) == 0);
     const std::string params = captured.kernel_params.dump();
     char msg[kMsg] = {0};
@@ -616,7 +687,7 @@ DeviceOutcome DeviceRunner::replay(const Problem& captured, const Problem& repla
 
 double DeviceRunner::time(const Problem& p, int warmup, int iters, std::string* err) const {
   const auto& api = lib_.api();
-  DeviceBuffers bufs(lib_);
+  DeviceBuffers bufs(lib_, *blocks_);
   Marshalled m = marshal(p, bufs, arch_.rfind("gfx", 0) == 0);
   const std::string params = p.kernel_params.dump();
   char msg[kMsg] = {0};

@@ -14,6 +14,8 @@
 
 namespace attncheck {
 
+class DeviceBlockCache;
+
 struct DeviceInfo {
   std::string name;
   std::string arch;  // "gfx942", "sm_90"
@@ -117,6 +119,8 @@ class DeviceRunner {
   std::string arch_;
   mutable void* l2_scratch_ = nullptr;  // allocated on the first flush
   mutable LaunchTimings timings_;
+  // Device buffers kept from one launch for the next (every byte is uploaded again each time).
+  std::unique_ptr<DeviceBlockCache> blocks_;
 };
 
 // The byte the guard region holds at position i (a pattern no plausible kernel write reproduces).

@@ -15,9 +15,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import synthetic  # noqa: E402
 
 
+# `attncheck kernels` lines (entry, op) for the mutant scope: the entries of two real sources.
+FAKE_ENTRY_OPS = [("rope_inplace", "rope"), ("rope_out_of_place", "rope"),
+                  ("indexer_qk_rope", "indexer_qk_rope"), ("decode_attention", "decode_attention")]
+
+
 def main(argv):
+    if argv[0] == "kernels":
+        for entry, op in FAKE_ENTRY_OPS:
+            print(f"  ok      {entry:<26} op {op}")
+        return 0
+    if argv[0] == "list":
+        for r in synthetic.other_cases(os.environ.get("FAKE_ARCH", "gfx942")):
+            print(r["id"])
+        return 0
     assert argv[0] == "run", argv
-    opts, i = {}, 1
+    opts, i = {}, 1  # (--op repeats: read from argv below)
     while i < len(argv):
         if argv[i] in ("--profile", "--allow-missing-goldens"):  # flags
             opts[argv[i].lstrip("-")] = True
@@ -39,6 +52,9 @@ def main(argv):
         records = records[k::n]
     if "filter" in opts:
         records = [r for r in records if re.search(opts["filter"], r["id"])]
+    ops = [argv[k + 1] for k in range(len(argv) - 1) if argv[k] == "--op"]
+    if ops:
+        records = [r for r in records if r["id"].split("/")[0] in ops]
     device = ",".join(f"{v}={os.environ[v]}"
                       for v in ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES") if v in os.environ)
     synthetic.write_results(Path(opts["out"]), records, arch, tier=opts["tier"],

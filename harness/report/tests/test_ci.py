@@ -170,6 +170,31 @@ def test_gpu_job_pools_the_mutation_runs_on_one_gpu(fake_machine):
     assert bad.returncode == 2 and "--mutant-jobs wants a positive whole number (got '0')" in bad.stderr
 
 
+def test_gpu_job_runs_a_mutant_on_the_ops_its_source_registers(fake_machine):
+    # rope_discard_out_of_place is a real mutant (kernels_under_test/rope.mutants): CMake compiles
+    # only rope.hip with its define, and rope.hip registers the rope and indexer_qk_rope entries;
+    # a library whose mutant is in no .mutants file runs the whole tier.
+    f = fake_machine
+    tool(f, "rocminfo", "printf '  Name:    gfx942\\n'\n")
+    (f["build"] / "kernels_under_test" / "libattncheck_kernels_hip.so").write_bytes(b"")
+    for name in ("rope_discard_out_of_place", "unlisted"):
+        (f["build"] / "kernels_under_test" / f"libattncheck_kernels_hip_mutant_{name}.so").write_bytes(b"")
+    p = gpu_job(f, "quick", "--mutants", FAKE_ALL_PASS="1")
+    assert p.returncode in (0, 1), p.stdout + p.stderr
+    margv = json.loads((f["out"] / "mutants" / "rope_discard_out_of_place" / "argv.json").read_text())
+    ops = [margv[k + 1] for k in range(len(margv) - 1) if margv[k] == "--op"]
+    assert sorted(ops) == ["indexer_qk_rope", "rope"], margv
+    assert "mutant rope_discard_out_of_place (kernels_under_test/rope.mutants): indexer_qk_rope rope" in p.stdout
+    whole = json.loads((f["out"] / "mutants" / "unlisted" / "argv.json").read_text())
+    assert "--op" not in whole and "mutant unlisted (unknown" in p.stdout
+    # --mutant-scope tier: every mutant runs the whole tier
+    p = gpu_job(f, "quick", "--mutants", "--mutant-scope", "tier", FAKE_ALL_PASS="1")
+    margv = json.loads((f["out"] / "mutants" / "rope_discard_out_of_place" / "argv.json").read_text())
+    assert "--op" not in margv
+    bad = gpu_job(f, "quick", "--mutants", "--mutant-scope", "some")
+    assert bad.returncode == 2 and "--mutant-scope wants ops or tier (got 'some')" in bad.stderr
+
+
 def test_gpu_job_stress_runs_the_nightly_selection(fake_machine):
     f = fake_machine
     tool(f, "rocminfo", "printf '  Name:    gfx950\\n'\n")

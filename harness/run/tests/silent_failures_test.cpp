@@ -305,10 +305,13 @@ struct FaultCase {
 
 TEST_F(FakeKernels, EveryInjectedFaultIsReported) {
   const std::vector<FaultCase> faults = {
+      // The fake writes the block's last G-th byte from the end: with the device block cache
+      // (a block of the storage's size class) that is somewhere in the trailing guard, which
+      // runs to the block's end; the exact offset is checked without the cache below.
       {"guard_after",
        "page_indices",
        {{"batch", 5}},
-       "guard after buffer of 'page_indices' overwritten at byte +0"},
+       "guard after buffer of 'page_indices' overwritten at byte +"},
       {"guard_before",
        "page_indices",
        {{"batch", 5}},
@@ -347,6 +350,29 @@ TEST_F(FakeKernels, EveryInjectedFaultIsReported) {
         << r.message;
     ::unsetenv("ATTNCHECK_FAKE_FAULT");
   }
+}
+
+// The device block cache (run/device.cpp) hands a storage a block of its size class, reused
+// from an earlier launch: the trailing guard runs to the block's end, so the fake's write at the
+// block's last G-th byte is caught wherever it lands; without the cache the block is guard, data,
+// guard and that byte is the first after the data. Launches that reuse blocks (the second launch,
+// every case after the first) still pass.
+TEST_F(FakeKernels, GuardAfterHoldsWithAndWithoutTheDeviceBlockCache) {
+  for (const char* cache : {"1", "0"}) {
+    ::setenv("ATTNCHECK_DEVICE_BLOCK_CACHE", cache, 1);
+    const Result clean = run("page_indices", {{"batch", 5}});
+    EXPECT_EQ(clean.verdict, Verdict::passed) << "cache " << cache << ": " << clean.message;
+    const Result again = run("page_indices", {{"batch", 5}});
+    EXPECT_EQ(again.verdict, Verdict::passed) << "cache " << cache << ": " << again.message;
+    const Result r = run("page_indices", {{"batch", 5}}, "guard_after");
+    EXPECT_EQ(r.verdict, Verdict::failed) << "cache " << cache << ": " << r.message;
+    const std::string expect =
+        std::string("guard after buffer of 'page_indices' overwritten at byte +") +
+        (cache == std::string("0") ? "0" : "");
+    EXPECT_TRUE(contains(r.message, expect)) << "cache " << cache << ": " << r.message;
+    ::unsetenv("ATTNCHECK_FAKE_FAULT");
+  }
+  ::unsetenv("ATTNCHECK_DEVICE_BLOCK_CACHE");
 }
 
 TEST_F(FakeKernels, UnwrittenElementsNeedTheSecondLaunch) {
