@@ -60,10 +60,11 @@ void fill_uniform_int(const Tensor& t, const Rng& rng, int64_t lo, int64_t hi); 
 void fill_fp8_codes(const Tensor& t, const Rng& rng, double max_abs);
 
 // The generators above compute runs of consecutive elements at once, with Philox lanes side by
-// side (structure of arrays); every kernel gives the bits of the per-element definitions
-// (Rng::block, Rng::normal_at), which rng_test checks for each. The fastest one the CPU supports is
-// used unless set_philox_kernel chose another (tests and benchmarks; not thread-safe against fills
-// running at the same time).
+// side (structure of arrays), and encode them to bf16/f16/fp8 a run at a time; every kernel gives
+// the bytes of the per-element definitions (Rng::block, Rng::normal_at, encode_value), which
+// tests/rng_batch_test.cpp checks for each. The fastest one the CPU supports is used unless
+// set_philox_kernel chose another (tests and benchmarks; not thread-safe against fills running at
+// the same time).
 enum class PhiloxKernel {
   portable,  // plain C++, any CPU
   avx2,      // x86-64 AVX2, 8 lanes per vector
