@@ -724,7 +724,8 @@ attncheck_plugin_v1 g_table = {
     ATTNCHECK_ABI_VERSION, "attncheck-pybridge", ops, device_info, alloc,   release,
     copy_to_device,        copy_to_host,         run, time,        roofline};
 
-// No fill or background work: the harness uploads poison and runs without concurrent kernels.
+// No fill, background work or copies within the device: the harness uploads poison, runs
+// without concurrent kernels and copies each storage on its own.
 const attncheck_plugin_ext_v1 g_extension = {sizeof(attncheck_plugin_ext_v1),
                                              nullptr,
                                              nullptr,
@@ -733,7 +734,8 @@ const attncheck_plugin_ext_v1 g_extension = {sizeof(attncheck_plugin_ext_v1),
                                              properties,
                                              graph_capture,
                                              graph_replay,
-                                             graph_release};
+                                             graph_release,
+                                             nullptr};
 
 }  // namespace
 

@@ -126,6 +126,14 @@ typedef struct attncheck_plugin_ext_v1 {
                        int n_args, void** graph, char* msg, size_t msg_len);
   int (*graph_replay)(void* graph, char* msg, size_t msg_len);
   void (*graph_release)(void* graph);
+  /* Copies `bytes` from device memory src to device memory dst, queued in the order of the
+     library's own work (the stream `run` launches on): it may return before the copy is done,
+     and the next run, graph_replay, fill or copy_to_host sees its bytes. The harness uploads a
+     launch's storages with one copy_to_device into a staging block and spreads them with this:
+     every synchronous host-to-device copy waits for the GPU, which is slow when many processes
+     share one (docs/results.md). NULL, or a library whose `size` ends before this field: one
+     copy_to_device per storage. */
+  int (*copy_within_device)(void* dst, const void* src, size_t bytes, char* msg, size_t msg_len);
 } attncheck_plugin_ext_v1;
 
 /* Whether `ext` (may be NULL) holds a non-NULL `field`: a library built against an older, shorter

@@ -83,6 +83,16 @@ int copy_to_device(void* dst, const void* src, size_t bytes, char* msg, size_t m
 int copy_to_host(void* dst, const void* src, size_t bytes, char* msg, size_t msg_len) {
   return copy(dst, src, bytes, false, msg, msg_len);
 }
+// Queued on the legacy default stream, where run() launches (launch_stream() is null outside a
+// capture) and hipMemcpy/fill synchronize: ordered before them, no host wait.
+int copy_within_device(void* dst, const void* src, size_t bytes, char* msg, size_t msg_len) {
+  const hipError_t e = hipMemcpyAsync(dst, src, bytes, hipMemcpyDeviceToDevice, 0);
+  if (e != hipSuccess) {
+    put(msg, msg_len, gpu_error("hipMemcpyAsync (device to device)", e));
+    return ATTNCHECK_ERROR;
+  }
+  return ATTNCHECK_OK;
+}
 
 // ---- shared-memory poison (docs/abi.md, "Shared-memory poison") ----
 // Before every launch a kernel fills the shared memory of every SM/CU with a NaN pattern, so a
@@ -331,7 +341,12 @@ int graph_replay(void* graph, char* msg, size_t msg_len) {
     put(msg, msg_len, "graph_replay: no captured graph");
     return ATTNCHECK_HOST_ERROR;
   }
-  hipError_t e = hipGraphLaunch(g->exec, g->stream);
+  // The graph's stream is non-blocking: nothing orders it after the harness's re-upload of the
+  // contents (on the legacy stream; a copy from pageable memory returns once staged, before its
+  // DMA lands), so wait for the device first. Without this the replay raced the upload of the
+  // outputs' poison and came back all NaN now and then (full tier, kv_gather).
+  hipError_t e = hipDeviceSynchronize();
+  if (e == hipSuccess) e = hipGraphLaunch(g->exec, g->stream);
   if (e == hipSuccess) e = hipStreamSynchronize(g->stream);
   if (e == hipSuccess) e = hipGetLastError();
   if (e != hipSuccess) {
@@ -430,6 +445,7 @@ const attncheck_plugin_ext_v1 kExtension = {
     .graph_capture = graph_capture,
     .graph_replay = graph_replay,
     .graph_release = graph_release,
+    .copy_within_device = copy_within_device,
 };
 
 const attncheck_plugin_v1 kTable = {

@@ -157,37 +157,82 @@ class DeviceBuffers {
   ~DeviceBuffers() {
     for (auto& s : storages_)
       if (s.device) blocks_.give_back(s.device, s.capacity, s.cached);
+    if (staging_.device) blocks_.give_back(staging_.device, staging_.capacity, staging_.cached);
   }
-  DeviceStorage& get(const std::shared_ptr<Storage>& host, const std::string& arg, DType dtype) {
-    for (auto& s : storages_)
-      if (s.host == host) {
-        s.arg_names.push_back(arg);
-        return s;
-      }
-    DeviceStorage s;
-    s.host = host;
-    s.bytes = host->bytes.size();
-    s.arg_names.push_back(arg);
-    if (host->sparse()) return upload_sparse(std::move(s), dtype);
+  // Every storage of the problem's arguments on the device, in one go. The dense ones' images
+  // (guard, data, guard continued over the block's spare tail) are packed into one host buffer,
+  // copied once into a staging block and spread with the library's copy_within_device; without
+  // it, or for a single storage, one copy each. Sparse storages as upload_sparse says.
+  void upload(const Problem& p) {
     const size_t G = DeviceRunner::kGuardBytes;
-    const size_t total = s.bytes + 2 * G;
-    s.capacity = blocks_.capacity_for(total);
     char msg[kMsg] = {0};
-    if (!blocks_.acquire(s.capacity, &s.device, &s.cached, msg, kMsg))
-      throw std::runtime_error("device allocation of " + std::to_string(total) + " bytes for '" +
-                               arg + "' failed: " + msg);
-    // Guard, data, guard; a reused block's spare tail continues the trailing guard's pattern.
-    std::vector<std::byte> staging(s.capacity);
-    for (size_t i = 0; i < G; ++i) staging[i] = guard_byte(i);
-    for (size_t i = 0; G + s.bytes + i < s.capacity; ++i)
-      staging[G + s.bytes + i] = guard_byte(i + 1);
-    std::memcpy(staging.data() + G, host->bytes.data(), s.bytes);
-    if (api_.copy_to_device(s.device, staging.data(), s.capacity, msg, kMsg) != ATTNCHECK_OK) {
-      blocks_.give_back(s.device, s.capacity, false);
-      throw std::runtime_error("copy to device for '" + arg + "' failed: " + msg);
+    std::vector<size_t> dense;  // indices into storages_
+    for (const auto& a : p.args) {
+      const auto& host = a.tensor.storage();
+      if (DeviceStorage* known = find(host)) {
+        known->arg_names.push_back(a.name);
+        continue;
+      }
+      DeviceStorage s;
+      s.host = host;
+      s.bytes = host->bytes.size();
+      s.arg_names.push_back(a.name);
+      if (host->sparse()) {
+        upload_sparse(std::move(s), a.tensor.dtype());
+        continue;
+      }
+      s.capacity = blocks_.capacity_for(s.bytes + 2 * G);
+      if (!blocks_.acquire(s.capacity, &s.device, &s.cached, msg, kMsg))
+        throw std::runtime_error("device allocation of " + std::to_string(s.bytes + 2 * G) +
+                                 " bytes for '" + a.name + "' failed: " + msg);
+      storages_.push_back(std::move(s));
+      dense.push_back(storages_.size() - 1);
     }
-    storages_.push_back(std::move(s));
-    return storages_.back();
+    size_t total = 0;
+    for (size_t i : dense) total += storages_[i].capacity;
+    std::vector<std::byte> image(total);
+    size_t at = 0;
+    for (size_t i : dense) {
+      const DeviceStorage& s = storages_[i];
+      std::byte* block = image.data() + at;
+      for (size_t k = 0; k < G; ++k) block[k] = guard_byte(k);
+      std::memcpy(block + G, s.host->bytes.data(), s.bytes);
+      for (size_t k = 0; G + s.bytes + k < s.capacity; ++k)
+        block[G + s.bytes + k] = guard_byte(k + 1);
+      at += s.capacity;
+    }
+    auto failed = [&](const DeviceStorage& s) {
+      return std::runtime_error("copy to device for '" + s.arg_names.front() + "' failed: " + msg);
+    };
+    if (dense.size() > 1 && ATTNCHECK_EXT_HAS(ext_, copy_within_device)) {
+      staging_.capacity = blocks_.capacity_for(total);
+      if (!blocks_.acquire(staging_.capacity, &staging_.device, &staging_.cached, msg, kMsg))
+        throw std::runtime_error("device allocation of " + std::to_string(total) +
+                                 " staging bytes failed: " + msg);
+      if (api_.copy_to_device(staging_.device, image.data(), total, msg, kMsg) != ATTNCHECK_OK)
+        throw std::runtime_error(std::string("copy to device (staging) failed: ") + msg);
+      at = 0;
+      for (size_t i : dense) {
+        const DeviceStorage& s = storages_[i];
+        if (ext_->copy_within_device(s.device, static_cast<std::byte*>(staging_.device) + at,
+                                     s.capacity, msg, kMsg) != ATTNCHECK_OK)
+          throw failed(s);
+        at += s.capacity;
+      }
+      return;
+    }
+    at = 0;
+    for (size_t i : dense) {
+      const DeviceStorage& s = storages_[i];
+      if (api_.copy_to_device(s.device, image.data() + at, s.capacity, msg, kMsg) != ATTNCHECK_OK)
+        throw failed(s);
+      at += s.capacity;
+    }
+  }
+  DeviceStorage* find(const std::shared_ptr<Storage>& host) {
+    for (auto& s : storages_)
+      if (s.host == host) return &s;
+    return nullptr;
   }
   // Guard before, the host-held bytes, guard after (for a sparse storage: its window only; the
   // poisoned rest is not read back).
@@ -293,6 +338,7 @@ class DeviceBuffers {
   const attncheck_plugin_ext_v1* ext_;
   DeviceBlockCache& blocks_;
   std::vector<DeviceStorage> storages_;
+  DeviceStorage staging_;  // the packed upload's block (no host storage)
 };
 
 struct Marshalled {
@@ -305,8 +351,9 @@ Marshalled marshal(const Problem& p, DeviceBuffers& bufs, bool rocm) {
   m.args.reserve(p.args.size());
   m.shapes.reserve(p.args.size());
   m.strides.reserve(p.args.size());
+  bufs.upload(p);
   for (const auto& a : p.args) {
-    auto& s = bufs.get(a.tensor.storage(), a.name, a.tensor.dtype());
+    const DeviceStorage& s = *bufs.find(a.tensor.storage());
     m.shapes.push_back(a.tensor.shape());
     m.strides.push_back(a.tensor.strides());
     attncheck_arg arg{};

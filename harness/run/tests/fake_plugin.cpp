@@ -32,7 +32,8 @@
 // it: "bake" replays with the input contents the capture saw (a wrapper that read its metadata on
 // the host at capture), "off" answers unsupported. $ATTNCHECK_FAKE_EXT_SIZE=before_graph, read
 // when the extension table is fetched, returns a table that ends before the graph fields (a
-// library built against the older table).
+// library built against the older table); =before_copy_within one that ends before
+// copy_within_device (the harness then uploads every storage with its own copy).
 //
 // $ATTNCHECK_FAKE_CONTRACT, when set, is the arithmetic contract every entry declares through the
 // extension table's `contract` (passed through unchecked, so a test can declare a bad name);
@@ -630,8 +631,14 @@ void graph_release(void* graph) {
   delete static_cast<RecordedCall*>(graph);
 }
 
-// Neither fill nor background work: the contract, the case context, the properties and graph
-// capture.
+// The "device" is host memory: a copy within it is a memcpy (the harness's packed upload).
+int copy_within_device(void* dst, const void* src, size_t bytes, char*, size_t) {
+  std::memcpy(dst, src, bytes);
+  return ATTNCHECK_OK;
+}
+
+// Neither fill nor background work: the contract, the case context, the properties, graph
+// capture and copies within the device.
 const attncheck_plugin_ext_v1 kExtension = {sizeof(attncheck_plugin_ext_v1),
                                             nullptr,
                                             nullptr,
@@ -640,7 +647,21 @@ const attncheck_plugin_ext_v1 kExtension = {sizeof(attncheck_plugin_ext_v1),
                                             properties,
                                             graph_capture,
                                             graph_replay,
-                                            graph_release};
+                                            graph_release,
+                                            copy_within_device};
+// The same table as a library built before copy_within_device would report it (one
+// copy_to_device per storage).
+const attncheck_plugin_ext_v1 kExtensionBeforeCopyWithin = {
+    offsetof(attncheck_plugin_ext_v1, copy_within_device),
+    nullptr,
+    nullptr,
+    contract,
+    case_context,
+    properties,
+    graph_capture,
+    graph_replay,
+    graph_release,
+    nullptr};
 // The same table as a library built before the graph fields would report it.
 const attncheck_plugin_ext_v1 kExtensionBeforeGraph = {
     offsetof(attncheck_plugin_ext_v1, graph_capture),
@@ -651,6 +672,7 @@ const attncheck_plugin_ext_v1 kExtensionBeforeGraph = {
     properties,
     nullptr,
     nullptr,
+    nullptr,
     nullptr};
 
 }  // namespace
@@ -658,6 +680,7 @@ const attncheck_plugin_ext_v1 kExtensionBeforeGraph = {
 extern "C" __attribute__((visibility("default"))) const attncheck_plugin_ext_v1*
 attncheck_plugin_ext_v1_get(void) {
   if (env("ATTNCHECK_FAKE_EXT_SIZE") == "before_graph") return &kExtensionBeforeGraph;
+  if (env("ATTNCHECK_FAKE_EXT_SIZE") == "before_copy_within") return &kExtensionBeforeCopyWithin;
   return &kExtension;
 }
 

@@ -29,6 +29,11 @@ class FakeKernels : public ::testing::Test {
   Result run(const std::string& op_name, const Params& given, const char* fault = nullptr,
              int repeat = 2, const std::string& arch = "fake-cpu",
              std::optional<KnownBug> bug = std::nullopt) {
+    return run_on(*lib_, op_name, given, fault, repeat, arch, bug);
+  }
+  static Result run_on(const KernelLibrary& lib, const std::string& op_name, const Params& given,
+                       const char* fault, int repeat = 2, const std::string& arch = "fake-cpu",
+                       std::optional<KnownBug> bug = std::nullopt) {
     if (fault)
       ::setenv("ATTNCHECK_FAKE_FAULT", fault, 1);
     else
@@ -37,7 +42,7 @@ class FakeKernels : public ::testing::Test {
     EXPECT_NE(op, nullptr);
     Case c = op->make_case(given);
     c.known_bug = bug;
-    DeviceRunner runner(*lib_, arch);
+    DeviceRunner runner(lib, arch);
     EvalContext ctx;
     ctx.device = &runner;
     ctx.options.repeat = repeat;
@@ -352,26 +357,41 @@ TEST_F(FakeKernels, EveryInjectedFaultIsReported) {
   }
 }
 
-// The device block cache (run/device.cpp) hands a storage a block of its size class, reused
-// from an earlier launch: the trailing guard runs to the block's end, so the fake's write at the
-// block's last G-th byte is caught wherever it lands; without the cache the block is guard, data,
-// guard and that byte is the first after the data. Launches that reuse blocks (the second launch,
-// every case after the first) still pass.
-TEST_F(FakeKernels, GuardAfterHoldsWithAndWithoutTheDeviceBlockCache) {
-  for (const char* cache : {"1", "0"}) {
-    ::setenv("ATTNCHECK_DEVICE_BLOCK_CACHE", cache, 1);
-    const Result clean = run("page_indices", {{"batch", 5}});
-    EXPECT_EQ(clean.verdict, Verdict::passed) << "cache " << cache << ": " << clean.message;
-    const Result again = run("page_indices", {{"batch", 5}});
-    EXPECT_EQ(again.verdict, Verdict::passed) << "cache " << cache << ": " << again.message;
-    const Result r = run("page_indices", {{"batch", 5}}, "guard_after");
-    EXPECT_EQ(r.verdict, Verdict::failed) << "cache " << cache << ": " << r.message;
-    const std::string expect =
-        std::string("guard after buffer of 'page_indices' overwritten at byte +") +
-        (cache == std::string("0") ? "0" : "");
-    EXPECT_TRUE(contains(r.message, expect)) << "cache " << cache << ": " << r.message;
-    ::unsetenv("ATTNCHECK_FAKE_FAULT");
-  }
+// Uploads (run/device.cpp): a storage gets a block of its size class from the device block
+// cache, reused from an earlier launch, whose trailing guard runs to the block's end; the
+// storages are packed into one copy and spread with copy_within_device when the library has it,
+// else copied one by one. Every way of uploading passes clean launches (the second launch and
+// every case after the first reuse blocks) and reports the same faults. The fake's guard_after
+// writes the block's last G-th byte from the end: with the cache that is somewhere in the
+// trailing guard; without it, guard + data + guard, it is the first byte after the data.
+TEST_F(FakeKernels, EveryWayOfUploadingReportsTheFaults) {
+  ::setenv("ATTNCHECK_FAKE_EXT_SIZE", "before_copy_within", 1);
+  KernelLibrary* per_storage = KernelLibrary::open(ATTNCHECK_FAKE_KERNELS).release();
+  ::unsetenv("ATTNCHECK_FAKE_EXT_SIZE");
+  for (KernelLibrary* lib : {lib_, per_storage})
+    for (const char* cache : {"1", "0"}) {
+      const std::string way =
+          std::string(lib == lib_ ? "packed" : "per storage") + ", cache " + cache;
+      ::setenv("ATTNCHECK_DEVICE_BLOCK_CACHE", cache, 1);
+      for (int i = 0; i < 2; ++i) {
+        const Result clean = run_on(*lib, "page_indices", {{"batch", 5}}, nullptr);
+        EXPECT_EQ(clean.verdict, Verdict::passed) << way << ": " << clean.message;
+      }
+      const std::vector<std::pair<const char*, std::string>> faults = {
+          {"guard_after",
+           std::string("guard after buffer of 'page_indices' overwritten at byte +") +
+               (cache == std::string("0") ? "0" : "")},
+          {"guard_before", "guard before buffer of 'page_indices' overwritten at byte -1"},
+          {"past_view", "(outside every argument's view)"},
+          {"modify_input", "byte 0 of buffer 'block_table' changed (input 'block_table')"},
+          {"unwritten", "elements of 'page_indices' were never written"}};
+      for (const auto& [fault, expect] : faults) {
+        const Result r = run_on(*lib, "page_indices", {{"batch", 5}}, fault);
+        EXPECT_EQ(r.verdict, Verdict::failed) << way << ", " << fault << ": " << r.message;
+        EXPECT_TRUE(contains(r.message, expect)) << way << ", " << fault << ": " << r.message;
+      }
+      ::unsetenv("ATTNCHECK_FAKE_FAULT");
+    }
   ::unsetenv("ATTNCHECK_DEVICE_BLOCK_CACHE");
 }
 
