@@ -63,20 +63,29 @@ bool is_integer(DType t) {
   return !is_floating(t);
 }
 
+namespace {
+constexpr MiniFloat kF16{5, 10, 15, MiniFloat::ieee};
+constexpr MiniFloat kBF16{8, 7, 127, MiniFloat::ieee};
+constexpr MiniFloat kE4M3FN{4, 3, 7, MiniFloat::fn};
+constexpr MiniFloat kE4M3FNUZ{4, 3, 8, MiniFloat::fnuz};
+constexpr MiniFloat kE5M2{5, 2, 15, MiniFloat::ieee};
+constexpr MiniFloat kE5M2FNUZ{5, 2, 16, MiniFloat::fnuz};
+}  // namespace
+
 MiniFloat minifloat_format(DType t) {
   switch (t) {
     case DType::f16:
-      return {5, 10, 15, MiniFloat::ieee};
+      return kF16;
     case DType::bf16:
-      return {8, 7, 127, MiniFloat::ieee};
+      return kBF16;
     case DType::e4m3fn:
-      return {4, 3, 7, MiniFloat::fn};
+      return kE4M3FN;
     case DType::e4m3fnuz:
-      return {4, 3, 8, MiniFloat::fnuz};
+      return kE4M3FNUZ;
     case DType::e5m2:
-      return {5, 2, 15, MiniFloat::ieee};
+      return kE5M2;
     case DType::e5m2fnuz:
-      return {5, 2, 16, MiniFloat::fnuz};
+      return kE5M2FNUZ;
     default:
       throw std::invalid_argument("not a narrow float type: " + std::string(dtype_name(t)));
   }
@@ -142,7 +151,7 @@ namespace {
 // even, a carry moving to the next binade, which is still finite in every format. This is what the
 // general path below computes with frexp / ldexp / nearbyint, at a fraction of the cost (input
 // generation is most of a case's CPU time, docs/results.md); numeric_test compares both paths.
-std::optional<uint32_t> encode_normal_fast(double x, const MiniFloat& f) {
+inline std::optional<uint32_t> encode_normal_fast(double x, const MiniFloat& f) {
   const auto bits = std::bit_cast<uint64_t>(x);
   const int e = static_cast<int>((bits >> 52) & 0x7FF) - 1023;
   const int emin = 1 - f.bias;
@@ -168,6 +177,37 @@ std::optional<uint32_t> encode_normal_fast(double x, const MiniFloat& f) {
 uint32_t encode_minifloat(double x, DType t, Saturation sat) {
   if (const auto fast = encode_normal_fast(x, minifloat_format(t))) return *fast;
   return encode_minifloat_by_scaling(x, t, sat);
+}
+
+namespace {
+// One format's run: F is a constant, so encode_normal_fast's shifts and bounds fold away.
+template <MiniFloat F, class Code>
+void encode_run(std::span<const double> x, DType t, Saturation sat, std::byte* out) {
+  for (size_t i = 0; i < x.size(); ++i) {
+    const auto fast = encode_normal_fast(x[i], F);
+    const auto code = static_cast<Code>(fast ? *fast : encode_minifloat_by_scaling(x[i], t, sat));
+    std::memcpy(out + i * sizeof(Code), &code, sizeof(Code));
+  }
+}
+}  // namespace
+
+void encode_minifloats(std::span<const double> x, DType t, Saturation sat, std::byte* out) {
+  switch (t) {
+    case DType::f16:
+      return encode_run<kF16, uint16_t>(x, t, sat, out);
+    case DType::bf16:
+      return encode_run<kBF16, uint16_t>(x, t, sat, out);
+    case DType::e4m3fn:
+      return encode_run<kE4M3FN, uint8_t>(x, t, sat, out);
+    case DType::e4m3fnuz:
+      return encode_run<kE4M3FNUZ, uint8_t>(x, t, sat, out);
+    case DType::e5m2:
+      return encode_run<kE5M2, uint8_t>(x, t, sat, out);
+    case DType::e5m2fnuz:
+      return encode_run<kE5M2FNUZ, uint8_t>(x, t, sat, out);
+    default:
+      minifloat_format(t);  // throws: not a narrow float type
+  }
 }
 
 uint32_t encode_minifloat_by_scaling(double x, DType t, Saturation sat) {

@@ -1,8 +1,10 @@
 // Encoders and decoders for the low-precision float formats, written from the format definitions
 // (OCP OFP8 spec, FNUZ RFC, IEEE 754) so that the reference never depends on a vendor header.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <span>
 
 #include "dtype.h"
 
@@ -36,6 +38,10 @@ uint32_t encode_minifloat(double x, DType t, Saturation sat = Saturation::satura
 // encode_minifloat is tested against; encode_minifloat uses it outside the normal range.
 uint32_t encode_minifloat_by_scaling(double x, DType t, Saturation sat = Saturation::saturate);
 double decode_minifloat(uint32_t bits, DType t);
+// encode_minifloat over a run of values, bit for bit, code i written at out + i * width as a
+// uint8_t (fp8) or uint16_t (f16, bf16): the input generators' chunked encoder, with the format's
+// parameters fixed at compile time instead of looked up per value.
+void encode_minifloats(std::span<const double> x, DType t, Saturation sat, std::byte* out);
 
 // Fast paths with identical results.
 uint16_t bf16_from_float(float x);

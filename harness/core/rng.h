@@ -8,6 +8,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -36,6 +37,10 @@ class Rng {
   // Per-element values (counter = element index).
   double uniform_at(uint64_t k) const;
   double normal_at(uint64_t k) const;
+  // The same values for k = first, first + 1, ... into out, computed in batches (the kernels
+  // below).
+  void uniform_run(uint64_t first, std::span<double> out) const;
+  void normal_run(uint64_t first, std::span<double> out) const;
 
   uint64_t key() const { return key_; }
 
@@ -53,6 +58,21 @@ void fill_uniform(const Tensor& t, const Rng& rng, double lo, double hi);
 void fill_uniform_int(const Tensor& t, const Rng& rng, int64_t lo, int64_t hi);  // [lo, hi]
 // Uniform over the finite values of an fp8 tensor whose magnitude lies in [min_abs, max_abs].
 void fill_fp8_codes(const Tensor& t, const Rng& rng, double max_abs);
+
+// The generators above compute runs of consecutive elements at once, with Philox lanes side by
+// side (structure of arrays), and encode them to bf16/f16/fp8 a run at a time; every kernel gives
+// the bytes of the per-element definitions (Rng::block, Rng::normal_at, encode_value), which
+// tests/rng_batch_test.cpp checks for each. The fastest one the CPU supports is used unless
+// set_philox_kernel chose another (tests and benchmarks; not thread-safe against fills running at
+// the same time).
+enum class PhiloxKernel {
+  portable,  // plain C++, any CPU
+  avx2,      // x86-64 AVX2, 8 lanes per vector
+};
+bool philox_kernel_available(PhiloxKernel k);
+PhiloxKernel philox_kernel();
+void set_philox_kernel(PhiloxKernel k);  // std::invalid_argument if this CPU lacks it
+void reset_philox_kernel();              // back to the fastest available
 
 std::vector<int64_t> permutation(int64_t n, Rng& rng);
 // Fills a NaN (or 0xFF bytes for integer/raw types) everywhere in the tensor's storage.
