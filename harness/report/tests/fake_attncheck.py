@@ -62,6 +62,7 @@ def main(argv):
                             device=device or "none", mode="kernel" if kernels else "reference",
                             filter=opts.get("filter", ""))
     (Path(opts["out"]) / "argv.json").write_text(json.dumps(argv))
+    (Path(opts["out"]) / "env.json").write_text(json.dumps({"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}))
     print(f"fake attncheck: {len(records)} cases")
     if "stress" in opts and os.environ.get("FAKE_STRESS_FAIL"):
         return 1

@@ -101,7 +101,7 @@ def fake_machine(tmp_path):
     tools.mkdir()
     env = dict(os.environ, ATTNCHECK_BUILD=str(build), PATH=f"{tools}:{os.environ['PATH']}")
     for var in ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
-                "GITHUB_STEP_SUMMARY", "GITHUB_ACTIONS", "CI"):
+                "GITHUB_STEP_SUMMARY", "GITHUB_ACTIONS", "CI", "OMP_NUM_THREADS"):
         env.pop(var, None)
     return {"build": build, "tools": tools, "env": env, "out": tmp_path / "out"}
 
@@ -152,6 +152,11 @@ def test_gpu_job_runs_one_process_with_a_pool_per_visible_gpu(fake_machine):
     # each mutant run on one GPU, with its share of that GPU's pool
     margv = json.loads((f["out"] / "mutants" / "demo" / "argv.json").read_text())
     assert margv[margv.index("--gpus") + 1] in ("3", "5") and "--jobs-per-gpu" in margv
+    # by default one worker per mutant run and as many runs as the pools have workers: one
+    # reference thread each, not the machine's cores each
+    assert margv[margv.index("--jobs-per-gpu") + 1] == "1"
+    menv = json.loads((f["out"] / "mutants" / "demo" / "env.json").read_text())
+    assert menv["OMP_NUM_THREADS"] == "1"
 
 
 def test_gpu_job_pools_the_mutation_runs_on_one_gpu(fake_machine):
