@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -231,19 +232,34 @@ void for_each_process(F&& f) {
     const ssize_t n = ::read(fd, buf, sizeof buf - 1);
     ::close(fd);
     if (n <= 0) continue;
-    const std::string text(buf, static_cast<size_t>(n));
-    const auto close = text.rfind(')');  // the command name may hold anything, ')' included
-    if (close == std::string::npos) continue;
-    std::istringstream fields(text.substr(close + 1));
+    buf[n] = '\0';
+    // Parsed in place: every case's leftover check scans all of /proc (a stream per file made
+    // the scan a few ms per case on a busy host).
+    const char* close = std::strrchr(buf, ')');  // the command name may hold anything, ')' too
+    if (!close) continue;
+    // Fields after the name: 3 state, 4 ppid, 5 pgrp, ... 24 rss (pages).
+    const char* at = close + 1;
+    auto next_field = [&at]() -> const char* {
+      while (*at == ' ') ++at;
+      if (!*at) return nullptr;
+      const char* field = at;
+      while (*at && *at != ' ') ++at;
+      return field;
+    };
     ProcStat s;
     s.pid = static_cast<pid_t>(std::atol(e->d_name));
-    long ppid = 0, pgrp = 0;
-    fields >> s.state >> ppid >> pgrp;
-    s.pgrp = static_cast<pid_t>(pgrp);
-    std::string skip;
-    for (int i = 0; i < 18 && fields; ++i) fields >> skip;  // session .. vsize (fields 6-23)
-    fields >> s.rss_pages;                                  // field 24
-    if (fields) f(s);
+    const char* state = next_field();
+    if (!state) continue;
+    s.state = *state;
+    bool complete = true;
+    for (int field = 4; field <= 24 && complete; ++field) {
+      const char* v = next_field();
+      complete = v != nullptr;
+      if (!complete) break;
+      if (field == 5) s.pgrp = static_cast<pid_t>(std::strtol(v, nullptr, 10));
+      if (field == 24) s.rss_pages = std::strtoull(v, nullptr, 10);
+    }
+    if (complete) f(s);
   }
   ::closedir(d);
 }
