@@ -50,6 +50,7 @@ struct RunArgs {
   std::string worker_memory;      // --worker-memory: "" = the default (run_command.cpp)
   int shrink = 0;                 // --shrink N: shrink the first N failures (run/shrink.h)
   double shrink_time_s = 300;     // --shrink-time: seconds per shrunk failure
+  int max_failures = 0;           // --max-failures N: no new case after N failing ones; 0: all
 };
 
 struct ReproArgs {

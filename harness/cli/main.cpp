@@ -155,6 +155,11 @@ int main(int argc, char** argv) {
       ->expected(0, 1)
       ->default_str("5")
       ->check(CLI::Range(1, 10000));
+  run_cmd
+      ->add_option("--max-failures", run.max_failures,
+                   "start no new case once N cases failed (the rest are skipped, saying why); "
+                   "0: run every case")
+      ->check(CLI::Range(0, 100000000));
   run_cmd->add_option("--shrink-time", run.shrink_time_s, "seconds spent shrinking one failure")
       ->check(finite_in(1, 7 * 24 * 3600.0))
       ->capture_default_str();

@@ -615,6 +615,19 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
     progress.update(++done, summary.failures, cases[i].id);
   };
 
+  // --max-failures: a case not started once that many failed (its own verdict, saying why).
+  RunOptions not_run_opt;
+  not_run_opt.kernels_path = kernels;
+  not_run_opt.repro_extra = path_flags(paths);
+  auto not_run = [&](const Case& c) {
+    not_run_opt.arch = hello ? hello->value("arch", "") : a.arch;
+    Result r = lost_case_result(c, Mode::none, not_run_opt,
+                                "not run: the run stopped starting cases after " +
+                                    std::to_string(a.max_failures) + " failed (--max-failures)");
+    r.verdict = Verdict::skipped;
+    return r;
+  };
+
   if (a.in_process) {
     WorkerConfig cfg{"",        paths.golden,       kernels,  a.arch,
                      repro_dir, path_flags(paths),  a.repeat, a.allow_missing_goldens,
@@ -633,7 +646,10 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
       return out;
     };
     try {
-      for (size_t i = 0; i < runnable; ++i) record(i, run_case(*ctx, cases[i]));
+      for (size_t i = 0; i < runnable; ++i)
+        record(i, a.max_failures > 0 && summary.failures >= a.max_failures
+                      ? not_run(cases[i])
+                      : run_case(*ctx, cases[i]));
     } catch (const std::exception& e) {  // a results file that cannot be written
       progress.clear();
       std::cerr << "attncheck: " << e.what() << "\n";
@@ -728,6 +744,10 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
         } catch (const std::invalid_argument&) {  // on_result reports the unreadable line
         }
       };
+    if (a.max_failures > 0) {
+      cb.stop_dispatching = [&] { return summary.failures >= a.max_failures; };
+      cb.on_not_run = [&, order](size_t t) { record(order[t], not_run(cases[order[t]])); };
+    }
     cb.on_lost = [&, order](size_t t, const std::string& what) {
       const size_t i = order[t];
       lost_opt.arch = hello ? hello->value("arch", "") : a.arch;

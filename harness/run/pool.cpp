@@ -493,6 +493,13 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
 
   while (done < tasks.size()) {
     const auto now = Clock::now();
+    if (next < tasks.size() && cb.stop_dispatching && cb.on_not_run && cb.stop_dispatching()) {
+      while (next < tasks.size()) {
+        ++done;
+        cb.on_not_run(next++);
+      }
+      if (done == tasks.size()) break;
+    }
     for (auto& w : workers) {
       if (w.pid < 0 && next < tasks.size()) w = spawn(spec, spawned++, w.slot);
       if (w.pid >= 0 && w.ready && !w.retiring && w.busy < 0 && next < tasks.size()) {

@@ -73,6 +73,10 @@ struct PoolCallbacks {
   // one_case_per_worker: the worker with this serial ran task `index` and has exited; the
   // callback may amend its result before on_result receives it.
   std::function<void(int serial, size_t index, nlohmann::json& result)> on_worker_exit;
+  // Asked before each task is handed out: true stops handing out tasks (the ones running finish);
+  // every task not started then goes to on_not_run (both needed, or neither).
+  std::function<bool()> stop_dispatching;
+  std::function<void(size_t index)> on_not_run;
 };
 
 // Runs every task, each exactly once. Throws std::runtime_error when workers cannot start: a

@@ -178,6 +178,34 @@ TEST_F(Cli, RunWithAFakeLibraryReportsEachFailureWithItsRepro) {
       << py.text;
 }
 
+// --max-failures N: no case starts once N failed; the cases not started are skipped, saying why,
+// in pool and in-process runs alike (mutant runs: the kill is known, the rest would only cost).
+TEST_F(Cli, MaxFailuresStopsStartingCases) {
+  for (const std::string& how : {std::string(" --jobs 1"), std::string(" --in-process")}) {
+    const fs::path out = dir("maxfail" + std::to_string(how.size()));
+    const Output o = sh("ATTNCHECK_FAKE_FAULT=unwritten " + at() + " run --kernels " + kFake + how +
+                        " --max-failures 1 --out " + out.string());
+    EXPECT_EQ(o.status, 1) << o.text;
+    int failed = 0, skipped = 0, total = 0;
+    std::ifstream in(out / "results.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      const auto r = nlohmann::json::parse(line);
+      ++total;
+      failed += r["verdict"] == "failed";
+      if (r["verdict"] == "skipped") {
+        ++skipped;
+        EXPECT_TRUE(has(r["message"].get<std::string>(),
+                        "not run: the run stopped starting cases after 1 failed (--max-failures)"))
+            << line;
+      }
+    }
+    EXPECT_EQ(failed, 1) << how << "\n" << o.text;
+    EXPECT_GT(skipped, 0) << how << "\n" << o.text;
+    // one case failed, and only the cases that were running then may have ended otherwise
+    EXPECT_LE(total - failed - skipped, how == " --in-process" ? 0 : 1) << how << "\n" << o.text;
+  }
+}
+
 TEST_F(Cli, CrashesAndHangsFailOnlyTheirCase) {
   auto expect_row = [](const std::string& text, int passed, int failed, int known_bug, int xpass) {
     const auto row = summary_row(text, "page_indices");
@@ -389,8 +417,7 @@ TEST_F(Cli, GoldenVerifyPassesAndFailsOnACorruptedCopy) {
   // A run against a corrupt golden is an error for each case, naming the file.
   o = sh(kBin + " --cases " + kData + "/cases --golden " + copy.string() + " run");
   EXPECT_EQ(o.status, 1) << o.text;
-  EXPECT_TRUE(has(o.text, "not run: " + file.string() + ": not read: 1000 bytes"))
-      << o.text;
+  EXPECT_TRUE(has(o.text, "not run: " + file.string() + ": not read: 1000 bytes")) << o.text;
 
   o = sh(at() + " golden diff");
   EXPECT_EQ(o.status, 0) << o.text;

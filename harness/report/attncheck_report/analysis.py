@@ -270,8 +270,9 @@ class Mutation:
 
 def mutation_analysis(mutant_runs, normal_cases, specs: dict) -> Mutation:
     """A mutant is killed when a case is failing with the mutant library and not with the normal
-    one. Every case of the run counts (a mutant of one kernel file may break any op built from it);
-    a failing 'error' (the harness could not run the case) does not kill, nor does a known bug."""
+    one. Every case of the run counts (ci/gpu-job runs a mutant on every op its define can change);
+    a failing 'error' (the harness could not run the case) does not kill, nor does a known bug, nor
+    a case skipped after the run's --max-failures."""
     by_name = defaultdict(list)
     for run in mutant_runs:
         name = run.mutant

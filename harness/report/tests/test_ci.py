@@ -155,6 +155,7 @@ def test_gpu_job_runs_one_process_with_a_pool_per_visible_gpu(fake_machine):
     # by default one worker per mutant run and as many runs as the pools have workers: one
     # reference thread each, not the machine's cores each
     assert margv[margv.index("--jobs-per-gpu") + 1] == "1"
+    assert margv[margv.index("--max-failures") + 1] == "5"  # the kill, not every failure
     menv = json.loads((f["out"] / "mutants" / "demo" / "env.json").read_text())
     assert menv["OMP_NUM_THREADS"] == "1"
 
