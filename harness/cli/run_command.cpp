@@ -198,7 +198,13 @@ PoolPlan pools_for(const RunArgs& a, bool kernel_mode) {
   std::string variable;
   std::vector<VisibleGpu> gpus;
   if (kernel_mode && a.gpus != "none") {
-    const auto visible = visible_gpus(&variable);
+    // Memory sizes the pools only when the workers per GPU are not given.
+    const bool sized = a.gpus != "auto" && a.jobs_per_gpu > 0;
+    std::vector<VisibleGpu> visible;
+    if (sized)
+      variable = gpu_variable();
+    else
+      visible = visible_gpus(&variable);
     if (a.gpus == "auto") {
       gpus = visible;
     } else {

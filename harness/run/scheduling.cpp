@@ -118,6 +118,14 @@ std::vector<VisibleGpu> visible_gpus(std::string* variable) {
   return gpus;
 }
 
+std::string gpu_variable() {
+  for (const char* var : {"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"})
+    if (std::getenv(var)) return var;
+  std::error_code ec;
+  if (fs::exists("/dev/nvidiactl", ec)) return "CUDA_VISIBLE_DEVICES";
+  return amd_gpus().empty() ? "CUDA_VISIBLE_DEVICES" : "HIP_VISIBLE_DEVICES";
+}
+
 void use_ctest_gpu() {
   const char* spec = std::getenv("CTEST_RESOURCE_GROUP_0_GPUS");
   if (!spec) return;

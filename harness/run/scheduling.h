@@ -19,6 +19,10 @@ struct VisibleGpu {
 // CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES / ROCR_VISIBLE_DEVICES when set, else nvidia-smi's
 // list, else the AMD GPUs in /sys/class/kfd. *variable: the variable that selects one of them
 // for a worker. Empty when there is none.
+// The device-selection variable of this machine's GPUs, as visible_gpus() would name it, without
+// asking nvidia-smi for memory sizes (a process per run: slow on a busy host, and not needed
+// when the workers per GPU are given).
+std::string gpu_variable();
 std::vector<VisibleGpu> visible_gpus(std::string* variable);
 
 struct GpuPool {
