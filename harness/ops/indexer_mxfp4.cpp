@@ -117,11 +117,13 @@ Tensor make_cache(const mx::CacheGeometry& g, int64_t pages, int64_t pad, std::b
 // bf16 rows with non-power-of-two magnitudes per row and per `block`-element block.
 void fill_rows(const Tensor& t, const Rng& rng, int64_t block = 32) {
   const int64_t rows = t.size(0), D = t.size(1);
+  std::vector<double> values(static_cast<size_t>(block));
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t b = 0; b < D / block; ++b) {
       const double factor = std::exp(rng.normal_at(static_cast<uint64_t>(1000000 + r * 64 + b)));
+      rng.normal_run(static_cast<uint64_t>(r * D + b * block), values);  // normal_at, batched
       for (int64_t d = b * block; d < b * block + block; ++d)
-        t.set({r, d}, factor * rng.normal_at(static_cast<uint64_t>(r * D + d)));
+        t.set({r, d}, factor * values[static_cast<size_t>(d - b * block)]);
     }
 }
 

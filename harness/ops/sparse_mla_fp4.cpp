@@ -83,11 +83,12 @@ Tensor make_topk(const std::string& case_id, const SparseMlaFp4Params& p, const 
 std::vector<double> record_values(const Rng& rng, int64_t slot, rec::Format f) {
   std::vector<double> x(static_cast<size_t>(rec::kDims));
   const int64_t block = rec::block_elems(f);
+  std::vector<double> u(static_cast<size_t>(rec::kDims));
+  rng.uniform_run(static_cast<uint64_t>(slot * rec::kDims), u);  // uniform_at, batched
   for (int64_t b = 0; b < rec::kDims / block; ++b) {
     const double factor = std::exp(rng.normal_at(static_cast<uint64_t>((1 << 30) + slot * 64 + b)));
     for (int64_t i = b * block; i < (b + 1) * block; ++i)
-      x[static_cast<size_t>(i)] =
-          factor * (2.0 * rng.uniform_at(static_cast<uint64_t>(slot * rec::kDims + i)) - 1.0);
+      x[static_cast<size_t>(i)] = factor * (2.0 * u[static_cast<size_t>(i)] - 1.0);
   }
   return x;
 }

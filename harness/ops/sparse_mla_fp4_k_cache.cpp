@@ -33,12 +33,14 @@ struct Fp4KCacheParams {
 
 // bf16 rows: blocks of N(0, 1) times a non-power-of-two factor exp(2 N(0, 1)) per 16 elements.
 void fill_rows(const Tensor& k, const Rng& rng) {
+  std::vector<double> values(16);
   for (int64_t r = 0; r < k.size(0); ++r)
     for (int64_t b = 0; b < rec::kDims / 16; ++b) {
       const double factor =
           std::exp(2.0 * rng.normal_at(static_cast<uint64_t>((1 << 30) + r * 64 + b)));
+      rng.normal_run(static_cast<uint64_t>(r * rec::kDims + b * 16), values);  // batched
       for (int64_t d = b * 16; d < b * 16 + 16; ++d)
-        k.set({r, d}, factor * rng.normal_at(static_cast<uint64_t>(r * rec::kDims + d)));
+        k.set({r, d}, factor * values[static_cast<size_t>(d - b * 16)]);
     }
 }
 
