@@ -198,10 +198,10 @@ PoolPlan pools_for(const RunArgs& a, bool kernel_mode) {
   std::string variable;
   std::vector<VisibleGpu> gpus;
   if (kernel_mode && a.gpus != "none") {
-    // Memory sizes the pools only when the workers per GPU are not given.
-    const bool sized = a.gpus != "auto" && a.jobs_per_gpu > 0;
+    // GPU memory sizes the pools only when the workers per GPU are not given.
+    const bool workers_given = a.gpus != "auto" && a.jobs_per_gpu > 0;
     std::vector<VisibleGpu> visible;
-    if (sized)
+    if (workers_given)
       variable = gpu_variable();
     else
       visible = visible_gpus(&variable);

@@ -403,13 +403,14 @@ void Tensor::copy_from(const Tensor& src) {
     throw std::invalid_argument("copy_from: shape mismatch " + src.describe() + " -> " +
                                 describe());
   const bool same = src.dtype_ == dtype_;
-  std::byte* dst = const_cast<std::byte*>(direct_bytes());
+  const std::byte* from = src.direct_bytes();
+  auto* to = const_cast<std::byte*>(direct_bytes());
   const auto es = static_cast<int64_t>(element_size());
-  // Source bits are read through for_each_bits_with (this tensor's bits in the pair are unused).
-  src.for_each_bits_with(*this, [&](const Index& idx, int64_t, uint64_t bits, uint64_t) {
+  src.for_each_offset_with(*this, [&](const Index& idx, int64_t, int64_t os, int64_t od) {
+    const uint64_t bits = from ? src.bits_at(from, os) : src.get_bits(idx);
     const uint64_t out = same ? bits : encode_value(decode_value(bits, src.dtype_), dtype_);
-    if (dst)
-      std::memcpy(dst + unchecked_offset(idx) * es, &out, static_cast<size_t>(es));
+    if (to)
+      std::memcpy(to + od * es, &out, static_cast<size_t>(es));
     else
       set_bits(idx, out);
   });
@@ -417,8 +418,9 @@ void Tensor::copy_from(const Tensor& src) {
 
 std::vector<double> Tensor::to_vector() const {
   std::vector<double> v(static_cast<size_t>(numel()));
-  for_each_bits_with(*this, [&](const Index&, int64_t k, uint64_t bits, uint64_t) {
-    v[static_cast<size_t>(k)] = decode_value(bits, dtype_);
+  const std::byte* bytes = direct_bytes();
+  for_each_offset_with(*this, [&](const Index& idx, int64_t k, int64_t off, int64_t) {
+    v[static_cast<size_t>(k)] = decode_value(bytes ? bits_at(bytes, off) : get_bits(idx), dtype_);
   });
   return v;
 }

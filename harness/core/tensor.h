@@ -138,35 +138,20 @@ class Tensor {
       }
     }
   }
-  // Calls fn(idx, k, this element's bits, other's element's bits) for every element in row-major
-  // logical order, the two views (one shape) walked by incremental offsets over their bytes: the
-  // compares and dtype conversions, which per-element get_bits (index checks, a function per
-  // element) made a large part of a case's time. A view on a sparse storage, or one reaching
-  // outside its bytes, goes through get_bits, which checks and throws as before.
+  // Calls fn(idx, k, this element's offset, other's element's offset) for every element in
+  // row-major logical order, the two views (one shape) walked by incremental offsets.
   template <class Fn>
-  void for_each_bits_with(const Tensor& other, Fn&& fn) const {
+  void for_each_offset_with(const Tensor& other, Fn&& fn) const {
     const int64_t n = numel();
     if (n == 0) return;
     if (other.shape_ != shape_)
-      throw std::invalid_argument("for_each_bits_with: shape mismatch " + describe() + " vs " +
+      throw std::invalid_argument("for_each_offset_with: shape mismatch " + describe() + " vs " +
                                   other.describe());
-    const std::byte* a = direct_bytes();
-    const std::byte* b = other.direct_bytes();
-    const size_t ea = element_size(), eb = other.element_size();
     const size_t nd = shape_.size();
     Index idx(nd, 0);
     int64_t oa = offset_, ob = other.offset_;
     for (int64_t k = 0; k < n; ++k) {
-      uint64_t va = 0, vb = 0;
-      if (a)
-        std::memcpy(&va, a + oa * static_cast<int64_t>(ea), ea);
-      else
-        va = get_bits(idx);
-      if (b)
-        std::memcpy(&vb, b + ob * static_cast<int64_t>(eb), eb);
-      else
-        vb = other.get_bits(idx);
-      fn(static_cast<const Index&>(idx), k, va, vb);
+      fn(static_cast<const Index&>(idx), k, oa, ob);
       for (size_t d = nd; d-- > 0;) {
         oa += strides_[d];
         ob += other.strides_[d];
@@ -176,6 +161,20 @@ class Tensor {
         idx[d] = 0;
       }
     }
+  }
+  // Calls fn(idx, k, this element's bits, other's element's bits) for every element, in the
+  // order above, reading the bits straight from the storages' bytes: the compares, which
+  // per-element get_bits (index checks, a function per element) made a large part of a case's
+  // time. A view on a sparse storage, or one reaching outside its bytes, goes through get_bits,
+  // which checks and throws as before.
+  template <class Fn>
+  void for_each_bits_with(const Tensor& other, Fn&& fn) const {
+    const std::byte* a = direct_bytes();
+    const std::byte* b = other.direct_bytes();
+    for_each_offset_with(other, [&](const Index& idx, int64_t k, int64_t oa, int64_t ob) {
+      fn(idx, k, a ? bits_at(a, oa) : get_bits(idx),
+         b ? other.bits_at(b, ob) : other.get_bits(idx));
+    });
   }
   // All elements as doubles, row-major logical order.
   std::vector<double> to_vector() const;
@@ -187,11 +186,12 @@ class Tensor {
   // The storage's bytes when every element of this view lies in them (a dense storage), else
   // nullptr (sparse, or a view past its storage: the checked per-element path).
   const std::byte* direct_bytes() const;
-  // Element offset of an index known to be in range (the walks above).
-  int64_t unchecked_offset(const Index& idx) const {
-    int64_t off = offset_;
-    for (size_t d = 0; d < idx.size(); ++d) off += idx[d] * strides_[d];
-    return off;
+  // The bits of the element at `offset` of direct_bytes() `bytes`.
+  uint64_t bits_at(const std::byte* bytes, int64_t offset) const {
+    uint64_t bits = 0;
+    const size_t es = element_size();
+    std::memcpy(&bits, bytes + offset * static_cast<int64_t>(es), es);
+    return bits;
   }
   void check_access(size_t bytes) const;
 

@@ -36,71 +36,52 @@ void label(benchmark::State& state, const Tensor& t, Impl impl) {
       benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 
-// Args: dtype, elements, Impl. About 4 MB of bf16 / f16, 4 MB of fp8, 8 MB of f32.
-void BM_FillNormal(benchmark::State& state) {
-  const auto dt = static_cast<DType>(state.range(0));
-  const auto impl = static_cast<Impl>(state.range(2));
-  const Tensor t = Tensor::empty(dt, {state.range(1) / 1024, 1024});
+// Times `fill` (the per-element definition's or the batched one's, by impl) over `t`.
+template <class Definition, class Batched>
+void time_fill(benchmark::State& state, const Tensor& t, Impl impl, Definition definition,
+               Batched batched) {
   const Rng rng("core_bench", "x");
   if (impl != kDefinition && !use(state, impl)) return;
   for (auto _ : state) {
     if (impl == kDefinition)
-      rng_definition::fill_normal(t, rng);
+      definition(t, rng);
     else
-      fill_normal(t, rng);
+      batched(t, rng);
     benchmark::DoNotOptimize(t.data());
   }
   label(state, t, impl);
   reset_philox_kernel();
+}
+
+auto normal_definition = [](const Tensor& t, const Rng& rng) {
+  rng_definition::fill_normal(t, rng);
+};
+auto normal_batched = [](const Tensor& t, const Rng& rng) { fill_normal(t, rng); };
+
+// Args: dtype, elements, Impl. About 4 MB of bf16 / f16, 4 MB of fp8, 8 MB of f32.
+void BM_FillNormal(benchmark::State& state) {
+  const Tensor t = Tensor::empty(static_cast<DType>(state.range(0)), {state.range(1) / 1024, 1024});
+  time_fill(state, t, static_cast<Impl>(state.range(2)), normal_definition, normal_batched);
 }
 
 // The same over a transposed view (every element in its own run of one).
 void BM_FillNormalTransposed(benchmark::State& state) {
-  const auto impl = static_cast<Impl>(state.range(0));
   const Tensor t = Tensor::empty(DType::bf16, {1024, 2048}).permute({1, 0});
-  const Rng rng("core_bench", "x");
-  if (impl != kDefinition && !use(state, impl)) return;
-  for (auto _ : state) {
-    if (impl == kDefinition)
-      rng_definition::fill_normal(t, rng);
-    else
-      fill_normal(t, rng);
-    benchmark::DoNotOptimize(t.data());
-  }
-  label(state, t, impl);
-  reset_philox_kernel();
+  time_fill(state, t, static_cast<Impl>(state.range(0)), normal_definition, normal_batched);
 }
 
 void BM_FillUniform(benchmark::State& state) {
-  const auto impl = static_cast<Impl>(state.range(0));
-  const Tensor t = Tensor::empty(DType::bf16, {2048, 1024});
-  const Rng rng("core_bench", "x");
-  if (impl != kDefinition && !use(state, impl)) return;
-  for (auto _ : state) {
-    if (impl == kDefinition)
-      rng_definition::fill_uniform(t, rng, -1.0, 1.0);
-    else
-      fill_uniform(t, rng, -1.0, 1.0);
-    benchmark::DoNotOptimize(t.data());
-  }
-  label(state, t, impl);
-  reset_philox_kernel();
+  time_fill(
+      state, Tensor::empty(DType::bf16, {2048, 1024}), static_cast<Impl>(state.range(0)),
+      [](const Tensor& t, const Rng& rng) { rng_definition::fill_uniform(t, rng, -1.0, 1.0); },
+      [](const Tensor& t, const Rng& rng) { fill_uniform(t, rng, -1.0, 1.0); });
 }
 
 void BM_FillFp8Codes(benchmark::State& state) {
-  const auto impl = static_cast<Impl>(state.range(0));
-  const Tensor t = Tensor::empty(DType::e4m3fn, {4096, 1024});
-  const Rng rng("core_bench", "x");
-  if (impl != kDefinition && !use(state, impl)) return;
-  for (auto _ : state) {
-    if (impl == kDefinition)
-      rng_definition::fill_fp8_codes(t, rng, 448.0);
-    else
-      fill_fp8_codes(t, rng, 448.0);
-    benchmark::DoNotOptimize(t.data());
-  }
-  label(state, t, impl);
-  reset_philox_kernel();
+  time_fill(
+      state, Tensor::empty(DType::e4m3fn, {4096, 1024}), static_cast<Impl>(state.range(0)),
+      [](const Tensor& t, const Rng& rng) { rng_definition::fill_fp8_codes(t, rng, 448.0); },
+      [](const Tensor& t, const Rng& rng) { fill_fp8_codes(t, rng, 448.0); });
 }
 
 void normal_args(benchmark::internal::Benchmark* b) {

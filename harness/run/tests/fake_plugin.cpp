@@ -649,31 +649,19 @@ const attncheck_plugin_ext_v1 kExtension = {sizeof(attncheck_plugin_ext_v1),
                                             graph_replay,
                                             graph_release,
                                             copy_within_device};
-// The same table as a library built before copy_within_device would report it (one
-// copy_to_device per storage).
-const attncheck_plugin_ext_v1 kExtensionBeforeCopyWithin = {
-    offsetof(attncheck_plugin_ext_v1, copy_within_device),
-    nullptr,
-    nullptr,
-    contract,
-    case_context,
-    properties,
-    graph_capture,
-    graph_replay,
-    graph_release,
-    nullptr};
-// The same table as a library built before the graph fields would report it.
-const attncheck_plugin_ext_v1 kExtensionBeforeGraph = {
-    offsetof(attncheck_plugin_ext_v1, graph_capture),
-    nullptr,
-    nullptr,
-    contract,
-    case_context,
-    properties,
-    nullptr,
-    nullptr,
-    nullptr,
-    nullptr};
+// The table as a library built against a shorter header reports it: `size` ends at `field_offset`
+// and the fields from there on do not exist (zeroed here).
+attncheck_plugin_ext_v1 built_before(size_t field_offset) {
+  attncheck_plugin_ext_v1 t = kExtension;
+  t.size = static_cast<uint32_t>(field_offset);
+  std::memset(reinterpret_cast<char*>(&t) + field_offset, 0, sizeof t - field_offset);
+  return t;
+}
+// Before copy_within_device (one copy_to_device per storage); before the graph fields.
+const attncheck_plugin_ext_v1 kExtensionBeforeCopyWithin =
+    built_before(offsetof(attncheck_plugin_ext_v1, copy_within_device));
+const attncheck_plugin_ext_v1 kExtensionBeforeGraph =
+    built_before(offsetof(attncheck_plugin_ext_v1, graph_capture));
 
 }  // namespace
 
