@@ -726,16 +726,12 @@ attncheck_plugin_v1 g_table = {
 
 // No fill, background work or copies within the device: the harness uploads poison, runs
 // without concurrent kernels and copies each storage on its own.
-const attncheck_plugin_ext_v1 g_extension = {sizeof(attncheck_plugin_ext_v1),
-                                             nullptr,
-                                             nullptr,
-                                             contract,
-                                             case_context,
-                                             properties,
-                                             graph_capture,
-                                             graph_replay,
-                                             graph_release,
-                                             nullptr};
+const attncheck_plugin_ext_v1 g_extension = {sizeof(attncheck_plugin_ext_v1), nullptr, nullptr,
+                                             contract, case_context, properties, graph_capture,
+                                             graph_replay, graph_release, nullptr,
+                                             // One thread: adapters keep per-call state in Python
+                                             // (torch's current stream is per thread).
+                                             0};
 
 }  // namespace
 

@@ -27,13 +27,13 @@ extern "C" {
 /* Status codes returned by every entry. */
 enum attncheck_status {
   ATTNCHECK_OK = 0,
-  ATTNCHECK_REFUSED = 1,    /* the kernel cannot serve this configuration; msg says why */
-  ATTNCHECK_ERROR = 2,      /* launch or runtime failure on the device; msg says what. The
-                               harness starts a fresh process for the next case (sticky faults) */
-  ATTNCHECK_UNKNOWN_OP = 3, /* the library has no entry of this name */
-  ATTNCHECK_NO_DEVICE = 4,  /* no usable GPU */
-  ATTNCHECK_HOST_ERROR = 5, /* the entry failed on the host before or without a device fault
-                               (an exception in argument handling); the device is still usable */
+  ATTNCHECK_REFUSED = 1,     /* the kernel cannot serve this configuration; msg says why */
+  ATTNCHECK_ERROR = 2,       /* launch or runtime failure on the device; msg says what. The
+                                harness starts a fresh process for the next case (sticky faults) */
+  ATTNCHECK_UNKNOWN_OP = 3,  /* the library has no entry of this name */
+  ATTNCHECK_NO_DEVICE = 4,   /* no usable GPU */
+  ATTNCHECK_HOST_ERROR = 5,  /* the entry failed on the host before or without a device fault
+                                (an exception in argument handling); the device is still usable */
   ATTNCHECK_UNSUPPORTED = 6, /* the kernel does not serve this configuration although it is valid
                                 (an adapter's upstream kernel has no path for it); msg says why.
                                 Not a failure: the case is reported unsupported */
@@ -134,6 +134,15 @@ typedef struct attncheck_plugin_ext_v1 {
      share one (docs/results.md). NULL, or a library whose `size` ends before this field: one
      copy_to_device per storage. */
   int (*copy_within_device)(void* dst, const void* src, size_t bytes, char* msg, size_t msg_len);
+  /* 1: every entry may be called from any thread of the process, one call at a time (the harness
+     never makes two calls at once, and a launch's sequence of calls, from its allocations and
+     uploads through case_context, run or graph_replay to its last copy back, is never interleaved
+     with another thread's). A worker then runs several cases at once in threads that share the
+     library and one GPU context: a context per process is created one at a time, host-wide, and
+     contexts time-slice the GPU (docs/results.md). Any other value, or a library whose `size`
+     ends before this field: the harness calls from one thread only. Not a function, so not
+     tested with ATTNCHECK_EXT_HAS. */
+  uint32_t any_thread;
 } attncheck_plugin_ext_v1;
 
 /* Whether `ext` (may be NULL) holds a non-NULL `field`: a library built against an older, shorter

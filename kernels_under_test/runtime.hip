@@ -446,6 +446,8 @@ const attncheck_plugin_ext_v1 kExtension = {
     .graph_replay = graph_replay,
     .graph_release = graph_release,
     .copy_within_device = copy_within_device,
+    // Its state (the capture stream, cached device properties) is process-wide, never per thread.
+    .any_thread = 1,
 };
 
 const attncheck_plugin_v1 kTable = {

@@ -34,11 +34,12 @@ struct RunArgs {
   std::string arch;     // known-bug scope override
   std::string shard = "0/1";
   int repeat = 2;
-  int jobs = 0;               // workers in all; 0: pools per GPU sized from cores and memory
-  int jobs_per_gpu = 0;       // --jobs-per-gpu: workers per GPU; 0: from cores and memory
-  std::string gpus = "auto";  // --gpus: auto, none, or a list of ids ("0,1")
-  std::string durations;      // --durations: ci/case-durations.json (shards by time)
-  bool profile = false;       // --profile: where the time went, per phase and per op
+  int jobs = 0;                // cases at once in all; 0: pools per GPU from cores and memory
+  int jobs_per_gpu = 0;        // --jobs-per-gpu: cases at once per GPU; 0: from cores and memory
+  int threads_per_worker = 0;  // --threads-per-worker: cases per worker process; 0: the default
+  std::string gpus = "auto";   // --gpus: auto, none, or a list of ids ("0,1")
+  std::string durations;       // --durations: ci/case-durations.json (shards by time)
+  bool profile = false;        // --profile: where the time went, per phase and per op
   std::string out;
   double timeout_s = 120;
   bool in_process = false;
@@ -105,6 +106,7 @@ struct WorkerArgs {
   bool allow_missing_goldens = false;
   int stress = 0;
   double import_timeout_s = 120;
+  int threads = 1;  // cases at once (run/worker.h)
 };
 
 struct KernelsArgs {

@@ -98,12 +98,18 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   run_cmd
       ->add_option("--jobs", run.jobs,
-                   "worker processes in all, spread over the GPUs [a pool per GPU: the cores "
-                   "shared by the GPUs, at most one worker per 6 GiB of the GPU's memory]")
+                   "cases at once in all, spread over the GPUs [a pool per GPU: the cores "
+                   "shared by the GPUs, at most one case per 6 GiB of the GPU's memory]")
       ->check(CLI::Range(1, 1024));
   run_cmd
       ->add_option("--jobs-per-gpu", run.jobs_per_gpu,
-                   "worker processes per GPU (instead of the size from cores and memory)")
+                   "cases at once per GPU (instead of the size from cores and memory)")
+      ->check(CLI::Range(1, 256));
+  run_cmd
+      ->add_option("--threads-per-worker", run.threads_per_worker,
+                   "cases one worker process runs at once, in threads sharing its GPU context, "
+                   "when the kernel library allows calls from any thread [16 with a GPU, at "
+                   "most the pool's cases; 1 without one, and for py: adapters]")
       ->check(CLI::Range(1, 256));
   run_cmd
       ->add_option("--gpus", run.gpus,
@@ -262,6 +268,7 @@ int main(int argc, char** argv) {
   worker_cmd->add_option("--arch", worker.arch);
   worker_cmd->add_option("--repeat", worker.repeat);
   worker_cmd->add_option("--stress", worker.stress);
+  worker_cmd->add_option("--threads", worker.threads);
   worker_cmd->add_option("--repro-dir", worker.repro_dir);
   worker_cmd->add_option("--repro-extra", worker.repro_extra);
   worker_cmd->add_flag("--allow-missing-goldens", worker.allow_missing_goldens);

@@ -50,6 +50,7 @@ int cmd_worker(const Paths& p, const WorkerArgs& a) {
   cfg.repro_extra = a.repro_extra;
   cfg.allow_missing_goldens = a.allow_missing_goldens;
   cfg.import_timeout_s = a.import_timeout_s;
+  cfg.threads = std::max(1, a.threads);
   for (const auto& checked : a.golden_checked) {
     const auto eq = checked.find('=');
     if (eq != std::string::npos) cfg.golden_checked[checked.substr(0, eq)] = checked.substr(eq + 1);
@@ -228,22 +229,33 @@ PoolPlan pools_for(const RunArgs& a, bool kernel_mode) {
   const int cores = ::sched_getaffinity(0, sizeof allowed, &allowed) == 0
                         ? CPU_COUNT(&allowed)
                         : static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
-  PoolPlan plan = plan_pools(gpus, std::max(cores, 1), a.jobs, a.jobs_per_gpu);
+  // The Python bridge does not declare calls from any thread (docs/bridge.md): a process per case.
+  const std::string kernels = !a.kernels.empty()                 ? a.kernels
+                              : std::getenv("ATTNCHECK_KERNELS") ? std::getenv("ATTNCHECK_KERNELS")
+                                                                 : "";
+  // The stress mode's device-wide conditions and a sanitizer's one case per process: one thread.
+  const int threads = !a.sanitizer.empty() || a.stress > 0 ? 1
+                      : a.threads_per_worker > 0           ? a.threads_per_worker
+                      : kernels.rfind("py:", 0) == 0       ? 1
+                                                           : 0;
+  PoolPlan plan = plan_pools(gpus, std::max(cores, 1), a.jobs, a.jobs_per_gpu, threads);
   plan.variable = variable;
-  if (const char* threads = std::getenv("OMP_NUM_THREADS"); threads && std::atoi(threads) > 0)
-    plan.cpu_threads = std::atoi(threads);  // the user's choice stands
+  if (const char* omp = std::getenv("OMP_NUM_THREADS"); omp && std::atoi(omp) > 0)
+    plan.cpu_threads = std::atoi(omp);  // the user's choice stands
   return plan;
 }
 
 std::string describe_pools(const PoolPlan& plan) {
   std::ostringstream os;
   if (plan.pools.empty()) {
-    os << plan.jobs << " worker(s)";
+    os << plan.jobs << " case(s) at once";
   } else {
     for (size_t i = 0; i < plan.pools.size(); ++i)
       os << (i ? ", " : "") << "GPU " << plan.pools[i].gpu.id << ": " << plan.pools[i].jobs;
-    os << " worker(s) (" << plan.variable << ")";
+    os << " case(s) at once (" << plan.variable << ")";
   }
+  os << " in " << plan.processes() << " worker process(es)";
+  if (plan.threads > 1) os << " of " << plan.threads << " threads";
   os << ", " << plan.cpu_threads << " reference thread(s) each; " << plan.why;
   return os.str();
 }
@@ -559,6 +571,8 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
         {"sanitizer", a.sanitizer},
         {"smem_poison", !a.no_smem_poison},
         {"jobs", a.in_process ? 0 : plan.jobs},
+        {"workers", a.in_process ? 0 : plan.processes()},
+        {"threads_per_worker", a.in_process ? 0 : plan.threads},
         {"cpu_threads", plan.cpu_threads},
         {"pools", pools_json(pool_use)},
         {"durations", a.durations},
@@ -598,6 +612,9 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
       std::cout << "  REFERENCE ONLY, kernels not checked: " << h.value("no_device", "")
                 << "\n  checking the reference against the goldens\n";
     if (!a.in_process) std::cout << "  pools: " << describe_pools(plan) << "\n";
+    if (h.contains("threads_why") && h["threads_why"].is_string())
+      std::cout << "  one case per worker process: " << h["threads_why"].get<std::string>()
+                << " (the pool opens more processes instead)\n";
     std::cout << std::flush;
   };
   auto record = [&](size_t i, const Result& r) {
@@ -663,11 +680,12 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
     }
   } else {
     WorkerSpec spec;
-    spec.jobs = plan.jobs;
+    spec.jobs = plan.processes();
+    spec.threads = plan.threads;
     spec.slot_env = slot_env;
     spec.case_timeout_s = a.timeout_s;
     try {
-      spec.memory_limit = worker_memory_limit(a.worker_memory, plan.jobs);
+      spec.memory_limit = worker_memory_limit(a.worker_memory, plan.processes());
     } catch (const std::invalid_argument& e) {
       std::cerr << "attncheck: " << e.what() << "\n";
       return 2;
@@ -682,6 +700,8 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
       spec.args.insert(spec.args.end(), {"--repro-extra", path_flags(paths)});
     if (a.allow_missing_goldens) spec.args.push_back("--allow-missing-goldens");
     if (a.stress > 0) spec.args.insert(spec.args.end(), {"--stress", std::to_string(a.stress)});
+    if (plan.threads > 1)
+      spec.args.insert(spec.args.end(), {"--threads", std::to_string(plan.threads)});
     for (const auto& [op, stamp] : checked_goldens)
       spec.args.insert(spec.args.end(), {"--golden-checked", op + "=" + stamp});
     std::string sanitizer_log;

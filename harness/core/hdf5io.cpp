@@ -729,6 +729,11 @@ void require_replaceable(const std::filesystem::path& path) {
                            " (only missing paths and regular files are written)");
 }
 
+std::recursive_mutex& hdf5_mutex() {
+  static std::recursive_mutex m;
+  return m;
+}
+
 std::string read_in_child(const std::function<void()>& read, double timeout_s) {
   int fds[2];
   if (::pipe(fds) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));

@@ -8,13 +8,14 @@
 //
 // Every failure (missing, truncated or corrupt file, missing dataset or attribute, dtype or shape
 // mismatch) throws std::runtime_error naming the file and the object; HDF5's own error stack is
-// never printed. Not thread-safe (Debian's libhdf5 is not built thread-safe): one H5File per
-// thread at a time.
+// never printed. Not thread-safe (Debian's libhdf5 is not built thread-safe): threads of one
+// process that use HDF5 hold hdf5_mutex() over every use (GoldenStore, repro bundles).
 #pragma once
 #include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -104,6 +105,10 @@ class H5File {
   int64_t file_id_ = -1;                // hid_t
   bool writable_ = false;
 };
+
+// The process's one lock over libhdf5 (its state is global). Recursive: a locked caller may call
+// another that locks.
+std::recursive_mutex& hdf5_mutex();
 
 // Runs `read` in a forked child process, so that libhdf5 crashing (SIGSEGV, SIGABRT, heap
 // corruption) or looping on damaged metadata ends the child and not the caller; the child reads

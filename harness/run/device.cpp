@@ -82,9 +82,10 @@ DLDataType dl_dtype(DType t) {
 struct DeviceStorage {
   std::shared_ptr<Storage> host;
   void* device = nullptr;
-  size_t bytes = 0;     // storage bytes (guards excluded)
-  size_t capacity = 0;  // the device block's bytes (guards and the block's spare tail included)
-  bool cached = false;  // the block came from (and goes back to) the DeviceBlockCache
+  size_t bytes = 0;         // storage bytes (guards excluded)
+  size_t capacity = 0;      // the device block's bytes (guards and the block's spare tail included)
+  bool cached = false;      // the block came from (and goes back to) the DeviceBlockCache
+  DType dtype = DType::u8;  // of its first argument (a sparse storage's poison)
   std::vector<std::string> arg_names;
 };
 }  // namespace
@@ -102,11 +103,12 @@ class DeviceBlockCache {
   static constexpr size_t kLargest = size_t{128} << 20;
   static constexpr size_t kKept = size_t{512} << 20;
 
-  explicit DeviceBlockCache(const attncheck_plugin_v1& api) : api_(api) {
+  explicit DeviceBlockCache(const KernelLibrary& lib) : lib_(lib), api_(lib.api()) {
     const char* env = std::getenv("ATTNCHECK_DEVICE_BLOCK_CACHE");
     enabled_ = !(env && std::string(env) == "0");
   }
   ~DeviceBlockCache() {
+    const auto lock = lib_.exclusive();
     for (auto& [size, ptr] : free_) api_.release(ptr);
   }
   DeviceBlockCache(const DeviceBlockCache&) = delete;
@@ -135,6 +137,7 @@ class DeviceBlockCache {
   }
   void give_back(void* ptr, size_t capacity, bool cached) {
     if (!cached || kept_ + capacity > kKept) {
+      const auto lock = lib_.exclusive();
       api_.release(ptr);
       return;
     }
@@ -143,6 +146,7 @@ class DeviceBlockCache {
   }
 
  private:
+  const KernelLibrary& lib_;
   const attncheck_plugin_v1& api_;
   bool enabled_ = true;
   std::multimap<size_t, void*> free_;
@@ -153,20 +157,17 @@ namespace {
 class DeviceBuffers {
  public:
   DeviceBuffers(const KernelLibrary& lib, DeviceBlockCache& blocks)
-      : api_(lib.api()), ext_(lib.extension()), blocks_(blocks) {}
+      : lib_(lib), api_(lib.api()), ext_(lib.extension()), blocks_(blocks) {}
   ~DeviceBuffers() {
     for (auto& s : storages_)
       if (s.device) blocks_.give_back(s.device, s.capacity, s.cached);
     if (staging_.device) blocks_.give_back(staging_.device, staging_.capacity, staging_.cached);
   }
-  // Every storage of the problem's arguments on the device, in one go. The dense ones' images
-  // (guard, data, guard continued over the block's spare tail) are packed into one host buffer,
-  // copied once into a staging block and spread with the library's copy_within_device; without
-  // it, or for a single storage, one copy each. Sparse storages as upload_sparse says.
-  void upload(const Problem& p) {
+  // The host half of an upload, outside the launch lock: every storage of the problem's
+  // arguments, and the dense ones' images (guard, data, guard continued over the block's spare
+  // tail) packed into one host buffer.
+  void plan(const Problem& p) {
     const size_t G = DeviceRunner::kGuardBytes;
-    char msg[kMsg] = {0};
-    std::vector<size_t> dense;  // indices into storages_
     for (const auto& a : p.args) {
       const auto& host = a.tensor.storage();
       if (DeviceStorage* known = find(host)) {
@@ -177,30 +178,46 @@ class DeviceBuffers {
       s.host = host;
       s.bytes = host->bytes.size();
       s.arg_names.push_back(a.name);
-      if (host->sparse()) {
-        upload_sparse(std::move(s), a.tensor.dtype());
-        continue;
-      }
-      s.capacity = blocks_.capacity_for(s.bytes + 2 * G);
-      if (!blocks_.acquire(s.capacity, &s.device, &s.cached, msg, kMsg))
-        throw std::runtime_error("device allocation of " + std::to_string(s.bytes + 2 * G) +
-                                 " bytes for '" + a.name + "' failed: " + msg);
+      s.dtype = a.tensor.dtype();
+      if (!host->sparse()) s.capacity = blocks_.capacity_for(s.bytes + 2 * G);
       storages_.push_back(std::move(s));
-      dense.push_back(storages_.size() - 1);
     }
     size_t total = 0;
-    for (size_t i : dense) total += storages_[i].capacity;
-    std::vector<std::byte> image(total);
+    for (const auto& s : storages_)
+      if (!s.host->sparse()) total += s.capacity;
+    image_.resize(total);
     size_t at = 0;
-    for (size_t i : dense) {
-      const DeviceStorage& s = storages_[i];
-      std::byte* block = image.data() + at;
+    for (const auto& s : storages_) {
+      if (s.host->sparse()) continue;
+      std::byte* block = image_.data() + at;
       for (size_t k = 0; k < G; ++k) block[k] = guard_byte(k);
       std::memcpy(block + G, s.host->bytes.data(), s.bytes);
       for (size_t k = 0; G + s.bytes + k < s.capacity; ++k)
         block[G + s.bytes + k] = guard_byte(k + 1);
       at += s.capacity;
     }
+  }
+  // The device half, under the launch lock: blocks for the dense storages, the packed image
+  // copied once into a staging block and spread with the library's copy_within_device (without
+  // it, or for a single storage, one copy each); sparse storages as upload_sparse says.
+  void send() {
+    const size_t G = DeviceRunner::kGuardBytes;
+    char msg[kMsg] = {0};
+    std::vector<size_t> dense;  // indices into storages_
+    for (size_t i = 0; i < storages_.size(); ++i) {
+      DeviceStorage& s = storages_[i];
+      if (s.host->sparse()) {
+        upload_sparse(s);
+        continue;
+      }
+      if (!blocks_.acquire(s.capacity, &s.device, &s.cached, msg, kMsg))
+        throw std::runtime_error("device allocation of " + std::to_string(s.bytes + 2 * G) +
+                                 " bytes for '" + s.arg_names.front() + "' failed: " + msg);
+      dense.push_back(i);
+    }
+    const std::vector<std::byte>& image = image_;
+    const size_t total = image.size();
+    size_t at = 0;
     auto failed = [&](const DeviceStorage& s) {
       return std::runtime_error("copy to device for '" + s.arg_names.front() + "' failed: " + msg);
     };
@@ -288,7 +305,7 @@ class DeviceBuffers {
   // A sparse storage: the whole extent on the device, guards around it, the host window uploaded
   // at its place and everything else poisoned on the device (the library's fill, else uploads of
   // a poison chunk), so gigabytes of cache never exist on the host.
-  DeviceStorage& upload_sparse(DeviceStorage s, DType dtype) {
+  void upload_sparse(DeviceStorage& s) {
     const size_t G = DeviceRunner::kGuardBytes;
     const uint64_t extent = s.host->extent, begin = s.host->window_begin;
     const size_t total = extent + 2 * G;
@@ -296,16 +313,17 @@ class DeviceBuffers {
     s.cached = false;
     char msg[kMsg] = {0};
     const std::string& arg = s.arg_names.front();
-    if (api_.alloc(total, &s.device, msg, kMsg) != ATTNCHECK_OK)
+    if (api_.alloc(total, &s.device, msg, kMsg) != ATTNCHECK_OK) {
+      s.device = nullptr;
       throw std::runtime_error("device allocation of " + std::to_string(total) +
                                " bytes for sparse '" + arg + "' failed: " + msg);
-    storages_.push_back(s);  // released by the destructor from here on
+    }
     auto* dev = static_cast<std::byte*>(s.device);
     auto upload = [&](std::byte* dst, const void* src, size_t n) {
       if (n && api_.copy_to_device(dst, src, n, msg, kMsg) != ATTNCHECK_OK)
         throw std::runtime_error("copy to device for '" + arg + "' failed: " + msg);
     };
-    const uint32_t pattern = sparse_poison_pattern(dtype);
+    const uint32_t pattern = sparse_poison_pattern(s.dtype);
     auto poison = [&](std::byte* dst, size_t n) {
       if (n == 0) return;
       if (ATTNCHECK_EXT_HAS(ext_, fill)) {
@@ -331,14 +349,15 @@ class DeviceBuffers {
     const uint64_t tail = end - end % 4;  // restart the pattern at a 4-byte boundary
     poison(dev + G + tail, extent - tail);
     upload(dev + G + begin, s.host->bytes.data(), s.bytes);
-    return storages_.back();
   }
 
+  const KernelLibrary& lib_;
   const attncheck_plugin_v1& api_;
   const attncheck_plugin_ext_v1* ext_;
   DeviceBlockCache& blocks_;
   std::vector<DeviceStorage> storages_;
-  DeviceStorage staging_;  // the packed upload's block (no host storage)
+  DeviceStorage staging_;         // the packed upload's block (no host storage)
+  std::vector<std::byte> image_;  // plan(): the dense storages' blocks, packed
 };
 
 struct Marshalled {
@@ -351,7 +370,6 @@ Marshalled marshal(const Problem& p, DeviceBuffers& bufs, bool rocm) {
   m.args.reserve(p.args.size());
   m.shapes.reserve(p.args.size());
   m.strides.reserve(p.args.size());
-  bufs.upload(p);
   for (const auto& a : p.args) {
     const DeviceStorage& s = *bufs.find(a.tensor.storage());
     m.shapes.push_back(a.tensor.shape());
@@ -446,6 +464,21 @@ bool KernelLibrary::has_entry(const std::string& entry) const {
   return std::find(entries_.begin(), entries_.end(), entry) != entries_.end();
 }
 
+bool KernelLibrary::any_thread() const {
+  return ext_ && ext_->size >= offsetof(attncheck_plugin_ext_v1, any_thread) + sizeof(uint32_t) &&
+         ext_->any_thread == 1;
+}
+
+void KernelLibrary::note_device_error() const {
+  const auto lock = exclusive();
+  if (!first_device_error_) first_device_error_ = std::this_thread::get_id();
+}
+
+bool KernelLibrary::first_device_error_was_mine() const {
+  const auto lock = exclusive();
+  return first_device_error_ == std::this_thread::get_id();
+}
+
 std::optional<DeviceInfo> KernelLibrary::device(std::string* why) const {
   char name[256] = {0}, arch[64] = {0}, msg[kMsg] = {0};
   if (api_->device_info(name, sizeof name, arch, sizeof arch, msg, kMsg) != ATTNCHECK_OK) {
@@ -456,9 +489,10 @@ std::optional<DeviceInfo> KernelLibrary::device(std::string* why) const {
 }
 
 DeviceRunner::DeviceRunner(const KernelLibrary& lib, std::string arch)
-    : lib_(lib), arch_(std::move(arch)), blocks_(std::make_unique<DeviceBlockCache>(lib.api())) {}
+    : lib_(lib), arch_(std::move(arch)), blocks_(std::make_unique<DeviceBlockCache>(lib)) {}
 
 DeviceRunner::~DeviceRunner() {
+  const auto lock = lib_.exclusive();
   if (l2_scratch_) lib_.api().release(l2_scratch_);
 }
 
@@ -505,6 +539,34 @@ DeviceOutcome DeviceRunner::run(const Problem& p, const LaunchConditions& when) 
 }
 
 namespace {
+// One launch's device calls under the library's launch lock (KernelLibrary::exclusive). A section
+// left by an exception (a failed allocation or copy: the launch's device error) or marked
+// failed() records the device error while still holding the lock, so that the first launch to
+// fail is the one recorded even when other threads' launches fail after it.
+class LaunchSection {
+ public:
+  explicit LaunchSection(const KernelLibrary& lib)
+      : lib_(lib), lock_(lib.exclusive()), exceptions_(std::uncaught_exceptions()) {}
+  ~LaunchSection() {
+    if (lock_.owns_lock() && (failed_ || std::uncaught_exceptions() > exceptions_))
+      lib_.note_device_error();
+  }
+  LaunchSection(const LaunchSection&) = delete;
+  LaunchSection& operator=(const LaunchSection&) = delete;
+  void failed() { failed_ = true; }
+  // The device calls are done; the host work after them runs unlocked.
+  void release() {
+    if (failed_) lib_.note_device_error();
+    lock_.unlock();
+  }
+
+ private:
+  const KernelLibrary& lib_;
+  std::unique_lock<std::recursive_mutex> lock_;
+  int exceptions_;
+  bool failed_ = false;
+};
+
 // The ABI's case_context, when the library wants it: false (msg filled) when it fails.
 bool send_case_context(const KernelLibrary& lib, const Problem& p, char* msg) {
   // A problem made by hand (tests) has none: "null" then, so no earlier case's context lingers.
@@ -547,15 +609,25 @@ double ms_between(std::chrono::steady_clock::time_point a,
 }  // namespace
 
 namespace {
-// After a launch: every storage read back, its guards and the bytes no output may write checked
+// After a launch, under the launch lock: every storage read back (bytes in the order of
+// bufs.all()).
+std::vector<std::vector<std::byte>> read_back_all(DeviceBuffers& bufs, LaunchTimings& timings) {
+  const auto read_start = std::chrono::steady_clock::now();
+  std::vector<std::vector<std::byte>> images;
+  for (auto& s : bufs.all()) images.push_back(bufs.read_back(s));
+  timings.download_ms += ms_between(read_start, std::chrono::steady_clock::now());
+  return images;
+}
+
+// Then, outside the lock: each storage's guards and the bytes no output may write checked
 // (violations), the output and inout views rebuilt over the bytes that came back.
-void read_back_outputs(const Problem& p, DeviceBuffers& bufs, DeviceOutcome& out,
-                       LaunchTimings& timings) {
-  for (auto& s : bufs.all()) {
-    const auto read_start = std::chrono::steady_clock::now();
-    const auto back = bufs.read_back(s);
+void check_read_back(const Problem& p, DeviceBuffers& bufs,
+                     const std::vector<std::vector<std::byte>>& images, DeviceOutcome& out,
+                     LaunchTimings& timings) {
+  for (size_t storage = 0; storage < bufs.all().size(); ++storage) {
+    const DeviceStorage& s = bufs.all()[storage];
+    const std::vector<std::byte>& back = images[storage];
     const auto checks_start = std::chrono::steady_clock::now();
-    timings.download_ms += ms_between(read_start, checks_start);
     struct GuardClock {  // every exit of this iteration
       LaunchTimings& t;
       std::chrono::steady_clock::time_point since;
@@ -665,32 +737,38 @@ DeviceOutcome DeviceRunner::run_unguarded(const Problem& p, const LaunchConditio
   std::optional<DownloadClock> release_clock;
   const auto upload_start = std::chrono::steady_clock::now();
   DeviceBuffers bufs(lib_, *blocks_);
-  const bool rocm = arch_.rfind("gfx", 0) == 0;
-  Marshalled m = marshal(p, bufs, rocm);
-  prepare_launch(when);
-  timings_.upload_ms += ms_between(upload_start, std::chrono::steady_clock::now());
+  bufs.plan(p);
   const std::string params = p.kernel_params.dump();
   const std::string kernel = p.kernel;
   char msg[kMsg] = {0};
-  if (!send_case_context(lib_, p, msg)) {
-    out.status = ATTNCHECK_HOST_ERROR;
-    out.message = std::string("the library did not take the case context: ") + msg;
-    return out;
+  std::vector<std::vector<std::byte>> images;
+  {
+    LaunchSection section(lib_);
+    bufs.send();
+    Marshalled m = marshal(p, bufs, arch_.rfind("gfx", 0) == 0);
+    prepare_launch(when);
+    timings_.upload_ms += ms_between(upload_start, std::chrono::steady_clock::now());
+    if (!send_case_context(lib_, p, msg)) {
+      out.status = ATTNCHECK_HOST_ERROR;
+      out.message = std::string("the library did not take the case context: ") + msg;
+      return out;
+    }
+    const SmemPoisonFor poison(when.smem_poison);
+    const auto t0 = std::chrono::steady_clock::now();
+    out.status = api.run(kernel.c_str(), params.c_str(), m.args.data(),
+                         static_cast<int>(m.args.size()), msg, kMsg);
+    out.wall_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    timings_.launch_ms += out.wall_ms;
+    ++timings_.launches;
+    out.message = msg;
+    if (out.status == ATTNCHECK_ERROR) section.failed();
+    if (out.status != ATTNCHECK_OK && out.status != ATTNCHECK_REFUSED &&
+        out.status != ATTNCHECK_UNSUPPORTED)
+      return out;
+    images = read_back_all(bufs, timings_);
   }
-  const SmemPoisonFor poison(when.smem_poison);
-  const auto t0 = std::chrono::steady_clock::now();
-  out.status = api.run(kernel.c_str(), params.c_str(), m.args.data(),
-                       static_cast<int>(m.args.size()), msg, kMsg);
-  out.wall_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  timings_.launch_ms += out.wall_ms;
-  ++timings_.launches;
-  out.message = msg;
-  if (out.status != ATTNCHECK_OK && out.status != ATTNCHECK_REFUSED &&
-      out.status != ATTNCHECK_UNSUPPORTED)
-    return out;
-
-  read_back_outputs(p, bufs, out, timings_);
+  check_read_back(p, bufs, images, out, timings_);
   release_clock.emplace(timings_);
   return out;
 }
@@ -711,6 +789,9 @@ DeviceOutcome DeviceRunner::replay(const Problem& captured, const Problem& repla
   try {
     const auto* ext = lib_.extension();
     DeviceBuffers bufs(lib_, *blocks_);
+    bufs.plan(captured);
+    LaunchSection section(lib_);
+    bufs.send();
     Marshalled m = marshal(captured, bufs, arch_.rfind("gfx", 0) == 0);
     const std::string params = captured.kernel_params.dump();
     char msg[kMsg] = {0};
@@ -724,6 +805,7 @@ DeviceOutcome DeviceRunner::replay(const Problem& captured, const Problem& repla
     out.status = ext->graph_capture(captured.kernel.c_str(), params.c_str(), m.args.data(),
                                     static_cast<int>(m.args.size()), &graph, msg, kMsg);
     const std::unique_ptr<void, void (*)(void*)> owned(graph, ext->graph_release);
+    if (out.status == ATTNCHECK_ERROR) section.failed();
     if (out.status != ATTNCHECK_OK) {
       // Unsupported: the library's reason as it stands (the step is skipped with it).
       out.message =
@@ -735,11 +817,14 @@ DeviceOutcome DeviceRunner::replay(const Problem& captured, const Problem& repla
     out.wall_ms = ms_between(t0, std::chrono::steady_clock::now());
     timings_.launch_ms += out.wall_ms;
     timings_.launches += 2;
+    if (out.status == ATTNCHECK_ERROR) section.failed();
     if (out.status != ATTNCHECK_OK) {
       out.message = std::string("graph replay: ") + msg;
       return out;
     }
-    read_back_outputs(replayed, bufs, out, timings_);
+    const auto images = read_back_all(bufs, timings_);
+    section.release();
+    check_read_back(replayed, bufs, images, out, timings_);
   } catch (const std::exception& e) {
     out.status = ATTNCHECK_ERROR;
     out.message = std::string("device I/O failed: ") + e.what();
@@ -750,6 +835,9 @@ DeviceOutcome DeviceRunner::replay(const Problem& captured, const Problem& repla
 double DeviceRunner::time(const Problem& p, int warmup, int iters, std::string* err) const {
   const auto& api = lib_.api();
   DeviceBuffers bufs(lib_, *blocks_);
+  bufs.plan(p);
+  LaunchSection section(lib_);
+  bufs.send();
   Marshalled m = marshal(p, bufs, arch_.rfind("gfx", 0) == 0);
   const std::string params = p.kernel_params.dump();
   char msg[kMsg] = {0};

@@ -4,8 +4,10 @@
 // kernel touched that it must not have.
 #pragma once
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -46,6 +48,24 @@ class KernelLibrary {
   std::vector<std::string> declared_properties(const std::string& entry) const;
   // nullopt when there is no usable device; `why` gets the library's message.
   std::optional<DeviceInfo> device(std::string* why = nullptr) const;
+  // Whether the library may be called from several threads, one call at a time (extension table,
+  // `any_thread`): a worker then runs cases in threads that share it (run/worker.h).
+  bool any_thread() const;
+
+  // Held by a thread over one launch's calls, from its first allocation to its last copy back
+  // (DeviceRunner): launches of different threads never interleave in the library or on the GPU,
+  // so nothing of another case is live on the device while a kernel runs, and the case context
+  // and shared-memory poison a launch set are the ones its kernel sees. Recursive: releases made
+  // inside a launch lock again.
+  std::unique_lock<std::recursive_mutex> exclusive() const {
+    return std::unique_lock<std::recursive_mutex>(launch_mutex_);
+  }
+  // A launch of the calling thread ended in a device error (ATTNCHECK_ERROR, or a failed
+  // allocation or copy); called while holding exclusive(). The first such thread is kept: a
+  // fault leaves the context unusable, and other threads' later launches fail because of it.
+  void note_device_error() const;
+  // Whether the calling thread's launch was the process's first to end in a device error.
+  bool first_device_error_was_mine() const;
 
  private:
   KernelLibrary() = default;
@@ -54,6 +74,8 @@ class KernelLibrary {
   const attncheck_plugin_ext_v1* ext_ = nullptr;
   std::string path_;
   std::vector<std::string> entries_;
+  mutable std::recursive_mutex launch_mutex_;
+  mutable std::optional<std::thread::id> first_device_error_;  // guarded by launch_mutex_
 };
 
 struct DeviceOutcome {

@@ -257,6 +257,7 @@ H5File& GoldenStore::file(const std::string& op) {
 }
 
 std::vector<std::string> GoldenStore::case_ids(const std::string& op) {
+  const std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());  // the store's maps too
   H5File& f = file(op);
   std::vector<std::string> ids;
   if (!f.has("cases")) return ids;
@@ -265,6 +266,7 @@ std::vector<std::string> GoldenStore::case_ids(const std::string& op) {
 }
 
 std::optional<GoldenCase> GoldenStore::load(const std::string& op, const std::string& id) {
+  const std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());  // the store's maps too
   if (const auto it = overrides_.find(op + "\n" + id); it != overrides_.end()) return it->second;
   if (!has_op(op)) return std::nullopt;
   H5File& f = file(op);

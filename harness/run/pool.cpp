@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -29,21 +30,28 @@ constexpr size_t kTailBytes = 4096;
 // Each check reads /proc/<pid>/stat of every process (a few ms on a busy host).
 constexpr auto kMemoryCheckEvery = std::chrono::milliseconds(250);
 
+// A request written to a worker and not answered yet.
+struct InFlight {
+  size_t task = 0;
+  uint64_t seq = 0;
+  std::string sent_id;  // its id as the request carried it (invalid UTF-8 replaced)
+  Clock::time_point sent_at, deadline;
+};
+
 struct Worker {
   pid_t pid = -1;  // also its process group
   int in = -1, out = -1, err = -1;
   std::string out_buf, err_tail;
   bool ready = false;
   bool out_eof = false;
-  bool retiring = false;  // said it exits after its last result: gets no further case
-  long busy = -1;         // task index being run
-  uint64_t seq = 0;       // the request number of `busy`
-  std::string sent_id;    // its id as the request carried it (invalid UTF-8 replaced)
-  Clock::time_point deadline;
-  Clock::time_point sent_at;  // when the request of `busy` was written
-  size_t slot = 0;            // its place in the pool (WorkerSpec::slot_env)
-  int serial = -1;            // spawn number ("{worker}" in the wrapper's arguments)
-  long pending = -1;          // one_case_per_worker: task whose result waits for the exit
+  bool retiring = false;  // said it exits after its last answer: gets no further case
+  std::vector<InFlight> flight;
+  int capacity = 1;            // cases at once, as its hello said (WorkerSpec::threads)
+  bool isolating = false;      // runs a case alone: nothing else is sent until it is answered
+  Clock::time_point deadline;  // of its start, or of its exit once retiring with nothing in flight
+  size_t slot = 0;             // its place in the pool (WorkerSpec::slot_env)
+  int serial = -1;             // spawn number ("{worker}" in the wrapper's arguments)
+  long pending = -1;           // one_case_per_worker: task whose result waits for the exit
   nlohmann::json pending_result;
 };
 
@@ -201,17 +209,26 @@ std::string excerpt(const std::string& line, size_t max = 300) {
   return line.size() > max ? line.substr(0, max) + " ..." : line;
 }
 
-// Why `j` is not the answer to request `seq` for `id`; "" when it is.
-std::string answer_mismatch(const nlohmann::json& j, uint64_t seq, const std::string& id) {
-  if (!j.is_object() || !j.contains("result") || !j["result"].is_object())
+// Why `j` is not the answer to request `seq` for `id`; "" when it is. A requeue answer (no
+// result) is one only from a worker that runs several cases at once.
+std::string answer_mismatch(const nlohmann::json& j, uint64_t seq, const std::string& id,
+                            bool requeue_allowed) {
+  const bool requeue = requeue_allowed && j.is_object() && j.contains("requeue") &&
+                       j["requeue"].is_string() && !j.contains("result");
+  if (!requeue && (!j.is_object() || !j.contains("result") || !j["result"].is_object()))
     return "it is not a result";
   if (!j.contains("seq") || !j["seq"].is_number_unsigned() || j["seq"].get<uint64_t>() != seq)
     return "its seq is not " + std::to_string(seq) + " (the request's)";
   if (!j.contains("id") || !j["id"].is_string() || j["id"].get<std::string>() != id)
     return "it answers for another case";
-  if (!j["result"].contains("id") || j["result"]["id"] != id) return "its result is another case's";
+  if (!requeue && (!j["result"].contains("id") || j["result"]["id"] != id))
+    return "its result is another case's";
   return "";
 }
+
+// A case is run again at most this often after requeue answers (a worker that keeps answering
+// so, forged or not, cannot keep a run going).
+constexpr int kMaxRequeues = 3;
 
 struct ProcStat {
   pid_t pid = 0, pgrp = 0;
@@ -382,22 +399,39 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
   ::signal(SIGPIPE, SIG_IGN);  // a worker that died must not take the parent with it
   std::ofstream log;
   if (!spec.log_path.empty()) log.open(spec.log_path, std::ios::app);
+  const int threads = spec.one_case_per_worker ? 1 : std::max(1, spec.threads);
   const int jobs = std::max(1, std::min<int>(spec.jobs, static_cast<int>(tasks.size())));
+  // Cases at once the pool aims at; workers that run fewer than `threads` make room for more.
+  const size_t target = static_cast<size_t>(jobs) * static_cast<size_t>(threads);
   std::vector<Worker> workers(static_cast<size_t>(jobs));
   for (size_t k = 0; k < workers.size(); ++k) workers[k].slot = k;
   size_t next = 0, done = 0;
+  std::deque<size_t> again;     // requeued: any worker
+  std::deque<size_t> isolated;  // each alone in a worker
+  std::vector<int> requeues(tasks.size(), 0);
   uint64_t seq = 0;
   int start_failures = 0, spawned = 0;
   auto next_memory_check = Clock::now();
   const std::string worker_name =
       "the worker process (" + spec.exe + (spec.args.empty() ? "" : " " + spec.args[0]) + ")";
+  auto work_left = [&] { return next < tasks.size() || !again.empty() || !isolated.empty(); };
 
-  auto lose_or_fail_start = [&](Worker& w, const std::string& what, bool fatal_at_start) {
-    if (w.busy >= 0) {
-      const auto idx = static_cast<size_t>(w.busy);
-      w.busy = -1;
+  // The worker is gone with `what`: a case it ran alone is lost with that reason; several cases
+  // in flight run again, each alone (nothing can be pinned on one of them); a worker that never
+  // said hello counts towards the start failures.
+  auto lose_flight = [&](Worker& w, const std::string& what, bool fatal_at_start) {
+    if (w.flight.size() == 1) {
+      const size_t idx = w.flight.front().task;
+      w.flight.clear();
       ++done;
       cb.on_lost(idx, what + last_lines(w.err_tail));
+    } else if (!w.flight.empty()) {
+      if (log.is_open())
+        log << "[attncheck] worker " << w.pid << ": " << what << "; its " << w.flight.size()
+            << " cases in flight run again, each alone in a worker\n"
+            << std::flush;
+      for (const auto& f : w.flight) isolated.push_back(f.task);
+      w.flight.clear();
     } else if (!w.ready) {
       if (fatal_at_start)
         throw std::runtime_error(worker_name + " did not start: " + what + last_lines(w.err_tail));
@@ -422,8 +456,8 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
     if (w.pending >= 0) {  // a one-case worker's answer is not trusted after that either
       ++done;
       cb.on_lost(static_cast<size_t>(w.pending), what + last_lines(w.err_tail));
-    } else if (w.busy >= 0 || !w.ready) {
-      lose_or_fail_start(w, what, false);
+    } else if (!w.flight.empty() || !w.ready) {
+      lose_flight(w, what, false);
     }
     w = vacant(w.slot);
   };
@@ -434,6 +468,32 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
     if (cb.on_worker_exit) cb.on_worker_exit(w.serial, idx, w.pending_result);
     ++done;
     cb.on_result(idx, w.pending_result);
+  };
+
+  // After a hello: while the workers (those yet to say hello counted at `threads`) cannot run
+  // `target` cases at once, another slot is opened.
+  auto grow = [&](int capacity) {
+    size_t can = 0;
+    for (const auto& w : workers)
+      can += w.ready ? static_cast<size_t>(w.capacity) : static_cast<size_t>(threads);
+    const size_t before = workers.size();
+    while (can < target && workers.size() < target) {
+      workers.push_back(vacant(workers.size()));
+      can += static_cast<size_t>(threads);
+    }
+    if (log.is_open() && workers.size() > before)
+      log << "[attncheck] a worker runs " << capacity << " case(s) at once, not " << threads
+          << ": the pool opens " << workers.size() - before << " more worker process(es)\n"
+          << std::flush;
+  };
+
+  int grow_wanted = threads;  // < threads: a hello said so (the smallest capacity said)
+
+  auto retire = [&](Worker& w) {
+    if (w.retiring) return;
+    w.retiring = true;
+    w.deadline = Clock::now() + std::chrono::seconds(30);  // to exit
+    close_fd(w.in);
   };
 
   // One protocol line from `w`; false when the worker was killed for it.
@@ -454,24 +514,63 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
       }
       w.ready = true;
       start_failures = 0;
-      if (cb.on_hello) cb.on_hello(j["hello"]);
+      const auto& hello = j["hello"];
+      w.capacity =
+          hello.is_object() && hello.contains("threads") && hello["threads"].is_number_integer()
+              ? std::clamp(hello["threads"].get<int>(), 1, threads)
+              : 1;
+      // Not here: `workers` is being iterated.
+      if (w.capacity < threads) grow_wanted = std::min(grow_wanted, w.capacity);
+      if (cb.on_hello) cb.on_hello(hello);
       return true;
     }
-    if (w.busy < 0) {
+    if (w.flight.empty()) {
       reject(w, line, "no request was outstanding");
       return false;
     }
-    const auto idx = static_cast<size_t>(w.busy);
-    if (const std::string why = answer_mismatch(j, w.seq, w.sent_id); !why.empty()) {
-      reject(
-          w, line,
-          why + "; the request was seq " + std::to_string(w.seq) + " for '" + tasks[idx].id + "'");
+    // The request it answers: by seq when several are in flight.
+    auto it = w.flight.begin();
+    if (w.flight.size() > 1 && j.is_object() && j.contains("seq") &&
+        j["seq"].is_number_unsigned()) {
+      const auto s = j["seq"].get<uint64_t>();
+      it = std::find_if(w.flight.begin(), w.flight.end(),
+                        [&](const InFlight& f) { return f.seq == s; });
+      if (it == w.flight.end()) {
+        reject(
+            w, line,
+            "its seq is not one of the " + std::to_string(w.flight.size()) + " requests in flight");
+        return false;
+      }
+    }
+    const size_t idx = it->task;
+    if (const std::string why = answer_mismatch(j, it->seq, it->sent_id, w.capacity > 1);
+        !why.empty()) {
+      reject(w, line,
+             why + "; the request was seq " + std::to_string(it->seq) + " for '" + tasks[idx].id +
+                 "'");
       return false;
     }
-    w.busy = -1;
+    const auto sent_at = it->sent_at;
+    w.flight.erase(it);
+    if (w.flight.empty()) w.isolating = false;
+    if (!j.contains("result")) {  // requeue: the worker retires, the case runs again
+      retire(w);
+      if (++requeues[idx] > kMaxRequeues) {
+        ++done;
+        cb.on_lost(idx, "answered 'run it again' " + std::to_string(kMaxRequeues) +
+                            " times; the last: " + j["requeue"].get<std::string>());
+        return true;
+      }
+      if (log.is_open())
+        log << "[attncheck] worker " << w.pid << ": " << tasks[idx].id
+            << " runs again: " << j["requeue"].get<std::string>() << "\n"
+            << std::flush;
+      (j.value("isolate", false) ? isolated : again).push_back(idx);
+      return true;
+    }
     if (cb.on_round_trip)
       cb.on_round_trip(idx, w.slot,
-                       std::chrono::duration<double, std::milli>(Clock::now() - w.sent_at).count());
+                       std::chrono::duration<double, std::milli>(Clock::now() - sent_at).count());
     if (spec.one_case_per_worker) {
       // Delivered (and counted done) once the worker and its wrapper have exited.
       w.pending = static_cast<long>(idx);
@@ -482,43 +581,72 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
       return true;
     }
     ++done;
-    if (j.value("retire", false)) {
-      w.retiring = true;
-      w.deadline = Clock::now() + std::chrono::seconds(30);  // to exit
-      close_fd(w.in);
-    }
+    if (j.value("retire", false)) retire(w);
     cb.on_result(idx, j["result"]);
     return true;
   };
 
+  auto send = [&](Worker& w, size_t idx) {
+    InFlight f;
+    f.task = idx;
+    f.seq = ++seq;
+    const std::string line =
+        nlohmann::json{{"seq", f.seq}, {"id", tasks[idx].id}, {"case", tasks[idx].payload}}.dump(
+            -1, ' ', false, nlohmann::json::error_handler_t::replace) +
+        "\n";
+    f.sent_id = nlohmann::json::parse(line)["id"].get<std::string>();
+    f.sent_at = Clock::now();
+    f.deadline = f.sent_at + ms(spec.case_timeout_s);
+    w.flight.push_back(std::move(f));
+    // A failed or short write: the worker is gone, and its end of file arrives through poll.
+    size_t at = 0;
+    while (at < line.size()) {
+      const ssize_t n = ::write(w.in, line.data() + at, line.size() - at);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      at += static_cast<size_t>(n);
+    }
+  };
+
   while (done < tasks.size()) {
-    const auto now = Clock::now();
-    if (next < tasks.size() && cb.stop_dispatching && cb.on_not_run && cb.stop_dispatching()) {
+    if (work_left() && cb.stop_dispatching && cb.on_not_run && cb.stop_dispatching()) {
+      for (size_t idx : isolated) {
+        ++done;
+        cb.on_not_run(idx);
+      }
+      for (size_t idx : again) {
+        ++done;
+        cb.on_not_run(idx);
+      }
+      isolated.clear();
+      again.clear();
       while (next < tasks.size()) {
         ++done;
         cb.on_not_run(next++);
       }
       if (done == tasks.size()) break;
     }
+    if (grow_wanted < threads) {
+      grow(grow_wanted);
+      grow_wanted = threads;
+    }
     for (auto& w : workers) {
-      if (w.pid < 0 && next < tasks.size()) w = spawn(spec, spawned++, w.slot);
-      if (w.pid >= 0 && w.ready && !w.retiring && w.busy < 0 && next < tasks.size()) {
-        w.seq = ++seq;
-        const std::string line =
-            nlohmann::json{{"seq", w.seq}, {"id", tasks[next].id}, {"case", tasks[next].payload}}
-                .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
-            "\n";
-        w.sent_id = nlohmann::json::parse(line)["id"].get<std::string>();
-        w.busy = static_cast<long>(next++);
-        w.deadline = now + ms(spec.case_timeout_s);
-        w.sent_at = Clock::now();
-        // A failed or short write: the worker is gone, and its end of file arrives through poll.
-        size_t at = 0;
-        while (at < line.size()) {
-          const ssize_t n = ::write(w.in, line.data() + at, line.size() - at);
-          if (n < 0 && errno == EINTR) continue;
-          if (n <= 0) break;
-          at += static_cast<size_t>(n);
+      if (w.pid < 0 && work_left()) w = spawn(spec, spawned++, w.slot);
+      if (w.pid < 0 || !w.ready || w.retiring || w.isolating) continue;
+      if (w.flight.empty() && !isolated.empty()) {
+        w.isolating = true;
+        send(w, isolated.front());
+        isolated.pop_front();
+        continue;
+      }
+      while (static_cast<int>(w.flight.size()) < w.capacity) {
+        if (!again.empty()) {
+          send(w, again.front());
+          again.pop_front();
+        } else if (next < tasks.size()) {
+          send(w, next++);
+        } else {
+          break;
         }
       }
     }
@@ -529,7 +657,8 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
       if (w.pid < 0) continue;
       if (w.out >= 0) fds.push_back({w.out, POLLIN, 0});
       if (w.err >= 0) fds.push_back({w.err, POLLIN, 0});
-      if (w.busy >= 0 || !w.ready || w.retiring) earliest = std::min(earliest, w.deadline);
+      for (const auto& f : w.flight) earliest = std::min(earliest, f.deadline);
+      if (!w.ready || (w.retiring && w.flight.empty())) earliest = std::min(earliest, w.deadline);
     }
     if (spec.memory_limit > 0) earliest = std::min(earliest, next_memory_check);
     int wait_ms = 1000;
@@ -577,18 +706,18 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
       if (w.out_eof) {
         int status = 0;
         const bool exited = reap(w, status, false);
-        if (w.retiring && w.busy < 0) {  // left as announced, owing nothing
+        if (w.retiring && w.flight.empty()) {  // left as announced, owing nothing
           if (w.pending >= 0) deliver_pending(w);
           w = vacant(w.slot);
           continue;
         }
-        lose_or_fail_start(w,
-                           exited ? "worker process died with " + describe_wait_status(status) +
-                                        (w.busy >= 0 ? " while running this case" : "")
-                                  : std::string("the worker closed its protocol channel (did "
-                                                "the kernel or an adapter close descriptors?) "
-                                                "and was killed"),
-                           false);
+        lose_flight(w,
+                    exited ? "worker process died with " + describe_wait_status(status) +
+                                 (w.flight.size() == 1 ? " while running this case" : "")
+                           : std::string("the worker closed its protocol channel (did "
+                                         "the kernel or an adapter close descriptors?) "
+                                         "and was killed"),
+                    false);
         w = vacant(w.slot);
         continue;
       }
@@ -598,17 +727,20 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
         if (w.pending >= 0) {
           deliver_pending(w);
         } else {
-          lose_or_fail_start(w,
-                             "the worker's processes held " + describe_bytes(it->second) +
-                                 " of memory, over the limit of " +
-                                 describe_bytes(spec.memory_limit) + " (" + spec.memory_limit_flag +
-                                 "); the worker was killed",
-                             false);
+          lose_flight(w,
+                      "the worker's processes held " + describe_bytes(it->second) +
+                          " of memory, over the limit of " + describe_bytes(spec.memory_limit) +
+                          " (" + spec.memory_limit_flag + "); the worker was killed",
+                      false);
         }
         w = vacant(w.slot);
         continue;
       }
-      if ((w.busy >= 0 || !w.ready || w.retiring) && Clock::now() > w.deadline) {
+      const auto now = Clock::now();
+      const bool case_late = std::any_of(w.flight.begin(), w.flight.end(),
+                                         [&](const InFlight& f) { return now > f.deadline; });
+      const bool worker_late = (!w.ready || (w.retiring && w.flight.empty())) && now > w.deadline;
+      if (case_late || worker_late) {
         int status = 0;
         reap(w, status, true);
         if (w.pending >= 0) {  // ran its case, then did not exit in time: deliver what it said
@@ -616,19 +748,19 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
           w = vacant(w.slot);
           continue;
         }
-        if (w.ready || w.busy >= 0) {
-          lose_or_fail_start(w,
-                             "timed out after " +
-                                 std::to_string(static_cast<int64_t>(spec.case_timeout_s)) +
-                                 " s (hung, or slower than --timeout); the worker was killed "
-                                 "with every process it started",
-                             false);
+        if (w.ready || !w.flight.empty()) {
+          lose_flight(w,
+                      "timed out after " +
+                          std::to_string(static_cast<int64_t>(spec.case_timeout_s)) +
+                          " s (hung, or slower than --timeout); the worker was killed "
+                          "with every process it started",
+                      false);
         } else {  // a start that hangs hangs again: no retries
-          lose_or_fail_start(w,
-                             "no hello within " +
-                                 std::to_string(static_cast<int64_t>(spec.start_timeout_s)) +
-                                 " s; the worker was killed",
-                             true);
+          lose_flight(w,
+                      "no hello within " +
+                          std::to_string(static_cast<int64_t>(spec.start_timeout_s)) +
+                          " s; the worker was killed",
+                      true);
         }
         w = vacant(w.slot);
       }

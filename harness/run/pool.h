@@ -6,9 +6,10 @@
 //
 // Protocol (docs/verification.md "Worker isolation"): the parent writes one request per line,
 // {"seq": n, "id": "<case id>", "case": <Case JSON>}, and reads one answer per line,
-// {"seq": n, "id": "<case id>", "result": <Result JSON>, "retire": bool}; before any request the
-// worker says {"hello": {...}} once, or {"fatal": "..."} when it cannot start. The channel reaches
-// the worker on its stdin/stdout, and the worker moves it at once to private close-on-exec
+// {"seq": n, "id": "<case id>", "result": <Result JSON>, "retire": bool}, or, from a worker that
+// runs several cases at once, {"seq", "id", "requeue": why, "isolate": bool}; before any request
+// the worker says {"hello": {...}} once, or {"fatal": "..."} when it cannot start. The channel
+// reaches the worker on its stdin/stdout, and the worker moves it at once to private close-on-exec
 // descriptors that a forked child loses too (WorkerChannel): what adapters print, on stdout or
 // stderr, goes to the worker log. An answer whose seq or id is not the request's, or any line the
 // parent did not ask for, is rejected: the case fails naming the line and the worker is killed.
@@ -49,6 +50,13 @@ struct WorkerSpec {
   // environment), e.g. {"CUDA_VISIBLE_DEVICES=1", "OMP_NUM_THREADS=2"}: one pool per GPU is the
   // slots of that GPU. Empty: the parent's environment as it is.
   std::vector<std::vector<std::string>> slot_env;
+  // Cases each worker may run at once: it says in its hello how many it does (`threads`, at most
+  // this; run/worker.h). A worker that runs fewer than asked leaves room for more workers: the
+  // pool spawns further slots (their environments continue slot_env's cycle) until jobs x
+  // threads cases can run at once. A worker lost with several cases in flight (a crash, a hang,
+  // a memory overrun, a rejected line) pins nothing on any of them: each runs again alone in a
+  // worker (nothing else in flight there), where what happens is its own.
+  int threads = 1;
 };
 
 // One case for a worker: its id (checked against the answer) and the request's "case" payload.

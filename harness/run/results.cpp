@@ -229,6 +229,7 @@ void write_file_atomic(const std::string& path, const std::string& text) {
 
 void write_repro_bundle(const std::string& path, const Result& r, const CaseArtifacts& a,
                         const nlohmann::json& meta) {
+  const std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
   H5File f = H5File::create(path);
   const nlohmann::json rj = r.to_json();
   f.set_attr("/", "id", r.id);

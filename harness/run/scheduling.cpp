@@ -137,7 +137,8 @@ void use_ctest_gpu() {
   ::setenv("CUDA_VISIBLE_DEVICES", gpu.c_str(), 1);
 }
 
-PoolPlan plan_pools(const std::vector<VisibleGpu>& gpus, int cores, int jobs, int jobs_per_gpu) {
+PoolPlan plan_pools(const std::vector<VisibleGpu>& gpus, int cores, int jobs, int jobs_per_gpu,
+                    int threads) {
   PoolPlan plan;
   cores = std::max(cores, 1);
   if (gpus.empty()) {
@@ -170,25 +171,42 @@ PoolPlan plan_pools(const std::vector<VisibleGpu>& gpus, int cores, int jobs, in
                          std::to_string(kGpuMemoryPerWorker >> 30) + " GiB of its memory";
   }
   plan.cpu_threads = std::max(1, cores / std::max(plan.jobs, 1));
+  const int asked = threads > 0 ? threads : gpus.empty() ? 1 : kThreadsPerWorker;
+  int widest = 1;  // the largest pool's cases at once
+  for (const auto& p : plan.pools) widest = std::max(widest, p.jobs);
+  if (plan.pools.empty()) widest = plan.jobs;
+  const int per_pool = (widest + asked - 1) / asked;  // processes of the largest pool
+  plan.threads = std::max(1, (widest + per_pool - 1) / per_pool);
+  if (plan.threads > 1)
+    plan.why += "; " + std::to_string(plan.threads) + " cases per worker process" +
+                (threads > 0 ? " (--threads-per-worker)" : "");
   return plan;
+}
+
+int PoolPlan::processes() const {
+  auto of = [&](int cases) { return (cases + threads - 1) / std::max(threads, 1); };
+  if (pools.empty()) return of(jobs);
+  int n = 0;
+  for (const auto& p : pools) n += of(p.jobs);
+  return n;
 }
 
 std::vector<std::vector<std::string>> PoolPlan::slot_env() const {
   std::vector<std::vector<std::string>> out;
-  const std::string threads = "OMP_NUM_THREADS=" + std::to_string(cpu_threads);
+  const std::string omp = "OMP_NUM_THREADS=" + std::to_string(cpu_threads);
   if (pools.empty()) {
-    out.push_back({threads});
+    out.push_back({omp});
     return out;
   }
-  std::vector<int> left;
-  for (const auto& p : pools) left.push_back(p.jobs);
+  std::vector<int> left;  // processes per pool
+  for (const auto& p : pools) left.push_back((p.jobs + threads - 1) / std::max(threads, 1));
   for (bool any = true; any;) {
     any = false;
     for (size_t i = 0; i < pools.size(); ++i) {
       if (left[i] == 0) continue;
       --left[i];
       any = true;
-      out.push_back({variable + "=" + pools[i].gpu.id, threads});
+      out.push_back({variable + "=" + pools[i].gpu.id, omp});
     }
   }
   return out;

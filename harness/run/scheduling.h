@@ -27,16 +27,21 @@ std::vector<VisibleGpu> visible_gpus(std::string* variable);
 
 struct GpuPool {
   VisibleGpu gpu;
-  int jobs = 0;
+  int jobs = 0;  // cases at once on this GPU
 };
 
 struct PoolPlan {
   std::vector<GpuPool> pools;  // empty: one pool, no GPU selected per worker
-  int jobs = 1;                // workers in all
-  int cpu_threads = 1;         // OpenMP threads of each worker's CPU reference
-  std::string variable;        // CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES
-  std::string why;             // how the sizes were chosen, in words
-  // Per worker slot: the settings of its environment (WorkerSpec::slot_env), the pools
+  int jobs = 1;                // cases at once, in all
+  // Cases one worker process runs at once, in threads sharing its GPU context (run/worker.h):
+  // a pool of J cases at once is ceil(J / threads) processes.
+  int threads = 1;
+  int cpu_threads = 1;  // OpenMP threads of each case's CPU reference
+  // Worker processes in all.
+  int processes() const;
+  std::string variable;  // CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES
+  std::string why;       // how the sizes were chosen, in words
+  // Per worker process slot: the settings of its environment (WorkerSpec::slot_env), the pools
   // interleaved so that the first workers spread over every GPU.
   std::vector<std::vector<std::string>> slot_env() const;
 };
@@ -50,12 +55,20 @@ void use_ctest_gpu();
 // past 2^31 bytes) need a few GiB, with the runtime's context beside them.
 constexpr uint64_t kGpuMemoryPerWorker = uint64_t{6} << 30;
 
-// Pools for `gpus` on a host of `cores` cores. jobs > 0: that many workers in all, spread over
-// the GPUs; else jobs_per_gpu > 0 per GPU; else per GPU min(cores / GPUs, memory /
-// kGpuMemoryPerWorker), at least 1. No GPU: `jobs` (or `cores`) workers in one pool. Each worker's
-// reference gets cores / workers threads (at least 1), so that workers never oversubscribe the
-// host.
-PoolPlan plan_pools(const std::vector<VisibleGpu>& gpus, int cores, int jobs, int jobs_per_gpu);
+// Cases a worker process runs at once on a GPU unless told (--threads-per-worker): one process,
+// so one context, per GPU of up to this many cases. The contexts of many processes are created
+// one at a time host-wide and time-slice the GPU (docs/results.md).
+constexpr int kThreadsPerWorker = 16;
+
+// Pools for `gpus` on a host of `cores` cores. jobs > 0: that many cases at once in all, spread
+// over the GPUs; else jobs_per_gpu > 0 per GPU; else per GPU min(cores / GPUs, memory /
+// kGpuMemoryPerWorker), at least 1. No GPU: `jobs` (or `cores`) cases at once in one pool. Each
+// case's reference gets cores / cases-at-once threads (at least 1), so that they never
+// oversubscribe the host. threads > 0: cases per worker process; 0: kThreadsPerWorker with GPUs,
+// 1 without (no context to share). The threads per process are evened out: 13 cases at once with
+// 8 threads are 2 processes of 7.
+PoolPlan plan_pools(const std::vector<VisibleGpu>& gpus, int cores, int jobs, int jobs_per_gpu,
+                    int threads = 1);
 
 // ci/case-durations.json: milliseconds per case id, as a run measured them.
 class CaseDurations {

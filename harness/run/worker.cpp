@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <filesystem>
 #include <iostream>
 #include <mutex>
@@ -55,6 +57,15 @@ std::unique_ptr<CaseContext> make_context(const WorkerConfig& cfg) {
     ctx->runner = std::make_unique<DeviceRunner>(*ctx->lib, e.options.arch);
     e.device = ctx->runner.get();
   }
+  ctx->threads = std::max(1, cfg.threads);
+  if (ctx->threads > 1 && ctx->lib && !ctx->lib->any_thread()) {
+    ctx->threads = 1;
+    ctx->threads_why = "the kernel library " + ctx->lib->library() +
+                       " does not declare calls from any thread (extension table, any_thread)";
+  } else if (ctx->threads > 1 && cfg.stress > 0) {
+    ctx->threads = 1;
+    ctx->threads_why = "--stress: its L2 flushes and background work are device-wide";
+  }
   return ctx;
 }
 
@@ -92,8 +103,12 @@ std::vector<std::string> nearest_case_ids(const std::vector<CaseFile>& files, co
 }
 
 Result run_case(CaseContext& ctx, const Case& c) {
+  return run_case(ctx, ctx.eval, c);
+}
+
+Result run_case(CaseContext& ctx, const EvalContext& eval, const Case& c) {
   CaseArtifacts artifacts;
-  Result r = evaluate(c, ctx.eval, &artifacts);
+  Result r = evaluate(c, eval, &artifacts);
   if (r.failing() && artifacts.present && !ctx.repro_dir.empty()) {
     const std::string path = (fs::path(ctx.repro_dir) / (id_to_filename(c.id) + ".h5")).string();
     try {
@@ -125,15 +140,18 @@ Result run_case_id(CaseContext& ctx, const std::string& id) {
 }
 
 nlohmann::json context_hello(const CaseContext& ctx) {
-  return {{"pid", ::getpid()},
-          {"kernels", ctx.eval.options.kernels_path},
-          {"library", ctx.lib ? ctx.lib->library() : ""},
-          {"entries", ctx.lib ? ctx.lib->entries() : std::vector<std::string>{}},
-          {"device", ctx.device ? ctx.device->name : ""},
-          {"device_arch", ctx.device ? ctx.device->arch : ""},
-          {"arch", ctx.eval.options.arch},
-          {"mode", ctx.device ? "kernel" : "reference"},
-          {"no_device", ctx.eval.no_kernel_reason}};
+  nlohmann::json hello = {{"pid", ::getpid()},
+                          {"kernels", ctx.eval.options.kernels_path},
+                          {"library", ctx.lib ? ctx.lib->library() : ""},
+                          {"entries", ctx.lib ? ctx.lib->entries() : std::vector<std::string>{}},
+                          {"device", ctx.device ? ctx.device->name : ""},
+                          {"device_arch", ctx.device ? ctx.device->arch : ""},
+                          {"arch", ctx.eval.options.arch},
+                          {"mode", ctx.device ? "kernel" : "reference"},
+                          {"no_device", ctx.eval.no_kernel_reason},
+                          {"threads", ctx.threads}};
+  if (!ctx.threads_why.empty()) hello["threads_why"] = ctx.threads_why;
+  return hello;
 }
 
 nlohmann::json case_to_json(const Case& c) {
@@ -239,44 +257,54 @@ std::unique_ptr<CaseContext> make_context_within_limit(
   }
 }
 
-int worker_main(const WorkerConfig& cfg) {
-  WorkerChannel& channel = WorkerChannel::claim();
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // a wrapper between the run and this worker dies with it
-  auto emit = [&](const nlohmann::json& j) {
-    channel.write_line(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
-  };
-  std::unique_ptr<CaseContext> ctx;
-  try {
-    ctx = make_context_within_limit(cfg, [&](const std::string& why) { emit({{"fatal", why}}); });
-  } catch (const std::exception& e) {
-    emit({{"fatal", e.what()}});
-    return 2;
+namespace {
+
+// The answers of one worker process, from one thread or several.
+class Answering {
+ public:
+  Answering(WorkerChannel& channel, CaseContext& ctx) : channel_(channel), ctx_(ctx) {}
+
+  void emit(const nlohmann::json& j) {
+    const std::lock_guard<std::mutex> lock(write_);
+    channel_.write_line(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   }
-  emit({{"hello", context_hello(*ctx)}});
-  std::string line;
-  while (channel.read_line(line)) {
-    if (line.empty()) continue;
+  bool retiring() const { return retiring_.load(); }
+
+  // One request line, run on the calling thread with its `eval`; answers it. True when the
+  // worker retires after this answer.
+  bool answer(const std::string& line, const EvalContext& eval) {
     const auto received = std::chrono::steady_clock::now();
     nlohmann::json seq = nullptr;
     std::string id;
     Result r;
+    const bool threaded = ctx_.threads > 1;
+    bool counted = false;  // in running_
     try {
       const auto request = nlohmann::json::parse(line);
       seq = request.at("seq");
       id = request.at("id").get<std::string>();
+      // Decided to retire before this case started: the context may be broken; the parent runs
+      // it in a fresh worker.
+      if (threaded && retiring()) {
+        emit({{"seq", seq}, {"id", id}, {"requeue", retire_reason()}, {"isolate", false}});
+        return false;
+      }
       const Case c = case_from_json(request.at("case"));
       if (c.id != id) throw std::invalid_argument("its case is '" + c.id + "', not '" + id + "'");
-      r = run_case(*ctx, c);
+      running_.fetch_add(1);
+      counted = true;
+      r = run_case(ctx_, eval, c);
     } catch (const std::exception& e) {
       r = unreadable_request(id, e.what());
     }
     // A copy of this process forked by a kernel or an adapter that returned into the harness:
     // it must neither answer (its channel is closed) nor take the next request.
-    if (channel.forked_copy()) ::_exit(0);
+    if (channel_.forked_copy()) ::_exit(0);
+    const bool others_running = running_.load() > (counted ? 1 : 0);
     const auto leftovers = leftover_processes();
     if (!leftovers.empty()) {
       std::cerr << "attncheck worker: " << leftovers.size() << " process(es) started during case "
-                << id << " still run (pid";
+                << id << (others_running ? " or a case beside it" : "") << " still run (pid";
       for (pid_t p : leftovers) std::cerr << " " << p;
       std::cerr << "); this worker retires and they are killed with its process group, so that "
                    "they cannot touch the next case\n"
@@ -288,16 +316,147 @@ int worker_main(const WorkerConfig& cfg) {
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - received)
             .count();
     r.timings.other_ms += std::max(0.0, worker_ms - r.timings.total_ms());
-    const bool retire = r.device_error || !leftovers.empty();
-    emit({{"seq", seq}, {"id", id}, {"result", r.to_json()}, {"retire", retire}});
-    // A GPU fault can leave the context unusable for every later launch: this worker ends, and
-    // the parent, told so above, gives the next case to a fresh one. Nothing is left to clean up
-    // (the parent writes the results), and threads an adapter left running must not delay it.
-    if (retire) {
-      std::fflush(nullptr);
-      ::_exit(0);
+    if (counted) running_.fetch_sub(1);
+    if (!threaded) {
+      const bool retire = r.device_error || !leftovers.empty();
+      emit({{"seq", seq}, {"id", id}, {"result", r.to_json()}, {"retire", retire}});
+      return retire;
     }
+    // Several cases at once: a device error is this case's only when its launch was the first to
+    // fail (KernelLibrary::first_device_error_was_mine); processes left running are this case's
+    // only when no other case ran beside it.
+    if (r.device_error && !ctx_.lib->first_device_error_was_mine()) {
+      retire_because("another case's launch failed on the device first");
+      emit({{"seq", seq},
+            {"id", id},
+            {"requeue",
+             "its launch failed after another case's device error in the same "
+             "worker (the GPU context is shared): it runs again in a fresh worker"},
+            {"isolate", false}});
+      return true;
+    }
+    if (!leftovers.empty() && others_running) {
+      retire_because("processes were left running");
+      emit({{"seq", seq},
+            {"id", id},
+            {"requeue",
+             "processes were left running while it and other cases ran: it runs "
+             "again alone in a fresh worker, where they can be pinned on one case"},
+            {"isolate", true}});
+      return true;
+    }
+    const bool retire = r.device_error || !leftovers.empty();
+    if (retire)
+      retire_because(r.device_error ? "a launch failed on the device"
+                                    : "processes "
+                                      "were left "
+                                      "running");
+    emit({{"seq", seq}, {"id", id}, {"result", r.to_json()}, {"retire", retire}});
+    return retire;
   }
+
+ private:
+  void retire_because(const std::string& why) {
+    const std::lock_guard<std::mutex> lock(reason_mutex_);
+    if (!retiring_.exchange(true)) reason_ = why;
+  }
+  std::string retire_reason() {
+    const std::lock_guard<std::mutex> lock(reason_mutex_);
+    return "the worker retires (" + reason_ +
+           ") before running it: it runs again in a fresh "
+           "worker";
+  }
+
+  WorkerChannel& channel_;
+  CaseContext& ctx_;
+  std::mutex write_;
+  std::atomic<bool> retiring_{false};
+  std::atomic<int> running_{0};
+  std::mutex reason_mutex_;
+  std::string reason_;
+};
+
+}  // namespace
+
+int worker_main(const WorkerConfig& cfg) {
+  WorkerChannel& channel = WorkerChannel::claim();
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // a wrapper between the run and this worker dies with it
+  auto emit_alone = [&](const nlohmann::json& j) {
+    channel.write_line(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  };
+  std::unique_ptr<CaseContext> ctx;
+  try {
+    ctx = make_context_within_limit(cfg, [&](const std::string& why) {
+      emit_alone({{"fatal", why}});
+    });
+  } catch (const std::exception& e) {
+    emit_alone({{"fatal", e.what()}});
+    return 2;
+  }
+  Answering answering(channel, *ctx);
+  answering.emit({{"hello", context_hello(*ctx)}});
+  // A GPU fault can leave the context unusable for every later launch: a retiring worker ends,
+  // and the parent, told so in the answer, gives the next case to a fresh one. Nothing is left to
+  // clean up (the parent writes the results), and threads an adapter left running must not delay
+  // it.
+  auto retire_now = [] {
+    std::fflush(nullptr);
+    ::_exit(0);
+  };
+  std::string line;
+  if (ctx->threads <= 1) {
+    while (channel.read_line(line)) {
+      if (line.empty()) continue;
+      if (answering.answer(line, ctx->eval)) retire_now();
+    }
+    return 0;
+  }
+
+  // Several threads, each with its own runner; requests queue here as the parent sends them
+  // (never more than the threads: the parent keeps that many in flight).
+  std::vector<std::unique_ptr<DeviceRunner>> runners;
+  std::vector<EvalContext> evals(static_cast<size_t>(ctx->threads), ctx->eval);
+  for (size_t t = 1; t < evals.size() && ctx->device; ++t) {
+    runners.push_back(std::make_unique<DeviceRunner>(*ctx->lib, ctx->eval.options.arch));
+    evals[t].device = runners.back().get();
+  }
+  std::mutex m;
+  std::condition_variable cv;
+  std::deque<std::string> queue;
+  bool closed = false;
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < evals.size(); ++t)
+    threads.emplace_back([&, t] {
+      while (true) {
+        std::string request;
+        {
+          std::unique_lock<std::mutex> lock(m);
+          cv.wait(lock, [&] { return closed || !queue.empty(); });
+          if (queue.empty()) return;
+          request = std::move(queue.front());
+          queue.pop_front();
+        }
+        answering.answer(request, evals[t]);
+      }
+    });
+  // After a retiring answer the parent sends nothing more and closes the channel: the requests
+  // already here are answered (requeued), and the worker exits once its threads are done.
+  while (channel.read_line(line)) {
+    if (line.empty()) continue;
+    {
+      const std::lock_guard<std::mutex> lock(m);
+      queue.push_back(line);
+    }
+    cv.notify_one();
+  }
+  {
+    const std::lock_guard<std::mutex> lock(m);
+    closed = true;
+  }
+  cv.notify_all();
+  for (auto& t : threads) t.join();
+  if (answering.retiring()) retire_now();
+  runners.clear();
   return 0;
 }
 

@@ -6,6 +6,16 @@
 // {"result": <Result JSON>, "retire": bool}. retire: the launch hit a device error that may have
 // left the GPU context unusable; the worker exits after this line and the parent hands the next
 // case to a fresh worker (never to this one).
+//
+// Threads (WorkerConfig::threads > 1, when the kernel library allows calls from any thread,
+// docs/abi.md): the worker runs that many cases at once, each thread with its own DeviceRunner,
+// sharing the library, its one GPU context and the goldens; answers come in the order cases end,
+// matched to requests by seq. A launch's device calls hold the library's launch lock, so nothing
+// of another case is live on the GPU while a kernel runs. What cannot be pinned on one case is
+// not: a case whose launch failed only because another case's fault broke the context, a
+// request that arrives after the worker decided to retire, and processes left running while
+// other cases ran are answered {"requeue": why, "isolate": bool} instead of a result, and the
+// parent runs the case again (alone in its worker when isolate).
 #pragma once
 #include <functional>
 #include <memory>
@@ -30,6 +40,9 @@ struct WorkerConfig {
   double import_timeout_s = 120;
   // Golden files the parent checked (GoldenStore::trust_checked): op -> stamp.
   std::map<std::string, std::string> golden_checked;
+  // Cases at once in threads (see above); 1 when the library does not allow calls from any
+  // thread or the stress mode runs (its background work and L2 flushes are device-wide).
+  int threads = 1;
 };
 
 struct CaseContext {
@@ -40,6 +53,8 @@ struct CaseContext {
   std::unique_ptr<GoldenStore> goldens;
   EvalContext eval;  // points into the members above
   std::string repro_dir;
+  int threads = 1;          // cases at once (WorkerConfig::threads, as the library allows)
+  std::string threads_why;  // why fewer than asked, in words ("" when as asked)
 };
 
 // Loads the case files (only when cfg.cases_dir is set: run_case_id needs them), the goldens, the
@@ -57,13 +72,15 @@ std::unique_ptr<CaseContext> make_context_within_limit(
 // The case's Result; a repro bundle is written (and named in the Result) for a failing case when
 // the context has a repro directory.
 Result run_case(CaseContext& ctx, const Case& c);
+// The same on one of the worker's threads: `eval` is that thread's (its own DeviceRunner).
+Result run_case(CaseContext& ctx, const EvalContext& eval, const Case& c);
 
 // The case's Result; a repro bundle is written (and named in the Result) for a failing case when
 // the context has a repro directory. An unknown id is an error Result naming the nearest ids.
 Result run_case_id(CaseContext& ctx, const std::string& id);
 
 // The hello line's payload: pid, kernels, library, device, device_arch, arch, entries, mode,
-// no_device.
+// no_device, threads (and threads_why when fewer than asked).
 nlohmann::json context_hello(const CaseContext& ctx);
 
 // A Case as the worker protocol carries it, and back: op, params, id, tiers, known_bug (null or

@@ -22,6 +22,7 @@ using attncheck::clitest::GoldenSuite;
 using attncheck::clitest::has;
 using attncheck::clitest::kFake;
 using attncheck::clitest::Output;
+using attncheck::clitest::read;
 using attncheck::clitest::sh;
 
 class WorkerIsolation : public GoldenSuite<WorkerIsolation> {
@@ -103,6 +104,113 @@ TEST_F(WorkerIsolation, ForgedProtocolLinesFailOnlyTheirCase) {
   const auto bad = not_passed(records(out));
   EXPECT_EQ(bad.size(), 2u) << o.text;  // the two kernel_block_size 16 cases
   EXPECT_TRUE(has(o.text, "the worker's protocol line was rejected")) << o.text;
+}
+
+// Threads (run/worker.h): one worker process runs the six smoke cases at once. What breaks one
+// case's run is pinned on that case alone: a crash or a hang with several cases in flight sends
+// each of them to run again alone, a device error is the case's whose launch failed first, and
+// the other cases pass as they do one per process.
+class ThreadedWorkers : public WorkerIsolation {
+ protected:
+  static std::string threaded() { return " --jobs 6 --threads-per-worker 6"; }
+  // verdict per id
+  static std::map<std::string, std::string> verdicts(const fs::path& out) {
+    std::map<std::string, std::string> v;
+    for (const auto& r : records(out)) v[r["id"]] = r["verdict"];
+    return v;
+  }
+};
+
+TEST_F(ThreadedWorkers, RunEveryCaseOnceWithTheVerdictsOfOneCasePerProcess) {
+  const fs::path one = dir("one"), six = dir("six");
+  const Output a = sh(at() + " run --kernels " + kFake + " --jobs 2 --out " + one.string());
+  const Output b = sh(at() + " run --kernels " + kFake + threaded() + " --out " + six.string());
+  EXPECT_EQ(a.status, b.status) << a.text << b.text;
+  EXPECT_TRUE(has(b.text, "in 1 worker process(es) of 6 threads")) << b.text;
+  EXPECT_TRUE(not_passed(records(six)).empty()) << b.text;
+  EXPECT_EQ(verdicts(one), verdicts(six));
+  const auto run = nlohmann::json::parse(read(six / "run.json"));
+  EXPECT_EQ(run["jobs"], 6) << run;
+  EXPECT_EQ(run["workers"], 1) << run;
+  EXPECT_EQ(run["threads_per_worker"], 6) << run;
+}
+
+TEST_F(ThreadedWorkers, ACrashFailsOnlyTheCasesThatCrashAlone) {
+  const fs::path out = dir("out");
+  const Output o =
+      sh("ATTNCHECK_FAKE_FAULT=segfault ATTNCHECK_FAKE_FAULT_WHEN='{\"kernel_block_size\":16}' " +
+         at() + " run --kernels " + kFake + threaded() + " --out " + out.string());
+  EXPECT_EQ(o.status, 1) << o.text;
+  const auto bad = not_passed(records(out));
+  ASSERT_EQ(bad.size(), 2u) << o.text;  // the two kernel_block_size 16 cases, and only they
+  for (const auto& id : bad) EXPECT_TRUE(has(id, "/bs16-")) << id;
+  for (const auto& r : records(out)) {
+    if (has(r["id"], "/bs16-")) {
+      EXPECT_TRUE(has(r["message"], "worker process died with SIGSEGV")) << r;
+      EXPECT_TRUE(has(r["message"], "while running this case")) << r;
+    }
+  }
+  EXPECT_TRUE(has(read(out / "worker.log"), "cases in flight run again, each alone in a worker"))
+      << read(out / "worker.log");
+}
+
+TEST_F(ThreadedWorkers, AHangTimesOutOnlyItsOwnCase) {
+  const fs::path out = dir("out");
+  const Output o =
+      sh("ATTNCHECK_FAKE_FAULT=hang ATTNCHECK_FAKE_FAULT_WHEN='{\"kernel_block_size\":64}' " +
+         at() + " run --kernels " + kFake + threaded() + " --timeout 2 --out " + out.string());
+  EXPECT_EQ(o.status, 1) << o.text;
+  for (const auto& r : records(out)) {
+    const bool bs64 = has(r["id"], "/bs64-");
+    EXPECT_EQ(has(r["message"], "timed out after 2 s"), bs64) << r;
+    if (!bs64) {
+      EXPECT_EQ(r["mode"], "kernel") << r;
+    }
+  }
+  EXPECT_EQ(records(out).size(), 6u);
+}
+
+TEST_F(ThreadedWorkers, ADeviceErrorIsTheCaseWhoseLaunchFailed) {
+  const fs::path out = dir("out");
+  const Output o =
+      sh("ATTNCHECK_FAKE_FAULT=error ATTNCHECK_FAKE_FAULT_WHEN='{\"kernel_block_size\":1}' " +
+         at() + " run --kernels " + kFake + threaded() + " --out " + out.string());
+  EXPECT_EQ(o.status, 1) << o.text;
+  for (const auto& r : records(out)) {
+    const bool bs1 = has(r["id"], "/bs1-");
+    EXPECT_EQ(r["failing"], bs1) << r;
+    EXPECT_EQ(r.value("device_error", false), bs1) << r;
+    if (bs1) {
+      EXPECT_TRUE(has(r["message"], "fake kernel error (injected)")) << r;
+    }
+  }
+  EXPECT_EQ(records(out).size(), 6u);
+}
+
+TEST_F(ThreadedWorkers, ForgedLinesFailOnlyTheirCase) {
+  const fs::path out = dir("out");
+  const Output o =
+      sh("ATTNCHECK_FAKE_FAULT=forge ATTNCHECK_FAKE_FAULT_WHEN='{\"kernel_block_size\":16}' " +
+         at() + " run --kernels " + kFake + threaded() + " --out " + out.string());
+  EXPECT_EQ(o.status, 1) << o.text;
+  const auto bad = not_passed(records(out));
+  EXPECT_EQ(bad.size(), 2u) << o.text;
+  for (const auto& id : bad) EXPECT_TRUE(has(id, "/bs16-")) << id;
+}
+
+// A library that does not declare calls from any thread (an extension table from before
+// any_thread) runs one case per process, and the pool opens more processes, one per such hello,
+// until six cases can run at once.
+TEST_F(ThreadedWorkers, ALibraryWithoutAnyThreadGetsOneCasePerProcess) {
+  const fs::path out = dir("out");
+  const Output o = sh("ATTNCHECK_FAKE_EXT_SIZE=before_copy_within " + at() + " run --kernels " +
+                      kFake + threaded() + " --out " + out.string());
+  EXPECT_TRUE(has(o.text, "one case per worker process: the kernel library")) << o.text;
+  EXPECT_TRUE(has(o.text, "does not declare calls from any thread")) << o.text;
+  EXPECT_TRUE(not_passed(records(out)).empty()) << o.text;
+  EXPECT_TRUE(has(read(out / "worker.log"),
+                  "a worker runs 1 case(s) at once, not 6: the pool opens 1 more worker process"))
+      << read(out / "worker.log");
 }
 
 }  // namespace

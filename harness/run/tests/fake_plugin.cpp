@@ -638,7 +638,8 @@ int copy_within_device(void* dst, const void* src, size_t bytes, char*, size_t) 
 }
 
 // Neither fill nor background work: the contract, the case context, the properties, graph
-// capture and copies within the device.
+// capture, copies within the device, and calls from any thread (the harness's launch lock keeps
+// a case context and the launches after it together).
 const attncheck_plugin_ext_v1 kExtension = {sizeof(attncheck_plugin_ext_v1),
                                             nullptr,
                                             nullptr,
@@ -648,7 +649,8 @@ const attncheck_plugin_ext_v1 kExtension = {sizeof(attncheck_plugin_ext_v1),
                                             graph_capture,
                                             graph_replay,
                                             graph_release,
-                                            copy_within_device};
+                                            copy_within_device,
+                                            1};  // any_thread: its state is under g_mutex
 // The table as a library built against a shorter header reports it: `size` ends at `field_offset`
 // and the fields from there on do not exist (zeroed here).
 attncheck_plugin_ext_v1 built_before(size_t field_offset) {

@@ -46,6 +46,29 @@ TEST(PoolPlan, OverridesAndNoGpu) {
   EXPECT_EQ(none.cpu_threads, 1);
 }
 
+TEST(PoolPlan, CasesPerWorkerProcess) {
+  // A GPU's pool is one process of up to kThreadsPerWorker cases unless told.
+  const auto plan = plan_pools({{"0", 141 * GiB}, {"1", 141 * GiB}}, 32, 0, 0, 0);
+  EXPECT_EQ(plan.jobs, 32);
+  EXPECT_EQ(plan.threads, 16);
+  EXPECT_EQ(plan.processes(), 2);
+  // 13 cases at once, 8 per process asked: 2 processes of 7 (evened out).
+  const auto odd = plan_pools({{"0", 0}}, 16, 0, 13, 8);
+  EXPECT_EQ(odd.threads, 7);
+  EXPECT_EQ(odd.processes(), 2);
+  PoolPlan named = odd;
+  named.variable = "CUDA_VISIBLE_DEVICES";
+  EXPECT_EQ(named.slot_env().size(), 2u);  // one environment per process
+  // Without a GPU there is no context to share: a process per case.
+  const auto cpu = plan_pools({}, 12, 0, 0, 0);
+  EXPECT_EQ(cpu.threads, 1);
+  EXPECT_EQ(cpu.processes(), 12);
+  // One thread asked: the plan of processes, as before threads.
+  const auto one = plan_pools({{"0", 0}}, 16, 0, 0, 1);
+  EXPECT_EQ(one.threads, 1);
+  EXPECT_EQ(one.processes(), 16);
+}
+
 TEST(PoolPlan, SlotsInterleaveThePoolsAndSetTheThreads) {
   PoolPlan plan = plan_pools({{"0", 0}, {"1", 0}}, 6, 0, 0);
   plan.variable = "CUDA_VISIBLE_DEVICES";
