@@ -177,9 +177,6 @@ PoolPlan plan_pools(const std::vector<VisibleGpu>& gpus, int cores, int jobs, in
   if (plan.pools.empty()) widest = plan.jobs;
   const int per_pool = (widest + asked - 1) / asked;  // processes of the largest pool
   plan.threads = std::max(1, (widest + per_pool - 1) / per_pool);
-  if (plan.threads > 1)
-    plan.why += "; " + std::to_string(plan.threads) + " cases per worker process" +
-                (threads > 0 ? " (--threads-per-worker)" : "");
   return plan;
 }
 

@@ -607,11 +607,16 @@ TEST_F(Cli, PoolsPerGpuProfileAndDurations) {
       sh("env -u CUDA_VISIBLE_DEVICES -u HIP_VISIBLE_DEVICES " + at() + " run --kernels " + kFake +
          " --gpus 0,1 --jobs-per-gpu 2 --profile --out " + (d / "out").string());
   EXPECT_NE(o.status, 2) << o.text;
-  EXPECT_TRUE(has(o.text, "pools: GPU 0: 2, GPU 1: 2 worker(s) (CUDA_VISIBLE_DEVICES)")) << o.text;
+  // A GPU's cases run in threads of one worker process (the fake declares any_thread).
+  EXPECT_TRUE(has(o.text, "pools: GPU 0: 2, GPU 1: 2 case(s) at once (CUDA_VISIBLE_DEVICES) in 2 "
+                          "worker process(es) of 2 threads"))
+      << o.text;
   EXPECT_TRUE(has(o.text, "\nprofile: ")) << o.text;
   EXPECT_TRUE(has(o.text, "pools ended within")) << o.text;
   const auto run = nlohmann::json::parse(read(d / "out" / "run.json"));
   EXPECT_EQ(run["jobs"], 4);
+  EXPECT_EQ(run["workers"], 2);
+  EXPECT_EQ(run["threads_per_worker"], 2);
   ASSERT_EQ(run["pools"].size(), 2u);
   const auto results = results_of(d / "out");
   EXPECT_EQ(run["pools"][0]["cases"].get<int>() + run["pools"][1]["cases"].get<int>(),
