@@ -730,9 +730,15 @@ void require_replaceable(const std::filesystem::path& path) {
                            " (only missing paths and regular files are written)");
 }
 
+namespace {
+// A pointer, so that a forked reader can start with a lock of its own: the caller of
+// read_in_child holds this one (GoldenStore checks a file while it loads), and in the child its
+// owner is a thread that does not exist there.
+std::recursive_mutex* g_hdf5_mutex = new std::recursive_mutex;
+}  // namespace
+
 std::recursive_mutex& hdf5_mutex() {
-  static std::recursive_mutex m;
-  return m;
+  return *g_hdf5_mutex;
 }
 
 std::string read_in_child(const std::function<void()>& read, double timeout_s) {
@@ -752,6 +758,7 @@ std::string read_in_child(const std::function<void()>& read, double timeout_s) {
     // parent: a reader looping in libhdf5 must not outlive a parent that was killed (a worker at
     // its case timeout, `golden verify` at kill -9). The check after prctl closes the window in
     // which the parent died before the request was made.
+    g_hdf5_mutex = new std::recursive_mutex;  // one thread here; the old one is held
     ::setpgid(0, 0);
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(1);

@@ -149,15 +149,16 @@ def test_gpu_job_runs_one_process_with_a_pool_per_visible_gpu(fake_machine):
     assert "✅ **PASSED**" in md and md in summary.read_text()
     assert "**Mutation score** 1/1" in md  # the stand-in fails every case of a mutant
     assert "kernel mode, tier quick, arch gfx942, backend hip, GPUs 3,5" in p.stdout
-    # each mutant run on one GPU, with its share of that GPU's pool
+    # each mutant run on one GPU, with its share of that GPU's pool: the only mutant has every
+    # mutant case, so the whole pool (the cores per GPU) as cases at once
     margv = json.loads((f["out"] / "mutants" / "demo" / "argv.json").read_text())
     assert margv[margv.index("--gpus") + 1] in ("3", "5") and "--jobs-per-gpu" in margv
-    # by default one worker per mutant run and as many runs as the pools have workers: one
-    # reference thread each, not the machine's cores each
-    assert margv[margv.index("--jobs-per-gpu") + 1] == "1"
+    pool = max(1, len(os.sched_getaffinity(0)) // 2)
+    assert margv[margv.index("--jobs-per-gpu") + 1] == str(pool)
     assert margv[margv.index("--max-failures") + 1] == "5"  # the kill, not every failure
+    # one reference thread per case at once, not the machine's cores each
     menv = json.loads((f["out"] / "mutants" / "demo" / "env.json").read_text())
-    assert menv["OMP_NUM_THREADS"] == "1"
+    assert menv["OMP_NUM_THREADS"] == str(max(1, len(os.sched_getaffinity(0)) // (2 * pool)))
 
 
 def test_gpu_job_pools_the_mutation_runs_on_one_gpu(fake_machine):
@@ -174,6 +175,31 @@ def test_gpu_job_pools_the_mutation_runs_on_one_gpu(fake_machine):
     assert "**Mutation score** 5/5" in (f["out"] / "summary.md").read_text()
     bad = gpu_job(f, "quick", "--mutants", "--mutant-jobs", "0")
     assert bad.returncode == 2 and "--mutant-jobs wants a positive whole number (got '0')" in bad.stderr
+
+
+def test_gpu_job_gives_each_mutant_run_cases_at_once_by_its_share(fake_machine):
+    # One GPU, a pool of 8: the mutant of two ops gets fewer cases at once than the one that runs
+    # the whole tier, each in proportion to its share of all the mutants' cases; with
+    # --mutant-jobs K every run gets pool / K.
+    f = fake_machine
+    tool(f, "rocminfo", "printf '  Name:    gfx942\\n'\n")
+    (f["build"] / "kernels_under_test" / "libattncheck_kernels_hip.so").write_bytes(b"")
+    for name in ("rope_discard_out_of_place", "unlisted"):
+        (f["build"] / "kernels_under_test" / f"libattncheck_kernels_hip_mutant_{name}.so").write_bytes(b"")
+
+    def at_once(name):
+        argv = json.loads((f["out"] / "mutants" / name / "argv.json").read_text())
+        return int(argv[argv.index("--jobs-per-gpu") + 1])
+
+    p = gpu_job(f, "quick", "--mutants", "--jobs-per-gpu", "8", FAKE_ALL_PASS="1")
+    assert p.returncode in (0, 1), p.stdout + p.stderr
+    small, whole = at_once("rope_discard_out_of_place"), at_once("unlisted")
+    assert 1 <= small < whole <= 8, (small, whole)
+    assert "mutant unlisted (unknown: not in kernels_under_test/*.mutants): the whole tier, " \
+           f"{whole} at once" in p.stdout
+    p = gpu_job(f, "quick", "--mutants", "--jobs-per-gpu", "8", "--mutant-jobs", "4",
+                FAKE_ALL_PASS="1")
+    assert (at_once("rope_discard_out_of_place"), at_once("unlisted")) == (2, 2), p.stdout
 
 
 def test_gpu_job_runs_a_mutant_on_the_ops_its_source_registers(fake_machine):
