@@ -13,7 +13,6 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <new>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
@@ -764,11 +763,6 @@ std::string read_in_child(const std::function<void()>& read, double timeout_s) {
     if (::getppid() != parent) ::_exit(1);
     // A crash must end it by its signal (no inherited handler may treat it as its own).
     for (int sig : {SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL}) ::signal(sig, SIG_DFL);
-    // The caller may hold hdf5_mutex() (GoldenStore::load probes a file under it, so no other
-    // thread is inside libhdf5 at the fork). The lock names the parent's thread as its owner,
-    // which the child's one thread is not: a read that locks it again would wait until the
-    // timeout. Nothing else runs in the child: it starts with a fresh lock.
-    new (&hdf5_mutex()) std::recursive_mutex();
     ::close(fds[0]);
     // Only its own pipe end stays open: readers started at once by several threads (the golden
     // checks) must not hold each other's pipes open, or one that hangs would delay the others'
