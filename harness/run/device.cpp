@@ -438,6 +438,9 @@ KernelLibrary::~KernelLibrary() {
 
 std::string KernelLibrary::declared_contract(const std::string& entry) const {
   if (!ATTNCHECK_EXT_HAS(ext_, contract)) return "";
+  // Case threads ask while others launch: the ABI promises one library call at a time
+  // (any_thread), and the answer is copied before another call may change it.
+  const auto lock = exclusive();
   const char* name = ext_->contract(entry.c_str());
   return name ? name : "";
 }
@@ -445,6 +448,7 @@ std::string KernelLibrary::declared_contract(const std::string& entry) const {
 std::vector<std::string> KernelLibrary::declared_properties(const std::string& entry) const {
   std::vector<std::string> out;
   if (!ATTNCHECK_EXT_HAS(ext_, properties)) return out;
+  const auto lock = exclusive();  // one library call at a time, as in declared_contract
   const char* list = ext_->properties(entry.c_str());
   std::string item;
   for (const char* c = list ? list : "";; ++c) {

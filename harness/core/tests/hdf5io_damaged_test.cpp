@@ -6,6 +6,7 @@
 
 #include <csignal>
 #include <filesystem>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
 
@@ -55,6 +56,16 @@ TEST(Hdf5Damaged, ReadInChildReportsCrashesHangsAndErrors) {
   const std::string hang =
       read_in_child([] { std::this_thread::sleep_for(std::chrono::seconds(30)); }, 0.5);
   EXPECT_NE(hang.find("timed out after 0.5 s"), std::string::npos) << hang;
+}
+
+// Regression: GoldenStore::load holds hdf5_mutex() while it probes a golden file in a child; the
+// child's read locked it again and waited for the parent's thread (its recorded owner) until the
+// timeout, and the file was reported unreadable.
+TEST(Hdf5Damaged, ReadInChildMayLockTheHdf5LockItsCallerHolds) {
+  const std::lock_guard<std::recursive_mutex> held(hdf5_mutex());
+  EXPECT_EQ(
+      read_in_child([] { const std::lock_guard<std::recursive_mutex> again(hdf5_mutex()); }, 10),
+      "");
 }
 
 }  // namespace
