@@ -92,7 +92,8 @@ typedef struct attncheck_plugin_ext_v1 {
      with the default budgets first and, when they fail, with the budgets derived from this
      contract, naming it beside the verdict. NULL (the function or its result), or a library
      whose `size` ends before this field: the default. An unknown name makes the entry's cases
-     errors. The string must stay valid while the library is loaded. */
+     errors. The string must stay valid while the library is loaded, and the answer the same:
+     the harness asks once per entry. */
   const char* (*contract)(const char* op);
   /* The case whose launches follow, as a JSON object: {"op", "id", "params": the case's axis
      values, "invalid": the op's refusal reason for this configuration or null, "fields": [{"name",
@@ -109,8 +110,8 @@ typedef struct attncheck_plugin_ext_v1 {
      "page-order-invariant" (nor on where its pages lie in the cache). The harness checks the
      op's relations bitwise for the declared ones and within the op's budgets for the others.
      NULL (the function or its result), or a library whose `size` ends before this field: none.
-     An unknown name fails the entry's cases. The string must stay valid while the library is
-     loaded. */
+     An unknown name fails the entry's cases. Asked once per entry. The string must stay valid
+     while the library is loaded. */
   const char* (*properties)(const char* op);
   /* Graph replay (docs/abi.md "Graph capture"): captures the launches one `run` of entry `op`
      makes into a CUDA/HIP graph (or, for Python adapters, a torch.cuda.CUDAGraph) without

@@ -438,20 +438,16 @@ KernelLibrary::~KernelLibrary() {
 
 std::string KernelLibrary::declared_contract(const std::string& entry) const {
   if (!ATTNCHECK_EXT_HAS(ext_, contract)) return "";
-  // Case threads ask while others launch: the ABI promises one library call at a time
-  // (any_thread), and the answer is copied before another call may change it.
-  const auto lock = exclusive();
-  const char* name = ext_->contract(entry.c_str());
-  return name ? name : "";
+  return declared(contracts_, entry, [&] { return ext_->contract(entry.c_str()); });
 }
 
 std::vector<std::string> KernelLibrary::declared_properties(const std::string& entry) const {
   std::vector<std::string> out;
   if (!ATTNCHECK_EXT_HAS(ext_, properties)) return out;
-  const auto lock = exclusive();  // one library call at a time, as in declared_contract
-  const char* list = ext_->properties(entry.c_str());
+  const std::string list =
+      declared(properties_, entry, [&] { return ext_->properties(entry.c_str()); });
   std::string item;
-  for (const char* c = list ? list : "";; ++c) {
+  for (const char* c = list.c_str();; ++c) {
     if (*c == ',' || *c == '\0') {
       const auto b = item.find_first_not_of(' '), e = item.find_last_not_of(' ');
       if (b != std::string::npos) out.push_back(item.substr(b, e - b + 1));
@@ -462,6 +458,25 @@ std::vector<std::string> KernelLibrary::declared_properties(const std::string& e
     }
   }
   return out;
+}
+
+std::string KernelLibrary::declared(std::map<std::string, std::string>& asked,
+                                    const std::string& entry,
+                                    const std::function<const char*()>& ask) const {
+  {
+    const std::lock_guard<std::mutex> lock(declared_mutex_);
+    if (const auto it = asked.find(entry); it != asked.end()) return it->second;
+  }
+  std::string answer;
+  {
+    // One library call at a time (any_thread), and the answer copied before another call may
+    // change it.
+    const auto lock = exclusive();
+    const char* text = ask();
+    answer = text ? text : "";
+  }
+  const std::lock_guard<std::mutex> lock(declared_mutex_);
+  return asked.emplace(entry, answer).first->second;
 }
 
 bool KernelLibrary::has_entry(const std::string& entry) const {

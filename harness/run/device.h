@@ -3,6 +3,8 @@
 // buffer with guard bytes on both sides, launches, copies everything back and reports what the
 // kernel touched that it must not have.
 #pragma once
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -42,6 +44,8 @@ class KernelLibrary {
   bool has_entry(const std::string& entry) const;
   // The arithmetic contract the library declares for `entry` (extension table, `contract`), as
   // written; "" when it declares none (no extension, an older table, NULL): the default contract.
+  // Asked once per entry and kept (the answer must stay valid while the library is loaded): a
+  // query waits for the launch lock, which other threads hold over whole launches.
   std::string declared_contract(const std::string& entry) const;
   // The invariance properties the library declares for `entry` (extension table, `properties`),
   // as written; empty when it declares none.
@@ -74,6 +78,11 @@ class KernelLibrary {
   const attncheck_plugin_ext_v1* ext_ = nullptr;
   std::string path_;
   std::vector<std::string> entries_;
+  // What declared_contract / declared_properties asked the library, per entry.
+  std::string declared(std::map<std::string, std::string>& asked, const std::string& entry,
+                       const std::function<const char*()>& ask) const;
+  mutable std::mutex declared_mutex_;
+  mutable std::map<std::string, std::string> contracts_, properties_;
   mutable std::recursive_mutex launch_mutex_;
   mutable std::optional<std::thread::id> first_device_error_;  // guarded by launch_mutex_
 };

@@ -119,7 +119,9 @@ class FakeInvariance : public ::testing::Test {
     else
       ::unsetenv("ATTNCHECK_FAKE_PROPERTIES");
     const Op* op = find_op("decode_attention");
-    DeviceRunner runner(*lib_, "fake-cpu");
+    // Its own library object: the declared properties are asked once per entry and kept.
+    const auto lib = KernelLibrary::open(ATTNCHECK_FAKE_KERNELS);
+    DeviceRunner runner(*lib, "fake-cpu");
     EvalContext ctx;
     ctx.device = &runner;
     ctx.options.arch = "fake-cpu";

@@ -26,10 +26,13 @@ class FakeKernels : public ::testing::Test {
     ::unsetenv("ATTNCHECK_FAKE_CONTRACT");
     ::unsetenv("ATTNCHECK_FAKE_FAULT_CONTRACT");
   }
+  // A library object of its own per run: what an entry declares (contract, properties) is asked
+  // once per entry and kept (run/device.h), and these tests change it through the environment.
   Result run(const std::string& op_name, const Params& given, const char* fault = nullptr,
              int repeat = 2, const std::string& arch = "fake-cpu",
              std::optional<KnownBug> bug = std::nullopt) {
-    return run_on(*lib_, op_name, given, fault, repeat, arch, bug);
+    return run_on(*KernelLibrary::open(ATTNCHECK_FAKE_KERNELS), op_name, given, fault, repeat, arch,
+                  bug);
   }
   static Result run_on(const KernelLibrary& lib, const std::string& op_name, const Params& given,
                        const char* fault, int repeat = 2, const std::string& arch = "fake-cpu",
@@ -178,7 +181,7 @@ TEST_F(FakeKernels, ContractsAreIgnoredByExactOpsAndUnknownNamesAreErrors) {
   // A library without the extension's contract (the fake without $ATTNCHECK_FAKE_CONTRACT
   // returns NULL) is judged by the default.
   ::unsetenv("ATTNCHECK_FAKE_CONTRACT");
-  EXPECT_EQ(lib_->declared_contract("decode_attention"), "");
+  EXPECT_EQ(KernelLibrary::open(ATTNCHECK_FAKE_KERNELS)->declared_contract("decode_attention"), "");
   const Result plain = run("decode_attention", Params::object());
   EXPECT_EQ(plain.verdict, Verdict::passed) << plain.message;
   EXPECT_EQ(plain.contract, "fp32-accumulate");
