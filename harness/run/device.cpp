@@ -823,7 +823,7 @@ DeviceOutcome DeviceRunner::replay(const Problem& captured, const Problem& repla
     const auto t0 = std::chrono::steady_clock::now();
     out.status = ext->graph_capture(captured.kernel.c_str(), params.c_str(), m.args.data(),
                                     static_cast<int>(m.args.size()), &graph, msg, kMsg);
-    const std::unique_ptr<void, void (*)(void*)> owned(graph, ext->graph_release);
+    std::unique_ptr<void, void (*)(void*)> owned(graph, ext->graph_release);
     if (out.status == ATTNCHECK_ERROR) section.failed();
     if (out.status != ATTNCHECK_OK) {
       // Unsupported: the library's reason as it stands (the step is skipped with it).
@@ -842,6 +842,7 @@ DeviceOutcome DeviceRunner::replay(const Problem& captured, const Problem& repla
       return out;
     }
     const auto images = read_back_all(bufs, timings_);
+    owned.reset();  // graph_release is a library call too: under the lock
     section.release();
     check_read_back(replayed, bufs, images, out, timings_);
   } catch (const std::exception& e) {
