@@ -157,7 +157,7 @@ namespace {
 class DeviceBuffers {
  public:
   DeviceBuffers(const KernelLibrary& lib, DeviceBlockCache& blocks)
-      : lib_(lib), api_(lib.api()), ext_(lib.extension()), blocks_(blocks) {}
+      : api_(lib.api()), ext_(lib.extension()), blocks_(blocks) {}
   ~DeviceBuffers() {
     for (auto& s : storages_)
       if (s.device) blocks_.give_back(s.device, s.capacity, s.cached);
@@ -215,8 +215,7 @@ class DeviceBuffers {
                                  " bytes for '" + s.arg_names.front() + "' failed: " + msg);
       dense.push_back(i);
     }
-    const std::vector<std::byte>& image = image_;
-    const size_t total = image.size();
+    const size_t total = image_.size();
     size_t at = 0;
     auto failed = [&](const DeviceStorage& s) {
       return std::runtime_error("copy to device for '" + s.arg_names.front() + "' failed: " + msg);
@@ -226,7 +225,7 @@ class DeviceBuffers {
       if (!blocks_.acquire(staging_.capacity, &staging_.device, &staging_.cached, msg, kMsg))
         throw std::runtime_error("device allocation of " + std::to_string(total) +
                                  " staging bytes failed: " + msg);
-      if (api_.copy_to_device(staging_.device, image.data(), total, msg, kMsg) != ATTNCHECK_OK)
+      if (api_.copy_to_device(staging_.device, image_.data(), total, msg, kMsg) != ATTNCHECK_OK)
         throw std::runtime_error(std::string("copy to device (staging) failed: ") + msg);
       at = 0;
       for (size_t i : dense) {
@@ -241,7 +240,7 @@ class DeviceBuffers {
     at = 0;
     for (size_t i : dense) {
       const DeviceStorage& s = storages_[i];
-      if (api_.copy_to_device(s.device, image.data() + at, s.capacity, msg, kMsg) != ATTNCHECK_OK)
+      if (api_.copy_to_device(s.device, image_.data() + at, s.capacity, msg, kMsg) != ATTNCHECK_OK)
         throw failed(s);
       at += s.capacity;
     }
@@ -351,7 +350,6 @@ class DeviceBuffers {
     upload(dev + G + begin, s.host->bytes.data(), s.bytes);
   }
 
-  const KernelLibrary& lib_;
   const attncheck_plugin_v1& api_;
   const attncheck_plugin_ext_v1* ext_;
   DeviceBlockCache& blocks_;

@@ -317,40 +317,33 @@ class Answering {
             .count();
     r.timings.other_ms += std::max(0.0, worker_ms - r.timings.total_ms());
     if (counted) running_.fetch_sub(1);
+    const std::string retire_why = r.device_error       ? "a launch failed on the device"
+                                   : !leftovers.empty() ? "processes were left running"
+                                                        : "";
     if (!threaded) {
-      const bool retire = r.device_error || !leftovers.empty();
-      emit({{"seq", seq}, {"id", id}, {"result", r.to_json()}, {"retire", retire}});
-      return retire;
+      emit({{"seq", seq}, {"id", id}, {"result", r.to_json()}, {"retire", !retire_why.empty()}});
+      return !retire_why.empty();
     }
     // Several cases at once: a device error is this case's only when its launch was the first to
     // fail (KernelLibrary::first_device_error_was_mine); processes left running are this case's
     // only when no other case ran beside it.
-    if (r.device_error && !ctx_.lib->first_device_error_was_mine()) {
-      retire_because("another case's launch failed on the device first");
-      emit({{"seq", seq},
-            {"id", id},
-            {"requeue",
-             "its launch failed after another case's device error in the same "
-             "worker (the GPU context is shared): it runs again in a fresh worker"},
-            {"isolate", false}});
+    auto requeue = [&](const std::string& why, bool isolate) {
+      retire_because(retire_why);
+      emit({{"seq", seq}, {"id", id}, {"requeue", why}, {"isolate", isolate}});
       return true;
-    }
-    if (!leftovers.empty() && others_running) {
-      retire_because("processes were left running");
-      emit({{"seq", seq},
-            {"id", id},
-            {"requeue",
-             "processes were left running while it and other cases ran: it runs "
-             "again alone in a fresh worker, where they can be pinned on one case"},
-            {"isolate", true}});
-      return true;
-    }
-    const bool retire = r.device_error || !leftovers.empty();
-    if (retire)
-      retire_because(r.device_error ? "a launch failed on the device"
-                                    : "processes "
-                                      "were left "
-                                      "running");
+    };
+    if (r.device_error && !ctx_.lib->first_device_error_was_mine())
+      return requeue(
+          "its launch failed after another case's device error in the same worker (the GPU "
+          "context is shared): it runs again in a fresh worker",
+          false);
+    if (!leftovers.empty() && others_running)
+      return requeue(
+          "processes were left running while it and other cases ran: it runs again alone in a "
+          "fresh worker, where they can be pinned on one case",
+          true);
+    const bool retire = !retire_why.empty();
+    if (retire) retire_because(retire_why);
     emit({{"seq", seq}, {"id", id}, {"result", r.to_json()}, {"retire", retire}});
     return retire;
   }

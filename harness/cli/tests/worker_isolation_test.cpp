@@ -113,6 +113,15 @@ TEST_F(WorkerIsolation, ForgedProtocolLinesFailOnlyTheirCase) {
 class ThreadedWorkers : public WorkerIsolation {
  protected:
   static std::string threaded() { return " --jobs 6 --threads-per-worker 6"; }
+  // The smoke tier in one worker of six threads, `fault` injected into the launches whose block
+  // size is `block_size`; results in `out`.
+  Output run_with_fault(const std::string& fault, int block_size, const fs::path& out,
+                        const std::string& extra = "") {
+    return sh("ATTNCHECK_FAKE_FAULT=" + fault +
+              " ATTNCHECK_FAKE_FAULT_WHEN='{\"kernel_block_size\":" + std::to_string(block_size) +
+              "}' " + at() + " run --kernels " + kFake + threaded() + extra + " --out " +
+              out.string());
+  }
   // verdict per id
   static std::map<std::string, std::string> verdicts(const fs::path& out) {
     std::map<std::string, std::string> v;
@@ -137,9 +146,7 @@ TEST_F(ThreadedWorkers, RunEveryCaseOnceWithTheVerdictsOfOneCasePerProcess) {
 
 TEST_F(ThreadedWorkers, ACrashFailsOnlyTheCasesThatCrashAlone) {
   const fs::path out = dir("out");
-  const Output o =
-      sh("ATTNCHECK_FAKE_FAULT=segfault ATTNCHECK_FAKE_FAULT_WHEN='{\"kernel_block_size\":16}' " +
-         at() + " run --kernels " + kFake + threaded() + " --out " + out.string());
+  const Output o = run_with_fault("segfault", 16, out);
   EXPECT_EQ(o.status, 1) << o.text;
   const auto bad = not_passed(records(out));
   ASSERT_EQ(bad.size(), 2u) << o.text;  // the two kernel_block_size 16 cases, and only they
@@ -156,9 +163,7 @@ TEST_F(ThreadedWorkers, ACrashFailsOnlyTheCasesThatCrashAlone) {
 
 TEST_F(ThreadedWorkers, AHangTimesOutOnlyItsOwnCase) {
   const fs::path out = dir("out");
-  const Output o =
-      sh("ATTNCHECK_FAKE_FAULT=hang ATTNCHECK_FAKE_FAULT_WHEN='{\"kernel_block_size\":64}' " +
-         at() + " run --kernels " + kFake + threaded() + " --timeout 2 --out " + out.string());
+  const Output o = run_with_fault("hang", 64, out, " --timeout 2");
   EXPECT_EQ(o.status, 1) << o.text;
   for (const auto& r : records(out)) {
     const bool bs64 = has(r["id"], "/bs64-");
@@ -172,9 +177,7 @@ TEST_F(ThreadedWorkers, AHangTimesOutOnlyItsOwnCase) {
 
 TEST_F(ThreadedWorkers, ADeviceErrorIsTheCaseWhoseLaunchFailed) {
   const fs::path out = dir("out");
-  const Output o =
-      sh("ATTNCHECK_FAKE_FAULT=error ATTNCHECK_FAKE_FAULT_WHEN='{\"kernel_block_size\":1}' " +
-         at() + " run --kernels " + kFake + threaded() + " --out " + out.string());
+  const Output o = run_with_fault("error", 1, out);
   EXPECT_EQ(o.status, 1) << o.text;
   for (const auto& r : records(out)) {
     const bool bs1 = has(r["id"], "/bs1-");
@@ -189,9 +192,7 @@ TEST_F(ThreadedWorkers, ADeviceErrorIsTheCaseWhoseLaunchFailed) {
 
 TEST_F(ThreadedWorkers, ForgedLinesFailOnlyTheirCase) {
   const fs::path out = dir("out");
-  const Output o =
-      sh("ATTNCHECK_FAKE_FAULT=forge ATTNCHECK_FAKE_FAULT_WHEN='{\"kernel_block_size\":16}' " +
-         at() + " run --kernels " + kFake + threaded() + " --out " + out.string());
+  const Output o = run_with_fault("forge", 16, out);
   EXPECT_EQ(o.status, 1) << o.text;
   const auto bad = not_passed(records(out));
   EXPECT_EQ(bad.size(), 2u) << o.text;

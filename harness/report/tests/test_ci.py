@@ -177,15 +177,21 @@ def test_gpu_job_pools_the_mutation_runs_on_one_gpu(fake_machine):
     assert bad.returncode == 2 and "--mutant-jobs wants a positive whole number (got '0')" in bad.stderr
 
 
-def test_gpu_job_gives_each_mutant_run_cases_at_once_by_its_share(fake_machine):
-    # One GPU, a pool of 8: the mutant of two ops gets fewer cases at once than the one that runs
-    # the whole tier, each in proportion to its share of all the mutants' cases; with
-    # --mutant-jobs K every run gets pool / K.
-    f = fake_machine
+def two_mutants_on_one_gpu(f):
+    """One gfx942 GPU, the main library and two mutants: rope_discard_out_of_place (a real one,
+    kernels_under_test/rope.mutants) and one that no .mutants file names."""
     tool(f, "rocminfo", "printf '  Name:    gfx942\\n'\n")
     (f["build"] / "kernels_under_test" / "libattncheck_kernels_hip.so").write_bytes(b"")
     for name in ("rope_discard_out_of_place", "unlisted"):
         (f["build"] / "kernels_under_test" / f"libattncheck_kernels_hip_mutant_{name}.so").write_bytes(b"")
+    return f
+
+
+def test_gpu_job_gives_each_mutant_run_cases_at_once_by_its_share(fake_machine):
+    # One GPU, a pool of 8: the mutant of two ops gets fewer cases at once than the one that runs
+    # the whole tier, each in proportion to its share of all the mutants' cases; with
+    # --mutant-jobs K every run gets pool / K.
+    f = two_mutants_on_one_gpu(fake_machine)
 
     def at_once(name):
         argv = json.loads((f["out"] / "mutants" / name / "argv.json").read_text())
@@ -206,11 +212,7 @@ def test_gpu_job_runs_a_mutant_on_the_ops_its_source_registers(fake_machine):
     # rope_discard_out_of_place is a real mutant (kernels_under_test/rope.mutants): CMake compiles
     # only rope.hip with its define, and rope.hip registers the rope and indexer_qk_rope entries;
     # a library whose mutant is in no .mutants file runs the whole tier.
-    f = fake_machine
-    tool(f, "rocminfo", "printf '  Name:    gfx942\\n'\n")
-    (f["build"] / "kernels_under_test" / "libattncheck_kernels_hip.so").write_bytes(b"")
-    for name in ("rope_discard_out_of_place", "unlisted"):
-        (f["build"] / "kernels_under_test" / f"libattncheck_kernels_hip_mutant_{name}.so").write_bytes(b"")
+    f = two_mutants_on_one_gpu(fake_machine)
     p = gpu_job(f, "quick", "--mutants", FAKE_ALL_PASS="1")
     assert p.returncode in (0, 1), p.stdout + p.stderr
     margv = json.loads((f["out"] / "mutants" / "rope_discard_out_of_place" / "argv.json").read_text())
