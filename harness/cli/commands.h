@@ -54,6 +54,13 @@ struct RunArgs {
   int max_failures = 0;           // --max-failures N: no new case after N failing ones; 0: all
 };
 
+// `attncheck mutants`: the run's options (tier, filter, pools, --max-failures per library, --out
+// holding a directory per library) and the libraries, "LIB" or "LIB=op,op" (only those ops).
+struct MutantsArgs {
+  RunArgs run;
+  std::vector<std::string> libraries;
+};
+
 struct ReproArgs {
   std::string id;
   std::string kernels;
@@ -128,6 +135,7 @@ bool load_and_select(const Paths& p, const Selection& sel, std::vector<CaseFile>
 
 int cmd_list(const Paths& p, const ListArgs& a);
 int cmd_run(const Paths& p, const RunArgs& a);
+int cmd_mutants(const Paths& p, const MutantsArgs& a);
 int cmd_repro(const Paths& p, const ReproArgs& a);
 int cmd_golden_generate(const Paths& p, const GoldenArgs& a);
 int cmd_golden_verify(const Paths& p, const GoldenArgs& a);

@@ -172,6 +172,54 @@ int main(int argc, char** argv) {
   run_cmd->add_flag("--in-process", run.in_process,
                     "no worker processes (for a debugger; a crash ends the run)");
 
+  MutantsArgs mutants;
+  mutants.run.tier = "quick";
+  auto* mutants_cmd = app.add_subcommand(
+      "mutants",
+      "run several kernel libraries (mutants) over their cases in one pool: one worker process "
+      "per GPU opens them all; a results directory per library under --out");
+  mutants_cmd
+      ->add_option("--library", mutants.libraries,
+                   "a kernel library, LIB or LIB=op,op (only those ops' cases); repeatable, "
+                   "costliest first")
+      ->required();
+  mutants_cmd->add_option("--tier", mutants.run.tier, "smoke, quick, full, bench or all")
+      ->check(CLI::IsMember(tiers))
+      ->capture_default_str();
+  mutants_cmd->add_option("--filter", mutants.run.filter, "regex searched in case ids");
+  mutants_cmd->add_option("--out", mutants.run.out, "results directory: <out>/<library>/")
+      ->required();
+  mutants_cmd->add_option("--gpus", mutants.run.gpus, "auto, none, or ids (0,1)")
+      ->capture_default_str();
+  mutants_cmd->add_option("--jobs-per-gpu", mutants.run.jobs_per_gpu, "cases at once per GPU")
+      ->check(CLI::Range(1, 256));
+  mutants_cmd->add_option("--jobs", mutants.run.jobs, "cases at once in all")
+      ->check(CLI::Range(1, 1024));
+  mutants_cmd
+      ->add_option("--threads-per-worker", mutants.run.threads_per_worker,
+                   "cases one worker process runs at once [16 with a GPU]")
+      ->check(CLI::Range(1, 256));
+  mutants_cmd
+      ->add_option("--max-failures", mutants.run.max_failures,
+                   "per library: start no new case of it once N of its cases failed; 0: all")
+      ->check(CLI::Range(0, 100000000));
+  mutants_cmd->add_option("--durations", mutants.run.durations,
+                          "case durations (ci/case-durations.json): longest cases first");
+  mutants_cmd->add_option("--repeat", mutants.run.repeat, "launches per case")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  mutants_cmd->add_option("--timeout", mutants.run.timeout_s, "seconds per case")
+      ->check(finite_in(0.001, 7 * 24 * 3600.0))
+      ->capture_default_str();
+  mutants_cmd
+      ->add_option("--import-timeout", mutants.run.import_timeout_s,
+                   "seconds to load the first library and its device")
+      ->check(finite_in(0.1, 7 * 24 * 3600.0))
+      ->capture_default_str();
+  mutants_cmd->add_option("--worker-memory", mutants.run.worker_memory,
+                          "resident memory per worker process, e.g. 8G [as run]");
+  mutants_cmd->add_flag("--profile", mutants.run.profile, "where the time went");
+
   ReproArgs repro;
   repro.kernels = env_or("ATTNCHECK_KERNELS", "");
   auto* repro_cmd = app.add_subcommand("repro", "one case, verbosely, with an HDF5 bundle");
@@ -324,6 +372,7 @@ int main(int argc, char** argv) {
   try {
     if (*list_cmd) return cmd_list(paths, list);
     if (*run_cmd) return cmd_run(paths, run);
+    if (*mutants_cmd) return cmd_mutants(paths, mutants);
     if (*repro_cmd) return cmd_repro(paths, repro);
     if (*gen_cmd) return cmd_golden_generate(paths, golden);
     if (*verify_cmd) return cmd_golden_verify(paths, golden);

@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/run_parts.h"
 #include "core/safe_output.h"
 #include "run/cases.h"
 #include "run/evaluate.h"
@@ -117,6 +118,8 @@ void print_stress_summary(const std::vector<Result>& results, int stress) {
             << lines.str();
 }
 
+}  // namespace
+
 // --worker-memory: "0" or "none" (no limit), bytes with an optional K/M/G/T suffix (powers of
 // 1024), or "" for the default: three quarters of the machine's memory shared by the workers, at
 // least 2 GiB each. Throws std::invalid_argument.
@@ -155,7 +158,7 @@ uint64_t worker_memory_limit(const std::string& text, int jobs) {
   return static_cast<uint64_t>(bytes);
 }
 
-std::string first_line(const std::string& s, size_t max = 400) {
+std::string first_line(const std::string& s, size_t max) {
   std::string l = s.substr(0, s.find('\n'));
   return l.size() > max ? l.substr(0, max) + " ..." : l;
 }
@@ -260,15 +263,6 @@ std::string describe_pools(const PoolPlan& plan) {
   return os.str();
 }
 
-// Per pool (GPU): cases, the sum of their round trips, and when its last case ended.
-struct PoolUse {
-  std::string gpu;
-  int jobs = 0;
-  int64_t cases = 0;
-  double busy_s = 0;
-  double finished_s = 0;
-};
-
 nlohmann::json pools_json(const std::vector<PoolUse>& use) {
   nlohmann::json j = nlohmann::json::array();
   for (const auto& u : use)
@@ -346,6 +340,75 @@ void print_profile(const std::vector<Result>& results, double wall_s, double par
   }
   std::cout << std::defaultfloat;
 }
+
+nlohmann::json describe_run(const RunDescription& d, const std::optional<nlohmann::json>& hello,
+                            const Summary* done_summary, double wall_s,
+                            const std::vector<PoolUse>& pools, const std::vector<Result>& results) {
+  const RunArgs& a = *d.args;
+  std::string manifest_sha;
+  try {
+    manifest_sha = sha256_file((fs::path(d.paths->golden) / "MANIFEST").string());
+  } catch (const std::exception&) {
+  }
+  const nlohmann::json hj = hello.value_or(nlohmann::json::object());
+  const std::string arch = hj.value("arch", "");
+  const std::string backend = arch.rfind("gfx", 0) == 0   ? "hip"
+                              : arch.rfind("sm_", 0) == 0 ? "cuda"
+                                                          : "cpu";
+  const bool kernel_mode = hj.value("mode", "") == "kernel";
+  nlohmann::json timings = nlohmann::json::object();  // the merge sums them
+  for (const auto& [name, v] : phase_seconds(results)) timings[name] = std::round(v * 1e3) / 1e3;
+  return nlohmann::json{{"attncheck_version", attncheck_version()},
+                        {"git_revision", git_revision(d.paths->root)},
+                        {"arch", arch},
+                        {"device", hj.value("device", "")},
+                        {"backend", backend},
+                        {"kernels_library",
+                         d.kernels.empty() ? "" : d.kernels + " (" + hj.value("library", "") + ")"},
+                        {"toolchain", toolchain()},
+                        {"tier", a.tier},
+                        {"filter", a.filter},
+                        {"shard", a.shard},
+                        {"case_count", d.case_count},
+                        {"golden_manifest_sha256", manifest_sha},
+                        {"started", d.started},
+                        {"finished", done_summary ? utc_now_iso() : ""},
+                        {"wall_s", wall_s},
+                        {"mode", kernel_mode ? "kernel" : "reference"},
+                        {"kernel_skipped_reason", kernel_mode ? "" : hj.value("no_device", "")},
+                        {"compared", done_summary ? done_summary->compared : 0},
+                        {"repeat", a.repeat},
+                        {"stress", a.stress},
+                        {"sanitizer", a.sanitizer},
+                        {"smem_poison", !a.no_smem_poison},
+                        {"jobs", a.in_process ? 0 : d.plan.jobs},
+                        {"workers", a.in_process ? 0 : d.plan.processes()},
+                        {"threads_per_worker", a.in_process ? 0 : d.plan.threads},
+                        {"cpu_threads", d.plan.cpu_threads},
+                        {"pools", pools_json(pools)},
+                        {"durations", a.durations},
+                        {"timings_s", timings}};
+}
+
+std::vector<std::string> worker_args(const Paths& paths, const RunArgs& a,
+                                     const std::string& kernels, const std::string& repro_dir,
+                                     const PoolPlan& plan,
+                                     const std::map<std::string, std::string>& checked_goldens) {
+  std::vector<std::string> args = {"--golden", fs::absolute(paths.golden).string(), "worker",
+                                   "--repeat", std::to_string(a.repeat)};
+  if (!kernels.empty()) args.insert(args.end(), {"--kernels", kernels});
+  if (!a.arch.empty()) args.insert(args.end(), {"--arch", a.arch});
+  if (!repro_dir.empty()) args.insert(args.end(), {"--repro-dir", repro_dir});
+  if (!path_flags(paths).empty()) args.insert(args.end(), {"--repro-extra", path_flags(paths)});
+  if (a.allow_missing_goldens) args.push_back("--allow-missing-goldens");
+  if (a.stress > 0) args.insert(args.end(), {"--stress", std::to_string(a.stress)});
+  if (plan.threads > 1) args.insert(args.end(), {"--threads", std::to_string(plan.threads)});
+  for (const auto& [op, stamp] : checked_goldens)
+    args.insert(args.end(), {"--golden-checked", op + "=" + stamp});
+  return args;
+}
+
+namespace {
 
 // The worker processes that evaluate shrink candidates: the run's, without a wrapper
 // (compute-sanitizer's findings are not a shrink target) and without a repro directory (the
@@ -526,57 +589,10 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
   };
   double parent_s = 0;  // the parent's own time per result: parsing, writing, printing
   std::vector<Result> results(cases.size());
-  // Seconds per phase over the results so far (run.json "timings_s"; the merge sums them).
-  auto timings_s = [&] {
-    nlohmann::json j = nlohmann::json::object();
-    for (const auto& [name, v] : phase_seconds(results)) j[name] = std::round(v * 1e3) / 1e3;
-    return j;
-  };
-  // run.json describes the run; written now (no "finished") so that a run killed halfway still
-  // leaves a directory the report reads, and rewritten complete at the end.
+  const RunDescription described{&paths, &a, kernels, cases.size(), started, plan};
   const auto run_json = [&](const std::optional<nlohmann::json>& h, const Summary* done_summary,
                             double wall_s) {
-    std::string manifest_sha;
-    try {
-      manifest_sha = sha256_file((fs::path(paths.golden) / "MANIFEST").string());
-    } catch (const std::exception&) {
-    }
-    const nlohmann::json hj = h.value_or(nlohmann::json::object());
-    const std::string arch = hj.value("arch", "");
-    const std::string backend = arch.rfind("gfx", 0) == 0   ? "hip"
-                                : arch.rfind("sm_", 0) == 0 ? "cuda"
-                                                            : "cpu";
-    const bool kernel_mode = hj.value("mode", "") == "kernel";
-    return nlohmann::json{
-        {"attncheck_version", attncheck_version()},
-        {"git_revision", git_revision(paths.root)},
-        {"arch", arch},
-        {"device", hj.value("device", "")},
-        {"backend", backend},
-        {"kernels_library", kernels.empty() ? "" : kernels + " (" + hj.value("library", "") + ")"},
-        {"toolchain", toolchain()},
-        {"tier", a.tier},
-        {"filter", a.filter},
-        {"shard", a.shard},
-        {"case_count", cases.size()},
-        {"golden_manifest_sha256", manifest_sha},
-        {"started", started},
-        {"finished", done_summary ? utc_now_iso() : ""},
-        {"wall_s", wall_s},
-        {"mode", kernel_mode ? "kernel" : "reference"},
-        {"kernel_skipped_reason", kernel_mode ? "" : hj.value("no_device", "")},
-        {"compared", done_summary ? done_summary->compared : 0},
-        {"repeat", a.repeat},
-        {"stress", a.stress},
-        {"sanitizer", a.sanitizer},
-        {"smem_poison", !a.no_smem_poison},
-        {"jobs", a.in_process ? 0 : plan.jobs},
-        {"workers", a.in_process ? 0 : plan.processes()},
-        {"threads_per_worker", a.in_process ? 0 : plan.threads},
-        {"cpu_threads", plan.cpu_threads},
-        {"pools", pools_json(pool_use)},
-        {"durations", a.durations},
-        {"timings_s", timings_s()}};
+    return describe_run(described, h, done_summary, wall_s, pool_use, results);
   };
   std::optional<JsonlWriter> jsonl;
   if (!a.out.empty()) {
@@ -691,19 +707,7 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
       return 2;
     }
     if (worker_log) spec.log_path = "/proc/self/fd/" + std::to_string(worker_log->fd());
-    spec.args = {"--golden", fs::absolute(paths.golden).string(), "worker", "--repeat",
-                 std::to_string(a.repeat)};
-    if (!kernels.empty()) spec.args.insert(spec.args.end(), {"--kernels", kernels});
-    if (!a.arch.empty()) spec.args.insert(spec.args.end(), {"--arch", a.arch});
-    if (!repro_dir.empty()) spec.args.insert(spec.args.end(), {"--repro-dir", repro_dir});
-    if (!path_flags(paths).empty())
-      spec.args.insert(spec.args.end(), {"--repro-extra", path_flags(paths)});
-    if (a.allow_missing_goldens) spec.args.push_back("--allow-missing-goldens");
-    if (a.stress > 0) spec.args.insert(spec.args.end(), {"--stress", std::to_string(a.stress)});
-    if (plan.threads > 1)
-      spec.args.insert(spec.args.end(), {"--threads", std::to_string(plan.threads)});
-    for (const auto& [op, stamp] : checked_goldens)
-      spec.args.insert(spec.args.end(), {"--golden-checked", op + "=" + stamp});
+    spec.args = worker_args(paths, a, kernels, repro_dir, plan, checked_goldens);
     std::string sanitizer_log;
     if (!a.sanitizer.empty()) {
       try {
@@ -771,7 +775,7 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
         }
       };
     if (a.max_failures > 0) {
-      cb.stop_dispatching = [&] { return summary.failures >= a.max_failures; };
+      cb.stop_dispatching = [&](size_t) { return summary.failures >= a.max_failures; };
       cb.on_not_run = [&, order](size_t t) { record(order[t], not_run(cases[order[t]])); };
     }
     cb.on_lost = [&, order](size_t t, const std::string& what) {

@@ -486,6 +486,13 @@ bool KernelLibrary::any_thread() const {
          ext_->any_thread == 1;
 }
 
+std::recursive_mutex& KernelLibrary::launch_mutex() {
+  static std::recursive_mutex m;
+  return m;
+}
+
+std::optional<std::thread::id> KernelLibrary::first_device_error_;
+
 void KernelLibrary::note_device_error() const {
   const auto lock = exclusive();
   if (!first_device_error_) first_device_error_ = std::this_thread::get_id();

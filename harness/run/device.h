@@ -60,15 +60,17 @@ class KernelLibrary {
   // (DeviceRunner): launches of different threads never interleave in the library or on the GPU,
   // so nothing of another case is live on the device while a kernel runs, and the case context
   // and shared-memory poison a launch set are the ones its kernel sees. Recursive: releases made
-  // inside a launch lock again.
+  // inside a launch lock again. One lock for every library of the process: libraries loaded side
+  // by side (a worker running several mutant libraries) share the process's GPU context.
   std::unique_lock<std::recursive_mutex> exclusive() const {
-    return std::unique_lock<std::recursive_mutex>(launch_mutex_);
+    return std::unique_lock<std::recursive_mutex>(launch_mutex());
   }
   // A launch of the calling thread ended in a device error (ATTNCHECK_ERROR, or a failed
   // allocation or copy); called while holding exclusive(). The first such thread is kept: a
   // fault leaves the context unusable, and other threads' later launches fail because of it.
   void note_device_error() const;
-  // Whether the calling thread's launch was the process's first to end in a device error.
+  // Whether the calling thread's launch was the process's first to end in a device error (of any
+  // library: the context is the process's).
   bool first_device_error_was_mine() const;
 
  private:
@@ -83,8 +85,8 @@ class KernelLibrary {
                        const std::function<const char*()>& ask) const;
   mutable std::mutex declared_mutex_;
   mutable std::map<std::string, std::string> contracts_, properties_;
-  mutable std::recursive_mutex launch_mutex_;
-  mutable std::optional<std::thread::id> first_device_error_;  // guarded by launch_mutex_
+  static std::recursive_mutex& launch_mutex();
+  static std::optional<std::thread::id> first_device_error_;  // guarded by launch_mutex()
 };
 
 struct DeviceOutcome {

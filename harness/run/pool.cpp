@@ -415,6 +415,28 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
   const std::string worker_name =
       "the worker process (" + spec.exe + (spec.args.empty() ? "" : " " + spec.args[0]) + ")";
   auto work_left = [&] { return next < tasks.size() || !again.empty() || !isolated.empty(); };
+  // Tasks from `next` on that stop_dispatching took out of the run (on_not_run has them).
+  std::vector<char> not_started(tasks.size(), 0);
+  auto skip_not_started = [&] {
+    while (next < tasks.size() && not_started[next]) ++next;
+  };
+  // The waiting tasks that stop_dispatching now excludes go to on_not_run: asked again once a
+  // task has ended since (`done` moved), as only an outcome can change the answer.
+  size_t settled_at_done = static_cast<size_t>(-1);
+  auto settle_stopped = [&] {
+    if (!cb.stop_dispatching || !cb.on_not_run) return;
+    auto stopped = [&](size_t idx) {
+      if (!cb.stop_dispatching(idx)) return false;
+      ++done;
+      cb.on_not_run(idx);
+      return true;
+    };
+    std::erase_if(isolated, stopped);
+    std::erase_if(again, stopped);
+    for (size_t idx = next; idx < tasks.size(); ++idx)
+      if (!not_started[idx] && stopped(idx)) not_started[idx] = 1;
+    skip_not_started();
+  };
 
   // The worker is gone with `what`: a case it ran alone is lost with that reason; several cases
   // in flight run again, each alone (nothing can be pinned on one of them); a worker that never
@@ -590,10 +612,11 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
     InFlight f;
     f.task = idx;
     f.seq = ++seq;
+    nlohmann::json request = tasks[idx].request;
+    request.update(
+        nlohmann::json{{"seq", f.seq}, {"id", tasks[idx].id}, {"case", tasks[idx].payload}});
     const std::string line =
-        nlohmann::json{{"seq", f.seq}, {"id", tasks[idx].id}, {"case", tasks[idx].payload}}.dump(
-            -1, ' ', false, nlohmann::json::error_handler_t::replace) +
-        "\n";
+        request.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
     f.sent_id = nlohmann::json::parse(line)["id"].get<std::string>();
     f.sent_at = Clock::now();
     f.deadline = f.sent_at + ms(spec.case_timeout_s);
@@ -609,21 +632,9 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
   };
 
   while (done < tasks.size()) {
-    if (work_left() && cb.stop_dispatching && cb.on_not_run && cb.stop_dispatching()) {
-      for (size_t idx : isolated) {
-        ++done;
-        cb.on_not_run(idx);
-      }
-      for (size_t idx : again) {
-        ++done;
-        cb.on_not_run(idx);
-      }
-      isolated.clear();
-      again.clear();
-      while (next < tasks.size()) {
-        ++done;
-        cb.on_not_run(next++);
-      }
+    if (work_left() && done != settled_at_done) {
+      settle_stopped();
+      settled_at_done = done;
       if (done == tasks.size()) break;
     }
     if (grow_wanted < threads) {
@@ -645,6 +656,7 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
           again.pop_front();
         } else if (next < tasks.size()) {
           send(w, next++);
+          skip_not_started();
         } else {
           break;
         }

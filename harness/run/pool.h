@@ -59,10 +59,12 @@ struct WorkerSpec {
   int threads = 1;
 };
 
-// One case for a worker: its id (checked against the answer) and the request's "case" payload.
+// One case for a worker: its id (checked against the answer), the request's "case" payload, and
+// further request members (an object; e.g. "kernels" and "repro_dir", run/worker.h).
 struct PoolTask {
   std::string id;
   nlohmann::json payload;
+  nlohmann::json request = nlohmann::json::object();
 };
 
 struct PoolCallbacks {
@@ -81,9 +83,11 @@ struct PoolCallbacks {
   // one_case_per_worker: the worker with this serial ran task `index` and has exited; the
   // callback may amend its result before on_result receives it.
   std::function<void(int serial, size_t index, nlohmann::json& result)> on_worker_exit;
-  // Asked before each task is handed out: true stops handing out tasks (the ones running finish);
-  // every task not started then goes to on_not_run (both needed, or neither).
-  std::function<bool()> stop_dispatching;
+  // Whether task `index`, not started yet, is not to be started any more (e.g. after N failures
+  // of the run, or of its library): asked for every waiting task once a result or a lost case has
+  // come in since the last time; such a task goes to on_not_run (both needed, or neither). The
+  // tasks running finish.
+  std::function<bool(size_t index)> stop_dispatching;
   std::function<void(size_t index)> on_not_run;
 };
 

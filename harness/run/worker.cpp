@@ -103,22 +103,62 @@ std::vector<std::string> nearest_case_ids(const std::vector<CaseFile>& files, co
 }
 
 Result run_case(CaseContext& ctx, const Case& c) {
-  return run_case(ctx, ctx.eval, c);
+  return run_case(ctx, ctx.eval, c, ctx.repro_dir);
 }
 
-Result run_case(CaseContext& ctx, const EvalContext& eval, const Case& c) {
+Result run_case(CaseContext& ctx, const EvalContext& eval, const Case& c,
+                const std::string& repro_dir) {
   CaseArtifacts artifacts;
   Result r = evaluate(c, eval, &artifacts);
-  if (r.failing() && artifacts.present && !ctx.repro_dir.empty()) {
-    const std::string path = (fs::path(ctx.repro_dir) / (id_to_filename(c.id) + ".h5")).string();
+  if (r.failing() && artifacts.present && !repro_dir.empty()) {
+    const std::string path = (fs::path(repro_dir) / (id_to_filename(c.id) + ".h5")).string();
     try {
-      write_repro_bundle(path, r, artifacts, context_hello(ctx));
+      nlohmann::json meta = context_hello(ctx);
+      if (eval.device) {  // the library this case ran, which may not be the worker's own
+        meta["kernels"] = eval.options.kernels_path;
+        meta["library"] = eval.device->library().library();
+      }
+      write_repro_bundle(path, r, artifacts, meta);
       r.bundle = path;
     } catch (const std::exception& e) {
       r.message += "; the repro bundle could not be written: " + std::string(e.what());
     }
   }
   return r;
+}
+
+const KernelLibrary& library_for(CaseContext& ctx, const std::string& path) {
+  if (path.empty() || path == ctx.eval.options.kernels_path) {
+    if (!ctx.lib) throw std::runtime_error("this worker has no kernel library");
+    return *ctx.lib;
+  }
+  const std::lock_guard<std::mutex> lock(ctx.more_libs_mutex);
+  if (const auto it = ctx.more_libs.find(path); it != ctx.more_libs.end()) return *it->second;
+  const std::string named = "kernel library " + path + ": ";
+  if (!ctx.lib || !ctx.device)
+    throw std::runtime_error(named + "this worker has no device to run it on");
+  if (path.rfind("py:", 0) == 0)
+    throw std::runtime_error(named +
+                             "a py: adapter cannot share a worker with another library "
+                             "(the Python bridge is one per process)");
+  // Loading and asking for the device are calls into a runtime that shares the process's context
+  // with the launches of the other threads.
+  const auto launch_lock = ctx.lib->exclusive();
+  auto lib = KernelLibrary::open(path);
+  std::string why;
+  const auto device = lib->device(&why);
+  if (!device)
+    throw std::runtime_error(named + "no usable GPU (" +
+                             (why.empty() ? std::string("the library gave no reason") : why) + ")");
+  if (device->name != ctx.device->name || device->arch != ctx.device->arch)
+    throw std::runtime_error(named + "it sees " + device->name + " (" + device->arch +
+                             "), not this worker's " + ctx.device->name + " (" + ctx.device->arch +
+                             ")");
+  if (ctx.threads > 1 && !lib->any_thread())
+    throw std::runtime_error(named +
+                             "it does not declare calls from any thread (extension table, "
+                             "any_thread), and this worker runs cases in threads");
+  return *ctx.more_libs.emplace(path, std::move(lib)).first->second;
 }
 
 Result run_case_id(CaseContext& ctx, const std::string& id) {
@@ -259,6 +299,30 @@ std::unique_ptr<CaseContext> make_context_within_limit(
 
 namespace {
 
+// What one of the worker's threads runs cases with: the worker's own library and runner, or a
+// runner of its own for the library the last request named (several libraries: worker.h). A
+// switch drops the previous runner and its cached device blocks first.
+struct Seat {
+  EvalContext eval;
+  std::unique_ptr<DeviceRunner> runner;  // null while `eval` uses the context's own runner
+  const KernelLibrary* lib = nullptr;
+
+  const EvalContext& for_library(CaseContext& ctx, const std::string& path) {
+    // The worker's own library, or none (reference mode), on the context's setup.
+    const bool own = path.empty() || path == ctx.eval.options.kernels_path;
+    if (own && lib == ctx.lib.get()) return eval;
+    const KernelLibrary& wanted = library_for(ctx, path);
+    if (&wanted == lib) return eval;
+    runner.reset();
+    runner = std::make_unique<DeviceRunner>(wanted, ctx.eval.options.arch);
+    eval = ctx.eval;
+    eval.device = runner.get();
+    eval.options.kernels_path = wanted.path();
+    lib = &wanted;
+    return eval;
+  }
+};
+
 // The answers of one worker process, from one thread or several.
 class Answering {
  public:
@@ -270,9 +334,9 @@ class Answering {
   }
   bool retiring() const { return retiring_.load(); }
 
-  // One request line, run on the calling thread with its `eval`; answers it. True when the
-  // worker retires after this answer.
-  bool answer(const std::string& line, const EvalContext& eval) {
+  // One request line, run on the calling thread with its seat; answers it. True when the worker
+  // retires after this answer.
+  bool answer(const std::string& line, Seat& seat) {
     const auto received = std::chrono::steady_clock::now();
     nlohmann::json seq = nullptr;
     std::string id;
@@ -291,9 +355,19 @@ class Answering {
       }
       const Case c = case_from_json(request.at("case"));
       if (c.id != id) throw std::invalid_argument("its case is '" + c.id + "', not '" + id + "'");
+      const std::string kernels = request.value("kernels", "");
+      const std::string repro_dir = request.value("repro_dir", ctx_.repro_dir);
       running_.fetch_add(1);
       counted = true;
-      r = run_case(ctx_, eval, c);
+      const EvalContext* eval = nullptr;
+      try {
+        eval = &seat.for_library(ctx_, kernels);
+      } catch (const std::exception& e) {  // an error naming the library, not the case's fault
+        RunOptions named = ctx_.eval.options;
+        if (!kernels.empty()) named.kernels_path = kernels;
+        r = lost_case_result(c, Mode::none, named, e.what());
+      }
+      if (eval) r = run_case(ctx_, *eval, c, repro_dir);
     } catch (const std::exception& e) {
       r = unreadable_request(id, e.what());
     }
@@ -397,28 +471,32 @@ int worker_main(const WorkerConfig& cfg) {
     ::_exit(0);
   };
   std::string line;
+  // Thread 0 starts on the context's own runner, the others on runners of their own.
+  std::vector<Seat> seats(static_cast<size_t>(ctx->threads));
+  for (size_t t = 0; t < seats.size(); ++t) {
+    seats[t].eval = ctx->eval;
+    seats[t].lib = ctx->lib.get();
+    if (t > 0 && ctx->device) {
+      seats[t].runner = std::make_unique<DeviceRunner>(*ctx->lib, ctx->eval.options.arch);
+      seats[t].eval.device = seats[t].runner.get();
+    }
+  }
   if (ctx->threads <= 1) {
     while (channel.read_line(line)) {
       if (line.empty()) continue;
-      if (answering.answer(line, ctx->eval)) retire_now();
+      if (answering.answer(line, seats[0])) retire_now();
     }
     return 0;
   }
 
-  // Several threads, each with its own runner; requests queue here as the parent sends them
+  // Several threads, each with its own seat; requests queue here as the parent sends them
   // (never more than the threads: the parent keeps that many in flight).
-  std::vector<std::unique_ptr<DeviceRunner>> runners;
-  std::vector<EvalContext> evals(static_cast<size_t>(ctx->threads), ctx->eval);
-  for (size_t t = 1; t < evals.size() && ctx->device; ++t) {
-    runners.push_back(std::make_unique<DeviceRunner>(*ctx->lib, ctx->eval.options.arch));
-    evals[t].device = runners.back().get();
-  }
   std::mutex m;
   std::condition_variable cv;
   std::deque<std::string> queue;
   bool closed = false;
   std::vector<std::thread> threads;
-  for (size_t t = 0; t < evals.size(); ++t)
+  for (size_t t = 0; t < seats.size(); ++t)
     threads.emplace_back([&, t] {
       while (true) {
         std::string request;
@@ -429,7 +507,7 @@ int worker_main(const WorkerConfig& cfg) {
           request = std::move(queue.front());
           queue.pop_front();
         }
-        answering.answer(request, evals[t]);
+        answering.answer(request, seats[t]);
       }
     });
   // After a retiring answer the parent sends nothing more and closes the channel: the requests
@@ -449,7 +527,7 @@ int worker_main(const WorkerConfig& cfg) {
   cv.notify_all();
   for (auto& t : threads) t.join();
   if (answering.retiring()) retire_now();
-  runners.clear();
+  seats.clear();
   return 0;
 }
 

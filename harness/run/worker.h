@@ -7,6 +7,11 @@
 // left the GPU context unusable; the worker exits after this line and the parent hands the next
 // case to a fresh worker (never to this one).
 //
+// Several libraries (`attncheck mutants`): a request may name another kernel library
+// ("kernels": path) and the directory for its repro bundles ("repro_dir"). The worker opens each
+// such library once, beside its own, in the same process and GPU context (one launch lock for
+// all of them, run/device.h), and each thread keeps a runner for the library of its last case.
+//
 // Threads (WorkerConfig::threads > 1, when the kernel library allows calls from any thread,
 // docs/abi.md): the worker runs that many cases at once, each thread with its own DeviceRunner,
 // sharing the library, its one GPU context and the goldens; answers come in the order cases end,
@@ -18,7 +23,9 @@
 // parent runs the case again (alone in its worker when isolate).
 #pragma once
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -55,7 +62,16 @@ struct CaseContext {
   std::string repro_dir;
   int threads = 1;          // cases at once (WorkerConfig::threads, as the library allows)
   std::string threads_why;  // why fewer than asked, in words ("" when as asked)
+  // Libraries requests named besides `lib` (see above), by path; opened on first use and kept.
+  std::map<std::string, std::unique_ptr<KernelLibrary>> more_libs;
+  std::mutex more_libs_mutex;
 };
+
+// The library a request names: ctx.lib for "" or the worker's own path, else one of
+// ctx.more_libs, opened now if it is not yet. Throws std::runtime_error naming the path: no
+// device in this worker, a py: adapter (the bridge is one per process), a library that cannot be
+// loaded, sees another device, or (threads > 1) does not declare calls from any thread.
+const KernelLibrary& library_for(CaseContext& ctx, const std::string& path);
 
 // Loads the case files (only when cfg.cases_dir is set: run_case_id needs them), the goldens, the
 // kernel library and the device. Throws std::runtime_error with one clear line: a bad case file,
@@ -72,8 +88,10 @@ std::unique_ptr<CaseContext> make_context_within_limit(
 // The case's Result; a repro bundle is written (and named in the Result) for a failing case when
 // the context has a repro directory.
 Result run_case(CaseContext& ctx, const Case& c);
-// The same on one of the worker's threads: `eval` is that thread's (its own DeviceRunner).
-Result run_case(CaseContext& ctx, const EvalContext& eval, const Case& c);
+// The same on one of the worker's threads: `eval` is that thread's (its own DeviceRunner); a
+// failing case's bundle goes to `repro_dir` ("": no bundle).
+Result run_case(CaseContext& ctx, const EvalContext& eval, const Case& c,
+                const std::string& repro_dir);
 
 // The case's Result; a repro bundle is written (and named in the Result) for a failing case when
 // the context has a repro directory. An unknown id is an error Result naming the nearest ids.

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Stands in for `attncheck run` in the ci/gpu-job tests: writes a results directory in the
-contract's format (tests/synthetic.py records), records the device environment it ran with, and
-exits 1 when a case failed. FAKE_ARCH sets the arch; FAKE_ALL_PASS=1 drops failing records;
+"""Stands in for `attncheck run` and `attncheck mutants` in the ci/gpu-job tests: writes a results
+directory (for mutants, one per --library under --out) in the contract's format
+(tests/synthetic.py records), records the device environment it ran with, and exits 1 when a
+case failed (mutants: 0, as attncheck mutants does). FAKE_ARCH sets the arch; FAKE_ALL_PASS=1 drops failing records;
 a kernels path naming a mutant makes every case fail; FAKE_STRESS_FAIL=1 makes a --stress run
 exit 1 (a nondeterministic stressed case)."""
 
@@ -29,8 +30,14 @@ def main(argv):
         for r in synthetic.other_cases(os.environ.get("FAKE_ARCH", "gfx942")):
             print(r["id"])
         return 0
-    assert argv[0] == "run", argv
-    opts, i = {}, 1  # (--op repeats: read from argv below)
+    assert argv[0] in ("run", "mutants"), argv
+    if argv[0] == "mutants":
+        return mutants(argv)
+    return run(argv)
+
+
+def options(argv):
+    opts, i = {}, 1  # (--op and --library repeat: read from argv)
     while i < len(argv):
         if argv[i] in ("--profile", "--allow-missing-goldens"):  # flags
             opts[argv[i].lstrip("-")] = True
@@ -38,6 +45,40 @@ def main(argv):
             continue
         opts[argv[i].lstrip("-")] = argv[i + 1]
         i += 2
+    return opts
+
+
+def device_setting():
+    return ",".join(f"{v}={os.environ[v]}"
+                    for v in ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES") if v in os.environ)
+
+
+def mutants(argv):
+    """One results directory per --library LIB[=op,op], named as attncheck names it."""
+    opts = options(argv)
+    arch = os.environ.get("FAKE_ARCH", "gfx942")
+    out = Path(opts["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    libraries = [argv[k + 1] for k in range(len(argv) - 1) if argv[k] == "--library"]
+    for spec in libraries:
+        lib, _, ops = spec.partition("=")
+        records = [r for r in synthetic.other_cases(arch)
+                   if not ops or r["id"].split("/")[0] in ops.split(",")]
+        for r in records:
+            r["mode"] = "kernel"
+            if "mutant" in lib:
+                synthetic.set_verdict(r, "failed")
+        name = Path(lib).stem.split("_mutant_", 1)[-1]
+        synthetic.write_results(out / name, records, arch, tier=opts["tier"], shard="",
+                                kernels_library=lib, device=device_setting() or "none",
+                                mode="kernel", filter=opts.get("filter", ""))
+    (out / "argv.json").write_text(json.dumps(argv))
+    print(f"fake attncheck mutants: {len(libraries)} libraries")
+    return 0
+
+
+def run(argv):
+    opts = options(argv)
     arch = os.environ.get("FAKE_ARCH", "gfx942")
     kernels = opts.get("kernels", "")
     records = [r for r in synthetic.other_cases(arch)
@@ -55,8 +96,7 @@ def main(argv):
     ops = [argv[k + 1] for k in range(len(argv) - 1) if argv[k] == "--op"]
     if ops:
         records = [r for r in records if r["id"].split("/")[0] in ops]
-    device = ",".join(f"{v}={os.environ[v]}"
-                      for v in ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES") if v in os.environ)
+    device = device_setting()
     synthetic.write_results(Path(opts["out"]), records, arch, tier=opts["tier"],
                             shard=opts.get("shard", ""), kernels_library=kernels,
                             device=device or "none", mode="kernel" if kernels else "reference",

@@ -4,6 +4,7 @@ reports the way docs/ci.md says. gpu-job runs here against a stand-in `attncheck
 test_real_cli.py runs it against the real binary."""
 
 import json
+from pathlib import Path
 import os
 import re
 import stat
@@ -149,32 +150,31 @@ def test_gpu_job_runs_one_process_with_a_pool_per_visible_gpu(fake_machine):
     assert "✅ **PASSED**" in md and md in summary.read_text()
     assert "**Mutation score** 1/1" in md  # the stand-in fails every case of a mutant
     assert "kernel mode, tier quick, arch gfx942, backend hip, GPUs 3,5" in p.stdout
-    # each mutant run on one GPU, with its share of that GPU's pool: the only mutant has every
-    # mutant case, so the whole pool (the cores per GPU) as cases at once
-    margv = json.loads((f["out"] / "mutants" / "demo" / "argv.json").read_text())
-    assert margv[margv.index("--gpus") + 1] in ("3", "5") and "--jobs-per-gpu" in margv
-    pool = max(1, len(os.sched_getaffinity(0)) // 2)
-    assert margv[margv.index("--jobs-per-gpu") + 1] == str(pool)
+    # every mutant in one `attncheck mutants` run over both GPUs, killed by its first failures
+    margv = json.loads((f["out"] / "mutants" / "argv.json").read_text())
+    assert margv[0] == "mutants" and margv[margv.index("--gpus") + 1] == "3,5"
     assert margv[margv.index("--max-failures") + 1] == "5"  # the kill, not every failure
-    # one reference thread per case at once, not the machine's cores each
-    menv = json.loads((f["out"] / "mutants" / "demo" / "env.json").read_text())
-    assert menv["OMP_NUM_THREADS"] == str(max(1, len(os.sched_getaffinity(0)) // (2 * pool)))
+    assert [margv[k + 1].split("=")[0] for k in range(len(margv) - 1) if margv[k] == "--library"] \
+        == [str(f["build"] / "kernels_under_test" / "libattncheck_kernels_mutant_demo.so")]
 
 
-def test_gpu_job_pools_the_mutation_runs_on_one_gpu(fake_machine):
+def test_gpu_job_judges_five_libraries_from_one_process(fake_machine):
     f = fake_machine
     tool(f, "rocminfo", "printf '  Name:    gfx942\\n'\n")
     (f["build"] / "kernels_under_test" / "libattncheck_kernels_hip.so").write_bytes(b"")
     for name in ("a", "b", "c", "d", "e"):
         (f["build"] / "kernels_under_test" / f"libattncheck_kernels_mutant_{name}.so").write_bytes(b"")
-    p = gpu_job(f, "quick", "--mutants", "--mutant-jobs", "2", FAKE_ALL_PASS="1")
+    p = gpu_job(f, "quick", "--mutants", FAKE_ALL_PASS="1")
     assert p.returncode == 0, p.stdout + p.stderr
     # (no "mutant" in this test's name: the stand-in fails every library whose path has it)
-    # every mutant ran to the end and was judged, none lost to the pool
+    # every mutant ran to the end and was judged, from one process
     assert sorted(d.name for d in (f["out"] / "mutants").iterdir() if d.is_dir()) == list("abcde")
     assert "**Mutation score** 5/5" in (f["out"] / "summary.md").read_text()
-    bad = gpu_job(f, "quick", "--mutants", "--mutant-jobs", "0")
-    assert bad.returncode == 2 and "--mutant-jobs wants a positive whole number (got '0')" in bad.stderr
+    margv = json.loads((f["out"] / "mutants" / "argv.json").read_text())
+    assert margv.count("--library") == 5 and "mutants: 5 libraries in" in p.stdout
+    # the per-run shares are gone with the runs
+    bad = gpu_job(f, "quick", "--mutants", "--mutant-jobs", "2")
+    assert bad.returncode == 2, bad.stdout + bad.stderr
 
 
 def two_mutants_on_one_gpu(f):
@@ -187,25 +187,24 @@ def two_mutants_on_one_gpu(f):
     return f
 
 
-def test_gpu_job_gives_each_mutant_run_cases_at_once_by_its_share(fake_machine):
-    # One GPU, a pool of 8: the mutant of two ops gets fewer cases at once than the one that runs
-    # the whole tier, each in proportion to its share of all the mutants' cases; with
-    # --mutant-jobs K every run gets pool / K.
+def libraries(f):
+    """The mutants run's --library arguments, in order, as (file name, ops or None)."""
+    argv = json.loads((f["out"] / "mutants" / "argv.json").read_text())
+    specs = [argv[k + 1] for k in range(len(argv) - 1) if argv[k] == "--library"]
+    return [(Path(lib).name, ops or None) for lib, _, ops in (s.partition("=") for s in specs)]
+
+
+def test_gpu_job_starts_the_costliest_mutant_first(fake_machine):
+    # The mutant that runs the whole tier costs more than the one of two ops: it goes first, so
+    # that it does not start last and end the run late.
     f = two_mutants_on_one_gpu(fake_machine)
-
-    def at_once(name):
-        argv = json.loads((f["out"] / "mutants" / name / "argv.json").read_text())
-        return int(argv[argv.index("--jobs-per-gpu") + 1])
-
     p = gpu_job(f, "quick", "--mutants", "--jobs-per-gpu", "8", FAKE_ALL_PASS="1")
     assert p.returncode in (0, 1), p.stdout + p.stderr
-    small, whole = at_once("rope_discard_out_of_place"), at_once("unlisted")
-    assert 1 <= small < whole <= 8, (small, whole)
-    assert "mutant unlisted (unknown: not in kernels_under_test/*.mutants): the whole tier, " \
-           f"{whole} at once" in p.stdout
-    p = gpu_job(f, "quick", "--mutants", "--jobs-per-gpu", "8", "--mutant-jobs", "4",
-                FAKE_ALL_PASS="1")
-    assert (at_once("rope_discard_out_of_place"), at_once("unlisted")) == (2, 2), p.stdout
+    assert [name for name, _ in libraries(f)] == [
+        "libattncheck_kernels_hip_mutant_unlisted.so",
+        "libattncheck_kernels_hip_mutant_rope_discard_out_of_place.so"]
+    argv = json.loads((f["out"] / "mutants" / "argv.json").read_text())
+    assert argv[argv.index("--jobs-per-gpu") + 1] == "8"
 
 
 def test_gpu_job_runs_a_mutant_on_the_ops_its_source_registers(fake_machine):
@@ -215,16 +214,19 @@ def test_gpu_job_runs_a_mutant_on_the_ops_its_source_registers(fake_machine):
     f = two_mutants_on_one_gpu(fake_machine)
     p = gpu_job(f, "quick", "--mutants", FAKE_ALL_PASS="1")
     assert p.returncode in (0, 1), p.stdout + p.stderr
-    margv = json.loads((f["out"] / "mutants" / "rope_discard_out_of_place" / "argv.json").read_text())
-    ops = [margv[k + 1] for k in range(len(margv) - 1) if margv[k] == "--op"]
-    assert sorted(ops) == ["indexer_qk_rope", "rope"], margv
+    scopes = dict(libraries(f))
+    assert scopes["libattncheck_kernels_hip_mutant_rope_discard_out_of_place.so"] == \
+        "indexer_qk_rope,rope", scopes
     assert "mutant rope_discard_out_of_place (kernels_under_test/rope.mutants): indexer_qk_rope rope" in p.stdout
-    whole = json.loads((f["out"] / "mutants" / "unlisted" / "argv.json").read_text())
-    assert "--op" not in whole and "mutant unlisted (unknown" in p.stdout
+    assert scopes["libattncheck_kernels_hip_mutant_unlisted.so"] is None
+    assert "mutant unlisted (unknown" in p.stdout
+    # the stand-in ran each on its scope: rope's results hold only its two ops
+    ids = [json.loads(line)["id"] for line in
+           (f["out"] / "mutants" / "rope_discard_out_of_place" / "results.jsonl").read_text().splitlines()]
+    assert ids and {i.split("/")[0] for i in ids} <= {"indexer_qk_rope", "rope"}
     # --mutant-scope tier: every mutant runs the whole tier
     p = gpu_job(f, "quick", "--mutants", "--mutant-scope", "tier", FAKE_ALL_PASS="1")
-    margv = json.loads((f["out"] / "mutants" / "rope_discard_out_of_place" / "argv.json").read_text())
-    assert "--op" not in margv
+    assert all(ops is None for _, ops in libraries(f)), libraries(f)
     bad = gpu_job(f, "quick", "--mutants", "--mutant-scope", "some")
     assert bad.returncode == 2 and "--mutant-scope wants ops or tier (got 'some')" in bad.stderr
 

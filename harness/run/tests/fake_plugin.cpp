@@ -41,9 +41,10 @@
 // $ATTNCHECK_FAKE_PROPERTIES, when set, is the invariance property list every entry declares
 // through the extension table's `properties` (passed through unchecked).
 //
-// A fault is selected by the kernel parameter "fault" or by $ATTNCHECK_FAKE_FAULT, optionally
-// only for launches whose kernel parameters contain every key/value of the JSON object in
-// $ATTNCHECK_FAKE_FAULT_WHEN. $ATTNCHECK_FAKE_ARCH sets the reported arch (default "fake-cpu");
+// A fault is selected by the kernel parameter "fault", by the library's file name
+// (libattncheck_kernels_mutant_<fault>.so: a copy of this library), or by $ATTNCHECK_FAKE_FAULT,
+// optionally only for launches whose kernel parameters contain every key/value of the JSON object
+// in $ATTNCHECK_FAKE_FAULT_WHEN. $ATTNCHECK_FAKE_ARCH sets the reported arch (default "fake-cpu");
 // $ATTNCHECK_FAKE_NO_DEVICE=1 makes the library report no device; $ATTNCHECK_FAKE_OMIT (comma-
 // separated entries) leaves entries out of its list. It lists entries as a real library does.
 //
@@ -52,6 +53,7 @@
 // default case has a raw uint8 buffer of that name; roles from the op's default case. It refuses
 // what the op calls invalid (the ABI's case context) and what the reference rejects on those
 // bytes and parameters.
+#include <dlfcn.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -61,6 +63,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -111,9 +114,25 @@ void forge_protocol_lines() {
   }
 }
 
+// A copy of this library whose file is named ..._mutant_<fault>.so injects <fault> into every
+// launch (after a "fault" kernel parameter): mutant libraries side by side in one process, each
+// with a fault of its own (`attncheck mutants`), where the environment is the process's.
+std::string fault_of_file_name() {
+  static const std::string fault = [] {
+    Dl_info info{};
+    if (!::dladdr(reinterpret_cast<void*>(&fault_of_file_name), &info) || !info.dli_fname)
+      return std::string();
+    const std::string stem = std::filesystem::path(info.dli_fname).stem().string();
+    const auto at = stem.find("_mutant_");
+    return at == std::string::npos ? std::string() : stem.substr(at + 8);
+  }();
+  return fault;
+}
+
 // The injected fault for this launch, or "".
 std::string fault_for(const nlohmann::json& params) {
   if (params.contains("fault") && params["fault"].is_string()) return params["fault"];
+  if (const std::string named = fault_of_file_name(); !named.empty()) return named;
   const std::string f = env("ATTNCHECK_FAKE_FAULT");
   if (f.empty()) return "";
   const std::string when = env("ATTNCHECK_FAKE_FAULT_WHEN");

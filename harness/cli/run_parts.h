@@ -1,0 +1,78 @@
+// What `run` and `mutants` share (run_command.cpp): the pools, the worker processes' arguments,
+// run.json and the profile.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "run/results.h"
+#include "run/scheduling.h"
+
+namespace attncheck::cli {
+
+// The pools of a run: GPUs from --gpus (auto: the visible ones; none in reference mode), sizes
+// from --jobs / --jobs-per-gpu or the cores and each GPU's memory. Throws std::invalid_argument
+// for a bad --gpus.
+PoolPlan pools_for(const RunArgs& a, bool kernel_mode);
+// "GPU 0: 13 case(s) at once (CUDA_VISIBLE_DEVICES) in 1 worker process(es) of 13 threads, ..."
+std::string describe_pools(const PoolPlan& plan);
+
+// --worker-memory: "0" or "none" (no limit), bytes with an optional K/M/G/T suffix (powers of
+// 1024), or "" for the default: three quarters of the machine's memory shared by the workers, at
+// least 2 GiB each. Throws std::invalid_argument.
+uint64_t worker_memory_limit(const std::string& text, int jobs);
+
+// The stamps (golden_file_stamp) of these cases' golden files, taken before the run checks them
+// (set_aside_unreadable_goldens): "op=stamp" for the workers' --golden-checked, so that a worker
+// checks again only a file that changed since (run/golden.h, GoldenStore::trust_checked).
+std::map<std::string, std::string> golden_stamps(const std::string& dir,
+                                                 const std::vector<Case>& cases);
+
+// `attncheck worker`'s arguments for a run's pool (after the executable).
+std::vector<std::string> worker_args(const Paths& paths, const RunArgs& a,
+                                     const std::string& kernels, const std::string& repro_dir,
+                                     const PoolPlan& plan,
+                                     const std::map<std::string, std::string>& checked_goldens);
+
+// The first line of `s`, cut at `max` characters.
+std::string first_line(const std::string& s, size_t max = 400);
+
+// Per pool (GPU): cases, the sum of their round trips, and when its last case ended.
+struct PoolUse {
+  std::string gpu;
+  int jobs = 0;
+  int64_t cases = 0;
+  double busy_s = 0;
+  double finished_s = 0;
+};
+nlohmann::json pools_json(const std::vector<PoolUse>& use);
+
+// Seconds per phase over every result.
+std::map<std::string, double> phase_seconds(const std::vector<Result>& results);
+
+// --profile: where the time went, per phase and per op, and the pools' balance.
+void print_profile(const std::vector<Result>& results, double wall_s, double parent_s,
+                   const std::vector<PoolUse>& pools, int jobs);
+
+// What run.json says of a run besides its outcome.
+struct RunDescription {
+  const Paths* paths = nullptr;
+  const RunArgs* args = nullptr;
+  std::string kernels;  // the library's absolute path, or py:<module>, or ""
+  size_t case_count = 0;
+  std::string started;
+  PoolPlan plan;
+};
+
+// run.json: written at the start (no "finished", no hello yet) so that a run killed halfway
+// still leaves a directory the report reads, and again, complete, at the end.
+nlohmann::json describe_run(const RunDescription& d, const std::optional<nlohmann::json>& hello,
+                            const Summary* done_summary, double wall_s,
+                            const std::vector<PoolUse>& pools, const std::vector<Result>& results);
+
+}  // namespace attncheck::cli
