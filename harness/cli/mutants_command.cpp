@@ -158,7 +158,7 @@ int cmd_mutants(const Paths& paths, const MutantsArgs& m) {
                                "lock); wait for it to finish or choose another --out");
     for (auto& l : libs) {
       l.out = fs::path(a.out) / l.name;
-      DirHandle::open(l.out / "repro");
+      DirHandle::open(l.out);
     }
   } catch (const std::exception& e) {
     std::cerr << "attncheck: " << e.what() << "\n";
@@ -197,21 +197,22 @@ int cmd_mutants(const Paths& paths, const MutantsArgs& m) {
     return 2;
   }
 
-  // Tasks: library by library, in the order given (the caller puts the costliest first).
+  // Tasks: the libraries in as many lanes as cases run at once (interleave_in_lanes), in the
+  // order given (the costliest first).
   struct Task {
     size_t lib, index;
   };
   std::vector<Task> task_of;
   std::vector<PoolTask> tasks;
+  std::vector<std::vector<size_t>> runnable_cases(libs.size());
   for (size_t k = 0; k < libs.size(); ++k)
-    for (size_t i : libs[k].cases) {
-      if (i >= runnable) continue;  // an unreadable golden file: not run, below
-      task_of.push_back({k, i});
-      tasks.push_back({cases[i].id,
-                       case_to_json(cases[i]),
-                       {{"kernels", libs[k].path},
-                        {"repro_dir", fs::absolute(libs[k].out / "repro").string()}}});
-    }
+    for (size_t i : libs[k].cases)
+      if (i < runnable) runnable_cases[k].push_back(i);  // unreadable golden files: below
+  for (const auto& [k, i] :
+       interleave_in_lanes(runnable_cases, static_cast<size_t>(std::max(1, plan.jobs)))) {
+    task_of.push_back({k, i});
+    tasks.push_back({cases[i].id, case_to_json(cases[i]), {{"kernels", libs[k].path}}});
+  }
 
   std::optional<nlohmann::json> hello;
   double parent_s = 0;

@@ -267,7 +267,9 @@ std::vector<std::string> GoldenStore::case_ids(const std::string& op) {
 
 std::optional<GoldenCase> GoldenStore::load(const std::string& op, const std::string& id) {
   const std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());  // the store's maps too
-  if (const auto it = overrides_.find(op + "\n" + id); it != overrides_.end()) return it->second;
+  const std::string key = op + "\n" + id;
+  if (const auto it = overrides_.find(key); it != overrides_.end()) return it->second;
+  if (const auto it = kept_.find(key); it != kept_.end()) return it->second;
   if (!has_op(op)) return std::nullopt;
   H5File& f = file(op);
   const std::string g = golden_group(id);
@@ -290,6 +292,13 @@ std::optional<GoldenCase> GoldenStore::load(const std::string& op, const std::st
       gc.stored_dtypes[name] = t.dtype();
       gc.outputs[name] = *ref == t.dtype() ? t : t.to(*ref);  // f32 -> f64 widening is exact
     }
+  uint64_t bytes = 0;
+  for (const auto& [name, t] : gc.outputs)
+    bytes += static_cast<uint64_t>(t.numel()) * t.element_size();
+  if (kept_bytes_ + bytes <= kGoldenKeptBytes) {
+    kept_bytes_ += bytes;
+    kept_.emplace(key, gc);
+  }
   return gc;
 }
 

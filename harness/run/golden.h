@@ -26,6 +26,8 @@ namespace attncheck {
 inline constexpr int64_t kGoldenFormat = 1;
 inline constexpr std::string_view kGoldenTiers[] = {"smoke", "quick"};
 inline constexpr uint64_t kGoldenBudgetBytes = 25ull * 1000 * 1000;
+// Output bytes a GoldenStore keeps of the cases it read (GoldenStore::load).
+inline constexpr uint64_t kGoldenKeptBytes = uint64_t{1} << 30;
 // How long reading one golden file may take before its reader counts as hung (it takes well
 // under a second; this allows a loaded 2-core CI machine and sanitizer builds).
 inline constexpr double kGoldenReadTimeoutS = 120;
@@ -86,7 +88,10 @@ class GoldenStore {
   const std::string& dir() const { return dir_; }
   bool has_op(const std::string& op) const;
   // nullopt when the op has no golden file or the file has no group for this case. Throws
-  // std::runtime_error naming the file when it is unreadable (corrupt, truncated).
+  // std::runtime_error naming the file when it is unreadable (corrupt, truncated). A case read
+  // once is kept (up to kGoldenKeptBytes of outputs in all, sharing their storage with the copies
+  // returned): a worker running several libraries (`attncheck mutants`) loads each case once per
+  // library, and the reads take the process's one HDF5 lock.
   std::optional<GoldenCase> load(const std::string& op, const std::string& id);
   std::vector<std::string> case_ids(const std::string& op);  // ids stored for op
   // The file of `op` was checked (MANIFEST and a parse in a child process) by the process that
@@ -105,6 +110,8 @@ class GoldenStore {
   std::map<std::string, std::unique_ptr<H5File>> open_;
   std::map<std::string, std::string> unreadable_;  // op -> golden_file_verdict()
   std::map<std::string, GoldenCase> overrides_;
+  std::map<std::string, GoldenCase> kept_;  // op + "\n" + id -> what load() read
+  uint64_t kept_bytes_ = 0;
   std::map<std::string, std::string> trusted_;  // op -> stamp (trust_checked)
 };
 

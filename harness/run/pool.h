@@ -60,7 +60,7 @@ struct WorkerSpec {
 };
 
 // One case for a worker: its id (checked against the answer), the request's "case" payload, and
-// further request members (an object; e.g. "kernels" and "repro_dir", run/worker.h).
+// further request members (an object; e.g. "kernels", run/worker.h).
 struct PoolTask {
   std::string id;
   nlohmann::json payload;

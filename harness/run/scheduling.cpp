@@ -275,4 +275,29 @@ std::vector<int> balanced_shards(const std::vector<std::string>& ids, int count,
   return shard;
 }
 
+std::vector<std::pair<size_t, size_t>> interleave_in_lanes(
+    const std::vector<std::vector<size_t>>& cases_per_library, size_t lanes) {
+  constexpr size_t kNone = static_cast<size_t>(-1);
+  size_t next = 0;
+  auto next_library = [&] {
+    while (next < cases_per_library.size())
+      if (!cases_per_library[next++].empty()) return next - 1;
+    return kNone;
+  };
+  std::vector<size_t> lane(std::max<size_t>(lanes, 1), kNone);
+  for (auto& l : lane) l = next_library();
+  std::vector<size_t> given(cases_per_library.size(), 0);
+  std::vector<std::pair<size_t, size_t>> order;
+  for (bool any = true; any;) {
+    any = false;
+    for (auto& l : lane) {
+      if (l == kNone) continue;
+      any = true;
+      order.emplace_back(l, cases_per_library[l][given[l]++]);
+      if (given[l] == cases_per_library[l].size()) l = next_library();
+    }
+  }
+  return order;
+}
+
 }  // namespace attncheck

@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace attncheck {
@@ -96,5 +97,13 @@ std::vector<int> balanced_shards(const std::vector<std::string>& ids, int count,
 // Indices of `ids`, longest estimated first (stable): the order a pool starts them in.
 std::vector<size_t> longest_first(const std::vector<std::string>& ids,
                                   const CaseDurations& durations);
+
+// Several libraries' cases as one task order (`attncheck mutants`): `lanes` lanes, each holding a
+// library until its cases are given out and then taking the next non-empty one in order, give one
+// case each in turn. With as many lanes as cases run at once, each library has about one case in
+// flight: its first failures can stop it before many more started, and a worker thread can keep
+// to one library. (library, case) pairs; every case once, each library's in its own order.
+std::vector<std::pair<size_t, size_t>> interleave_in_lanes(
+    const std::vector<std::vector<size_t>>& cases_per_library, size_t lanes);
 
 }  // namespace attncheck

@@ -103,15 +103,14 @@ std::vector<std::string> nearest_case_ids(const std::vector<CaseFile>& files, co
 }
 
 Result run_case(CaseContext& ctx, const Case& c) {
-  return run_case(ctx, ctx.eval, c, ctx.repro_dir);
+  return run_case(ctx, ctx.eval, c);
 }
 
-Result run_case(CaseContext& ctx, const EvalContext& eval, const Case& c,
-                const std::string& repro_dir) {
+Result run_case(CaseContext& ctx, const EvalContext& eval, const Case& c) {
   CaseArtifacts artifacts;
   Result r = evaluate(c, eval, &artifacts);
-  if (r.failing() && artifacts.present && !repro_dir.empty()) {
-    const std::string path = (fs::path(repro_dir) / (id_to_filename(c.id) + ".h5")).string();
+  if (r.failing() && artifacts.present && !ctx.repro_dir.empty()) {
+    const std::string path = (fs::path(ctx.repro_dir) / (id_to_filename(c.id) + ".h5")).string();
     try {
       nlohmann::json meta = context_hello(ctx);
       if (eval.device) {  // the library this case ran, which may not be the worker's own
@@ -302,23 +301,26 @@ namespace {
 // What one of the worker's threads runs cases with: the worker's own library and runner, or a
 // runner of its own for the library the last request named (several libraries: worker.h). A
 // switch drops the previous runner and its cached device blocks first.
+// A request's "kernels" as one name per library: "" for the worker's own.
+std::string library_key(const CaseContext& ctx, const std::string& kernels) {
+  return kernels == ctx.eval.options.kernels_path ? "" : kernels;
+}
+
 struct Seat {
   EvalContext eval;
   std::unique_ptr<DeviceRunner> runner;  // null while `eval` uses the context's own runner
-  const KernelLibrary* lib = nullptr;
+  std::string library;                   // library_key of the library `eval` runs
 
   const EvalContext& for_library(CaseContext& ctx, const std::string& path) {
-    // The worker's own library, or none (reference mode), on the context's setup.
-    const bool own = path.empty() || path == ctx.eval.options.kernels_path;
-    if (own && lib == ctx.lib.get()) return eval;
+    const std::string key = library_key(ctx, path);
+    if (key == library) return eval;
     const KernelLibrary& wanted = library_for(ctx, path);
-    if (&wanted == lib) return eval;
     runner.reset();
     runner = std::make_unique<DeviceRunner>(wanted, ctx.eval.options.arch);
     eval = ctx.eval;
     eval.device = runner.get();
     eval.options.kernels_path = wanted.path();
-    lib = &wanted;
+    library = key;
     return eval;
   }
 };
@@ -356,7 +358,6 @@ class Answering {
       const Case c = case_from_json(request.at("case"));
       if (c.id != id) throw std::invalid_argument("its case is '" + c.id + "', not '" + id + "'");
       const std::string kernels = request.value("kernels", "");
-      const std::string repro_dir = request.value("repro_dir", ctx_.repro_dir);
       running_.fetch_add(1);
       counted = true;
       const EvalContext* eval = nullptr;
@@ -367,7 +368,7 @@ class Answering {
         if (!kernels.empty()) named.kernels_path = kernels;
         r = lost_case_result(c, Mode::none, named, e.what());
       }
-      if (eval) r = run_case(ctx_, *eval, c, repro_dir);
+      if (eval) r = run_case(ctx_, *eval, c);
     } catch (const std::exception& e) {
       r = unreadable_request(id, e.what());
     }
@@ -475,7 +476,6 @@ int worker_main(const WorkerConfig& cfg) {
   std::vector<Seat> seats(static_cast<size_t>(ctx->threads));
   for (size_t t = 0; t < seats.size(); ++t) {
     seats[t].eval = ctx->eval;
-    seats[t].lib = ctx->lib.get();
     if (t > 0 && ctx->device) {
       seats[t].runner = std::make_unique<DeviceRunner>(*ctx->lib, ctx->eval.options.arch);
       seats[t].eval.device = seats[t].runner.get();
@@ -493,7 +493,11 @@ int worker_main(const WorkerConfig& cfg) {
   // (never more than the threads: the parent keeps that many in flight).
   std::mutex m;
   std::condition_variable cv;
-  std::deque<std::string> queue;
+  struct Waiting {
+    std::string line;
+    std::string library;  // library_key of its "kernels"
+  };
+  std::deque<Waiting> queue;
   bool closed = false;
   std::vector<std::thread> threads;
   for (size_t t = 0; t < seats.size(); ++t)
@@ -504,8 +508,12 @@ int worker_main(const WorkerConfig& cfg) {
           std::unique_lock<std::mutex> lock(m);
           cv.wait(lock, [&] { return closed || !queue.empty(); });
           if (queue.empty()) return;
-          request = std::move(queue.front());
-          queue.pop_front();
+          // The oldest request for this thread's library, else the oldest.
+          auto it = std::find_if(queue.begin(), queue.end(),
+                                 [&](const Waiting& w) { return w.library == seats[t].library; });
+          if (it == queue.end()) it = queue.begin();
+          request = std::move(it->line);
+          queue.erase(it);
         }
         answering.answer(request, seats[t]);
       }
@@ -514,9 +522,14 @@ int worker_main(const WorkerConfig& cfg) {
   // already here are answered (requeued), and the worker exits once its threads are done.
   while (channel.read_line(line)) {
     if (line.empty()) continue;
+    std::string library;
+    try {  // an unreadable request is answered as such by whichever thread takes it
+      library = library_key(*ctx, nlohmann::json::parse(line).value("kernels", ""));
+    } catch (const std::exception&) {
+    }
     {
       const std::lock_guard<std::mutex> lock(m);
-      queue.push_back(line);
+      queue.push_back({line, library});
     }
     cv.notify_one();
   }

@@ -8,9 +8,10 @@
 // case to a fresh worker (never to this one).
 //
 // Several libraries (`attncheck mutants`): a request may name another kernel library
-// ("kernels": path) and the directory for its repro bundles ("repro_dir"). The worker opens each
-// such library once, beside its own, in the same process and GPU context (one launch lock for
-// all of them, run/device.h), and each thread keeps a runner for the library of its last case.
+// ("kernels": path). The worker opens each such library once, beside its own, in the same process
+// and GPU context (one launch lock for all of them, run/device.h); each thread keeps a runner for
+// the library of its last case and takes, of the requests waiting, the oldest for that library
+// first (fewer runners made and dropped).
 //
 // Threads (WorkerConfig::threads > 1, when the kernel library allows calls from any thread,
 // docs/abi.md): the worker runs that many cases at once, each thread with its own DeviceRunner,
@@ -88,10 +89,8 @@ std::unique_ptr<CaseContext> make_context_within_limit(
 // The case's Result; a repro bundle is written (and named in the Result) for a failing case when
 // the context has a repro directory.
 Result run_case(CaseContext& ctx, const Case& c);
-// The same on one of the worker's threads: `eval` is that thread's (its own DeviceRunner); a
-// failing case's bundle goes to `repro_dir` ("": no bundle).
-Result run_case(CaseContext& ctx, const EvalContext& eval, const Case& c,
-                const std::string& repro_dir);
+// The same on one of the worker's threads: `eval` is that thread's (its own DeviceRunner).
+Result run_case(CaseContext& ctx, const EvalContext& eval, const Case& c);
 
 // The case's Result; a repro bundle is written (and named in the Result) for a failing case when
 // the context has a repro directory. An unknown id is an error Result naming the nearest ids.

@@ -115,6 +115,11 @@ TEST_F(Goldens, GenerateThenVerify) {
   const auto gp = store.load("page_indices", "page_indices/bs16-b4-ctx300-strided-s0");
   ASSERT_TRUE(gp);
   EXPECT_EQ(gp->stored_dtypes.at("page_indices"), DType::i32);
+  // A case read again comes from what the store kept: the same outputs, not a second read.
+  const auto again = store.load("selftest_axpy", "selftest_axpy/h1-n64-bf16-contiguous-s0");
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->outputs.at("out").storage(), g1->outputs.at("out").storage());
+  EXPECT_EQ(again->input_digests, g1->input_digests);
 
   // Regenerating gives the same bytes (no timestamps in HDF5 objects, same provenance).
   const std::string before = manifest[1].sha256;

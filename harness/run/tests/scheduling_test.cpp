@@ -135,6 +135,20 @@ TEST(BalancedShards, LongestFirstIsStable) {
   EXPECT_EQ(longest_first({"a/1", "a/2", "a/3"}, d), (std::vector<size_t>{1, 0, 2}));
 }
 
+TEST(InterleaveInLanes, EachLaneKeepsOneLibraryAndTakesTheNextWhenItEnds) {
+  using Order = std::vector<std::pair<size_t, size_t>>;
+  // Libraries 0..3 with 3, 1, 0 and 2 cases; two lanes.
+  const std::vector<std::vector<size_t>> cases = {{10, 11, 12}, {20}, {}, {40, 41}};
+  EXPECT_EQ(interleave_in_lanes(cases, 2),
+            (Order{{0, 10}, {1, 20}, {0, 11}, {3, 40}, {0, 12}, {3, 41}}));
+  // One lane: library after library; more lanes than libraries: round robin.
+  EXPECT_EQ(interleave_in_lanes(cases, 1),
+            (Order{{0, 10}, {0, 11}, {0, 12}, {1, 20}, {3, 40}, {3, 41}}));
+  EXPECT_EQ(interleave_in_lanes(cases, 8),
+            (Order{{0, 10}, {1, 20}, {3, 40}, {0, 11}, {3, 41}, {0, 12}}));
+  EXPECT_TRUE(interleave_in_lanes({{}, {}}, 3).empty());
+}
+
 TEST(Timings, PhasesRoundTripThroughJsonAndSumToTheTotal) {
   Result r;
   r.id = "rope/x";
