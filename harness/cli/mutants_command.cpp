@@ -238,6 +238,9 @@ int cmd_mutants(const Paths& paths, const MutantsArgs& m) {
   WorkerSpec spec;
   spec.jobs = plan.processes();
   spec.threads = plan.threads;
+  // As many waiting as running: a thread that finished finds its library's next case among the
+  // next ones in lane order (one per lane).
+  spec.queued_per_worker = plan.threads;
   spec.slot_env = plan.slot_env();
   spec.case_timeout_s = a.timeout_s;
   try {

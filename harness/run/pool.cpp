@@ -650,7 +650,8 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
         isolated.pop_front();
         continue;
       }
-      while (static_cast<int>(w.flight.size()) < w.capacity) {
+      const int in_flight = w.capacity + (w.capacity > 1 ? spec.queued_per_worker : 0);
+      while (static_cast<int>(w.flight.size()) < in_flight) {
         if (!again.empty()) {
           send(w, again.front());
           again.pop_front();

@@ -57,6 +57,10 @@ struct WorkerSpec {
   // a memory overrun, a rejected line) pins nothing on any of them: each runs again alone in a
   // worker (nothing else in flight there), where what happens is its own.
   int threads = 1;
+  // Requests a worker running several cases at once is sent beyond its threads: they wait in its
+  // queue, where a thread takes the oldest for its own library first (run/worker.h, several
+  // libraries). The case timeout counts from the request, queueing included.
+  int queued_per_worker = 0;
 };
 
 // One case for a worker: its id (checked against the answer), the request's "case" payload, and

@@ -310,11 +310,13 @@ struct Seat {
   EvalContext eval;
   std::unique_ptr<DeviceRunner> runner;  // null while `eval` uses the context's own runner
   std::string library;                   // library_key of the library `eval` runs
+  int switches = 0;                      // runners made for another library
 
   const EvalContext& for_library(CaseContext& ctx, const std::string& path) {
     const std::string key = library_key(ctx, path);
     if (key == library) return eval;
     const KernelLibrary& wanted = library_for(ctx, path);
+    ++switches;
     runner.reset();
     runner = std::make_unique<DeviceRunner>(wanted, ctx.eval.options.arch);
     eval = ctx.eval;
@@ -498,6 +500,8 @@ int worker_main(const WorkerConfig& cfg) {
     std::string library;  // library_key of its "kernels"
   };
   std::deque<Waiting> queue;
+  // The library each thread runs or ran last (guarded by m).
+  std::vector<std::string> claimed(seats.size());
   bool closed = false;
   std::vector<std::thread> threads;
   for (size_t t = 0; t < seats.size(); ++t)
@@ -508,10 +512,16 @@ int worker_main(const WorkerConfig& cfg) {
           std::unique_lock<std::mutex> lock(m);
           cv.wait(lock, [&] { return closed || !queue.empty(); });
           if (queue.empty()) return;
-          // The oldest request for this thread's library, else the oldest.
+          // The oldest request for this thread's library; else the oldest for a library no
+          // other thread runs; else the oldest.
           auto it = std::find_if(queue.begin(), queue.end(),
-                                 [&](const Waiting& w) { return w.library == seats[t].library; });
+                                 [&](const Waiting& w) { return w.library == claimed[t]; });
+          if (it == queue.end())
+            it = std::find_if(queue.begin(), queue.end(), [&](const Waiting& w) {
+              return std::find(claimed.begin(), claimed.end(), w.library) == claimed.end();
+            });
           if (it == queue.end()) it = queue.begin();
+          claimed[t] = it->library;
           request = std::move(it->line);
           queue.erase(it);
         }
@@ -540,6 +550,12 @@ int worker_main(const WorkerConfig& cfg) {
   cv.notify_all();
   for (auto& t : threads) t.join();
   if (answering.retiring()) retire_now();
+  if (!ctx->more_libs.empty()) {  // in the worker log: how often threads changed library
+    int switches = 0;
+    for (const auto& seat : seats) switches += seat.switches;
+    std::cerr << "attncheck worker: " << ctx->more_libs.size() + 1 << " libraries, " << switches
+              << " runner(s) made for another library in " << seats.size() << " thread(s)\n";
+  }
   seats.clear();
   return 0;
 }

@@ -9,9 +9,10 @@
 //
 // Several libraries (`attncheck mutants`): a request may name another kernel library
 // ("kernels": path). The worker opens each such library once, beside its own, in the same process
-// and GPU context (one launch lock for all of them, run/device.h); each thread keeps a runner for
-// the library of its last case and takes, of the requests waiting, the oldest for that library
-// first (fewer runners made and dropped).
+// and GPU context (one launch lock for all of them, run/device.h). Each thread keeps a runner for
+// the library of its last case, and takes, of the requests waiting, the oldest for that library;
+// else the oldest for a library no other thread runs; else the oldest: a runner made anew for
+// another library starts with no device blocks kept (run/device.cpp).
 //
 // Threads (WorkerConfig::threads > 1, when the kernel library allows calls from any thread,
 // docs/abi.md): the worker runs that many cases at once, each thread with its own DeviceRunner,
