@@ -724,14 +724,15 @@ attncheck_plugin_v1 g_table = {
     ATTNCHECK_ABI_VERSION, "attncheck-pybridge", ops, device_info, alloc,   release,
     copy_to_device,        copy_to_host,         run, time,        roofline};
 
-// No fill, background work or copies within the device: the harness uploads poison, runs
-// without concurrent kernels and copies each storage on its own.
+// No fill, background work, copies within the device or page-locked host memory: the harness
+// uploads poison, runs without concurrent kernels, copies each storage on its own and stages in
+// ordinary memory.
 const attncheck_plugin_ext_v1 g_extension = {sizeof(attncheck_plugin_ext_v1), nullptr, nullptr,
                                              contract, case_context, properties, graph_capture,
                                              graph_replay, graph_release, nullptr,
                                              // One thread: adapters keep per-call state in Python
                                              // (torch's current stream is per thread).
-                                             0};
+                                             0, nullptr, nullptr};
 
 }  // namespace
 

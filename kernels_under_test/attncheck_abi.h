@@ -144,6 +144,14 @@ typedef struct attncheck_plugin_ext_v1 {
      ends before this field: the harness calls from one thread only. Not a function, so not
      tested with ATTNCHECK_EXT_HAS. */
   uint32_t any_thread;
+  /* Page-locked host memory (hipHostMalloc / cudaHostAlloc) of `bytes`, and its release. The
+     harness stages a launch's packed upload and its read-back through such a buffer, kept per
+     runner: copies from and to it are DMA transfers, where copies of ordinary memory go through
+     the driver's staging on the CPU, so a launch holds the launch lock for less (docs/abi.md
+     "Threads"). copy_to_device and copy_to_host are then called with it as the host side. NULL,
+     or a library whose `size` ends before these fields: ordinary memory. */
+  int (*host_alloc)(size_t bytes, void** ptr, char* msg, size_t msg_len);
+  void (*host_release)(void* ptr);
 } attncheck_plugin_ext_v1;
 
 /* Whether `ext` (may be NULL) holds a non-NULL `field`: a library built against an older, shorter

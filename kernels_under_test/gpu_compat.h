@@ -20,6 +20,9 @@ using hipDeviceProp_t = cudaDeviceProp;
 #define hipSuccess cudaSuccess
 #define hipMalloc cudaMalloc
 #define hipFree cudaFree
+#define hipHostMalloc(ptr, bytes, flags) cudaHostAlloc(ptr, bytes, flags)
+#define hipHostMallocDefault cudaHostAllocDefault
+#define hipHostFree cudaFreeHost
 #define hipMemcpy cudaMemcpy
 #define hipMemcpyAsync cudaMemcpyAsync
 #define hipMemset cudaMemset

@@ -68,6 +68,19 @@ int release(void* ptr) {
   return hipFree(ptr) == hipSuccess ? ATTNCHECK_OK : ATTNCHECK_ERROR;
 }
 
+int host_alloc(size_t bytes, void** ptr, char* msg, size_t msg_len) {
+  const hipError_t e = hipHostMalloc(ptr, bytes ? bytes : 1, hipHostMallocDefault);
+  if (e != hipSuccess) {
+    put(msg, msg_len, gpu_error("hipHostMalloc", e));
+    return ATTNCHECK_ERROR;
+  }
+  return ATTNCHECK_OK;
+}
+
+void host_release(void* ptr) {
+  if (ptr) (void)hipHostFree(ptr);
+}
+
 int copy(void* dst, const void* src, size_t bytes, bool to_device, char* msg, size_t msg_len) {
   hipError_t e =
       hipMemcpy(dst, src, bytes, to_device ? hipMemcpyHostToDevice : hipMemcpyDeviceToHost);
@@ -448,6 +461,8 @@ const attncheck_plugin_ext_v1 kExtension = {
     .copy_within_device = copy_within_device,
     // Its state (the capture stream, cached device properties) is process-wide, never per thread.
     .any_thread = 1,
+    .host_alloc = host_alloc,
+    .host_release = host_release,
 };
 
 const attncheck_plugin_v1 kTable = {

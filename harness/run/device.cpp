@@ -10,6 +10,7 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <stdexcept>
 
@@ -153,11 +154,61 @@ class DeviceBlockCache {
   size_t kept_ = 0;
 };
 
+// One page-locked host buffer per runner (the library's host_alloc, docs/abi.md), grown as a
+// launch needs and kept: a launch's packed upload is written into it and its read-back lands in
+// it, so both copies are DMA transfers and the launch holds the launch lock for less. Launches
+// larger than kLargest, libraries without host_alloc, and ATTNCHECK_PINNED_STAGING=0 stage in
+// ordinary memory (reserve() answers nullptr).
+class PinnedStaging {
+ public:
+  static constexpr size_t kLargest = size_t{256} << 20;
+
+  explicit PinnedStaging(const KernelLibrary& lib) : lib_(lib) {
+    const char* env = std::getenv("ATTNCHECK_PINNED_STAGING");
+    enabled_ = ATTNCHECK_EXT_HAS(lib.extension(), host_alloc) &&
+               ATTNCHECK_EXT_HAS(lib.extension(), host_release) &&
+               !(env && std::string(env) == "0");
+  }
+  ~PinnedStaging() { drop(); }
+  PinnedStaging(const PinnedStaging&) = delete;
+  PinnedStaging& operator=(const PinnedStaging&) = delete;
+
+  // At least `bytes` of the buffer, valid until the next reserve(); nullptr: use ordinary memory.
+  std::byte* reserve(size_t bytes) {
+    if (!enabled_ || bytes > kLargest) return nullptr;
+    if (bytes <= capacity_) return static_cast<std::byte*>(ptr_);
+    drop();
+    const size_t want = std::min(kLargest, std::max(bytes, capacity_ * 2));
+    char msg[kMsg] = {0};
+    const auto lock = lib_.exclusive();  // a library call: one at a time (any_thread)
+    if (lib_.extension()->host_alloc(want, &ptr_, msg, kMsg) != ATTNCHECK_OK) {
+      ptr_ = nullptr;
+      enabled_ = false;  // page-locked memory is scarce: ordinary memory from here on
+      return nullptr;
+    }
+    capacity_ = want;
+    return static_cast<std::byte*>(ptr_);
+  }
+
+ private:
+  void drop() {
+    if (!ptr_) return;
+    const auto lock = lib_.exclusive();
+    lib_.extension()->host_release(ptr_);
+    ptr_ = nullptr;
+    capacity_ = 0;
+  }
+  const KernelLibrary& lib_;
+  bool enabled_ = false;
+  void* ptr_ = nullptr;
+  size_t capacity_ = 0;
+};
+
 namespace {
 class DeviceBuffers {
  public:
-  DeviceBuffers(const KernelLibrary& lib, DeviceBlockCache& blocks)
-      : api_(lib.api()), ext_(lib.extension()), blocks_(blocks) {}
+  DeviceBuffers(const KernelLibrary& lib, DeviceBlockCache& blocks, PinnedStaging& pinned)
+      : api_(lib.api()), ext_(lib.extension()), blocks_(blocks), pinned_(pinned) {}
   ~DeviceBuffers() {
     for (auto& s : storages_)
       if (s.device) blocks_.give_back(s.device, s.capacity, s.cached);
@@ -185,11 +236,16 @@ class DeviceBuffers {
     size_t total = 0;
     for (const auto& s : storages_)
       if (!s.host->sparse()) total += s.capacity;
-    image_.resize(total);
+    image_size_ = total;
+    image_ = pinned_.reserve(total);
+    if (!image_) {
+      ordinary_image_.resize(total);
+      image_ = ordinary_image_.data();
+    }
     size_t at = 0;
     for (const auto& s : storages_) {
       if (s.host->sparse()) continue;
-      std::byte* block = image_.data() + at;
+      std::byte* block = image_ + at;
       for (size_t k = 0; k < G; ++k) block[k] = guard_byte(k);
       std::memcpy(block + G, s.host->bytes.data(), s.bytes);
       for (size_t k = 0; G + s.bytes + k < s.capacity; ++k)
@@ -215,7 +271,7 @@ class DeviceBuffers {
                                  " bytes for '" + s.arg_names.front() + "' failed: " + msg);
       dense.push_back(i);
     }
-    const size_t total = image_.size();
+    const size_t total = image_size_;
     size_t at = 0;
     auto failed = [&](const DeviceStorage& s) {
       return std::runtime_error("copy to device for '" + s.arg_names.front() + "' failed: " + msg);
@@ -225,7 +281,7 @@ class DeviceBuffers {
       if (!blocks_.acquire(staging_.capacity, &staging_.device, &staging_.cached, msg, kMsg))
         throw std::runtime_error("device allocation of " + std::to_string(total) +
                                  " staging bytes failed: " + msg);
-      if (api_.copy_to_device(staging_.device, image_.data(), total, msg, kMsg) != ATTNCHECK_OK)
+      if (api_.copy_to_device(staging_.device, image_, total, msg, kMsg) != ATTNCHECK_OK)
         throw std::runtime_error(std::string("copy to device (staging) failed: ") + msg);
       at = 0;
       for (size_t i : dense) {
@@ -240,7 +296,7 @@ class DeviceBuffers {
     at = 0;
     for (size_t i : dense) {
       const DeviceStorage& s = storages_[i];
-      if (api_.copy_to_device(s.device, image_.data() + at, s.capacity, msg, kMsg) != ATTNCHECK_OK)
+      if (api_.copy_to_device(s.device, image_ + at, s.capacity, msg, kMsg) != ATTNCHECK_OK)
         throw failed(s);
       at += s.capacity;
     }
@@ -251,11 +307,13 @@ class DeviceBuffers {
     return nullptr;
   }
   // Guard before, the host-held bytes, guard after (for a sparse storage: its window only; the
-  // poisoned rest is not read back).
-  std::vector<std::byte> read_back(const DeviceStorage& s) const {
+  // poisoned rest is not read back); a dense storage's whole block (its trailing guard runs to
+  // the block's end). read_back writes that many bytes at `staging`.
+  static size_t read_back_size(const DeviceStorage& s) {
+    return s.host->sparse() ? s.bytes + 2 * DeviceRunner::kGuardBytes : s.capacity;
+  }
+  void read_back(const DeviceStorage& s, std::span<std::byte> staging) const {
     const size_t G = DeviceRunner::kGuardBytes;
-    // A dense storage's whole block: its trailing guard runs to the block's end.
-    std::vector<std::byte> staging(s.host->sparse() ? s.bytes + 2 * G : s.capacity);
     char msg[kMsg] = {0};
     auto* dev = static_cast<std::byte*>(s.device);
     const bool ok =
@@ -267,9 +325,16 @@ class DeviceBuffers {
                                     kMsg) == ATTNCHECK_OK
             : api_.copy_to_host(staging.data(), dev, staging.size(), msg, kMsg) == ATTNCHECK_OK;
     if (!ok) throw std::runtime_error(std::string("copy to host failed: ") + msg);
-    return staging;
   }
   std::vector<DeviceStorage>& all() { return storages_; }
+  // Where a launch's read-back goes: the page-locked buffer (the upload image is no longer
+  // needed), else ordinary memory.
+  std::span<std::byte> read_back_space(size_t bytes) {
+    std::byte* at = pinned_.reserve(bytes);
+    if (at) return {at, bytes};
+    ordinary_image_.resize(bytes);
+    return {ordinary_image_.data(), bytes};
+  }
   // Graph replay: the device buffers of `from`'s storages get the bytes of `to`'s (the same
   // arguments' storages, same sizes; shared ones again, since the capture's warm-up launch wrote
   // outputs and inouts) and stand for them from here on. Guards stay as they are.
@@ -353,9 +418,14 @@ class DeviceBuffers {
   const attncheck_plugin_v1& api_;
   const attncheck_plugin_ext_v1* ext_;
   DeviceBlockCache& blocks_;
+  PinnedStaging& pinned_;
   std::vector<DeviceStorage> storages_;
-  DeviceStorage staging_;         // the packed upload's block (no host storage)
-  std::vector<std::byte> image_;  // plan(): the dense storages' blocks, packed
+  DeviceStorage staging_;  // the packed upload's block (no host storage)
+  // plan(): the dense storages' blocks, packed, in the page-locked buffer or in ordinary_image_
+  // (which also holds a read-back that does not fit the page-locked buffer).
+  std::byte* image_ = nullptr;
+  size_t image_size_ = 0;
+  std::vector<std::byte> ordinary_image_;
 };
 
 struct Marshalled {
@@ -513,7 +583,10 @@ std::optional<DeviceInfo> KernelLibrary::device(std::string* why) const {
 }
 
 DeviceRunner::DeviceRunner(const KernelLibrary& lib, std::string arch)
-    : lib_(lib), arch_(std::move(arch)), blocks_(std::make_unique<DeviceBlockCache>(lib)) {}
+    : lib_(lib),
+      arch_(std::move(arch)),
+      blocks_(std::make_unique<DeviceBlockCache>(lib)),
+      pinned_(std::make_unique<PinnedStaging>(lib)) {}
 
 DeviceRunner::~DeviceRunner() {
   const auto lock = lib_.exclusive();
@@ -635,10 +708,19 @@ double ms_between(std::chrono::steady_clock::time_point a,
 namespace {
 // After a launch, under the launch lock: every storage read back (bytes in the order of
 // bufs.all()).
-std::vector<std::vector<std::byte>> read_back_all(DeviceBuffers& bufs, LaunchTimings& timings) {
+std::vector<std::span<const std::byte>> read_back_all(DeviceBuffers& bufs, LaunchTimings& timings) {
   const auto read_start = std::chrono::steady_clock::now();
-  std::vector<std::vector<std::byte>> images;
-  for (auto& s : bufs.all()) images.push_back(bufs.read_back(s));
+  size_t total = 0;
+  for (const auto& s : bufs.all()) total += DeviceBuffers::read_back_size(s);
+  const std::span<std::byte> space = bufs.read_back_space(total);
+  std::vector<std::span<const std::byte>> images;
+  size_t at = 0;
+  for (const auto& s : bufs.all()) {
+    const std::span<std::byte> image = space.subspan(at, DeviceBuffers::read_back_size(s));
+    bufs.read_back(s, image);
+    images.push_back(image);
+    at += image.size();
+  }
   timings.download_ms += ms_between(read_start, std::chrono::steady_clock::now());
   return images;
 }
@@ -646,11 +728,11 @@ std::vector<std::vector<std::byte>> read_back_all(DeviceBuffers& bufs, LaunchTim
 // Then, outside the lock: each storage's guards and the bytes no output may write checked
 // (violations), the output and inout views rebuilt over the bytes that came back.
 void check_read_back(const Problem& p, DeviceBuffers& bufs,
-                     const std::vector<std::vector<std::byte>>& images, DeviceOutcome& out,
+                     const std::vector<std::span<const std::byte>>& images, DeviceOutcome& out,
                      LaunchTimings& timings) {
   for (size_t storage = 0; storage < bufs.all().size(); ++storage) {
     const DeviceStorage& s = bufs.all()[storage];
-    const std::vector<std::byte>& back = images[storage];
+    const std::span<const std::byte> back = images[storage];
     const auto checks_start = std::chrono::steady_clock::now();
     struct GuardClock {  // every exit of this iteration
       LaunchTimings& t;
@@ -760,12 +842,12 @@ DeviceOutcome DeviceRunner::run_unguarded(const Problem& p, const LaunchConditio
   };
   std::optional<DownloadClock> release_clock;
   const auto upload_start = std::chrono::steady_clock::now();
-  DeviceBuffers bufs(lib_, *blocks_);
+  DeviceBuffers bufs(lib_, *blocks_, *pinned_);
   bufs.plan(p);
   const std::string params = p.kernel_params.dump();
   const std::string kernel = p.kernel;
   char msg[kMsg] = {0};
-  std::vector<std::vector<std::byte>> images;
+  std::vector<std::span<const std::byte>> images;
   {
     LaunchSection section(lib_);
     bufs.send();
@@ -812,7 +894,7 @@ DeviceOutcome DeviceRunner::replay(const Problem& captured, const Problem& repla
   }
   try {
     const auto* ext = lib_.extension();
-    DeviceBuffers bufs(lib_, *blocks_);
+    DeviceBuffers bufs(lib_, *blocks_, *pinned_);
     bufs.plan(captured);
     LaunchSection section(lib_);
     bufs.send();
@@ -859,7 +941,7 @@ DeviceOutcome DeviceRunner::replay(const Problem& captured, const Problem& repla
 
 double DeviceRunner::time(const Problem& p, int warmup, int iters, std::string* err) const {
   const auto& api = lib_.api();
-  DeviceBuffers bufs(lib_, *blocks_);
+  DeviceBuffers bufs(lib_, *blocks_, *pinned_);
   bufs.plan(p);
   LaunchSection section(lib_);
   bufs.send();

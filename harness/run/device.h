@@ -19,6 +19,7 @@
 namespace attncheck {
 
 class DeviceBlockCache;
+class PinnedStaging;
 
 struct DeviceInfo {
   std::string name;
@@ -154,6 +155,8 @@ class DeviceRunner {
   mutable LaunchTimings timings_;
   // Device buffers kept from one launch for the next (every byte is uploaded again each time).
   std::unique_ptr<DeviceBlockCache> blocks_;
+  // The page-locked host buffer uploads and read-backs are staged through (device.cpp).
+  std::unique_ptr<PinnedStaging> pinned_;
 };
 
 // The byte the guard region holds at position i (a pattern no plausible kernel write reproduces).

@@ -656,9 +656,22 @@ int copy_within_device(void* dst, const void* src, size_t bytes, char*, size_t) 
   return ATTNCHECK_OK;
 }
 
+// "Page-locked" host memory is ordinary memory here; the harness stages through it as it would
+// through a GPU runtime's.
+int host_alloc(size_t bytes, void** ptr, char* msg, size_t msg_len) {
+  *ptr = std::malloc(bytes ? bytes : 1);
+  if (*ptr) return ATTNCHECK_OK;
+  put(msg, msg_len, "host_alloc: out of memory");
+  return ATTNCHECK_ERROR;
+}
+
+void host_release(void* ptr) {
+  std::free(ptr);
+}
+
 // Neither fill nor background work: the contract, the case context, the properties, graph
-// capture, copies within the device, and calls from any thread (the harness's launch lock keeps
-// a case context and the launches after it together).
+// capture, copies within the device, calls from any thread (the harness's launch lock keeps a
+// case context and the launches after it together), and host memory to stage copies through.
 const attncheck_plugin_ext_v1 kExtension = {sizeof(attncheck_plugin_ext_v1),
                                             nullptr,
                                             nullptr,
@@ -669,7 +682,9 @@ const attncheck_plugin_ext_v1 kExtension = {sizeof(attncheck_plugin_ext_v1),
                                             graph_replay,
                                             graph_release,
                                             copy_within_device,
-                                            1};  // any_thread: its state is under g_mutex
+                                            1,  // any_thread: its state is under g_mutex
+                                            host_alloc,
+                                            host_release};
 // The table as a library built against a shorter header reports it: `size` ends at `field_offset`
 // and the fields from there on do not exist (zeroed here).
 attncheck_plugin_ext_v1 built_before(size_t field_offset) {
