@@ -13,6 +13,7 @@
 #include <span>
 #include <sstream>
 #include <stdexcept>
+#include <utility>
 
 #include "core/numeric.h"
 
@@ -209,10 +210,16 @@ class DeviceBuffers {
  public:
   DeviceBuffers(const KernelLibrary& lib, DeviceBlockCache& blocks, PinnedStaging& pinned)
       : api_(lib.api()), ext_(lib.extension()), blocks_(blocks), pinned_(pinned) {}
-  ~DeviceBuffers() {
+  ~DeviceBuffers() { give_back_all(); }
+  // Every device buffer back to the block cache (or released): called under the launch lock
+  // once the read-back is done, so that a process's threads hold one case's buffers on the GPU
+  // at a time (what sizes the pools, run/scheduling.h); else at destruction.
+  void give_back_all() {
     for (auto& s : storages_)
-      if (s.device) blocks_.give_back(s.device, s.capacity, s.cached);
-    if (staging_.device) blocks_.give_back(staging_.device, staging_.capacity, staging_.cached);
+      if (s.device) blocks_.give_back(std::exchange(s.device, nullptr), s.capacity, s.cached);
+    if (staging_.device)
+      blocks_.give_back(std::exchange(staging_.device, nullptr), staging_.capacity,
+                        staging_.cached);
   }
   // The host half of an upload, outside the launch lock: every storage of the problem's
   // arguments, and the dense ones' images (guard, data, guard continued over the block's spare
@@ -873,6 +880,7 @@ DeviceOutcome DeviceRunner::run_unguarded(const Problem& p, const LaunchConditio
         out.status != ATTNCHECK_UNSUPPORTED)
       return out;
     images = read_back_all(bufs, timings_);
+    bufs.give_back_all();
   }
   check_read_back(p, bufs, images, out, timings_);
   release_clock.emplace(timings_);
@@ -930,6 +938,7 @@ DeviceOutcome DeviceRunner::replay(const Problem& captured, const Problem& repla
     }
     const auto images = read_back_all(bufs, timings_);
     owned.reset();  // graph_release is a library call too: under the lock
+    bufs.give_back_all();
     section.release();
     check_read_back(replayed, bufs, images, out, timings_);
   } catch (const std::exception& e) {

@@ -137,10 +137,21 @@ void use_ctest_gpu() {
   ::setenv("CUDA_VISIBLE_DEVICES", gpu.c_str(), 1);
 }
 
+int cases_fitting(uint64_t memory_bytes, int threads) {
+  threads = std::max(threads, 1);
+  const uint64_t per_process =
+      kGpuMemoryPerWorker + static_cast<uint64_t>(threads - 1) * kGpuMemoryPerThread;
+  const uint64_t processes = memory_bytes / per_process;
+  if (processes == 0)
+    return static_cast<int>(std::max<uint64_t>(1, memory_bytes / kGpuMemoryPerWorker));
+  return static_cast<int>(std::min<uint64_t>(processes * static_cast<uint64_t>(threads), 1 << 20));
+}
+
 PoolPlan plan_pools(const std::vector<VisibleGpu>& gpus, int cores, int jobs, int jobs_per_gpu,
                     int threads) {
   PoolPlan plan;
   cores = std::max(cores, 1);
+  const int asked = threads > 0 ? threads : gpus.empty() ? 1 : kThreadsPerWorker;
   if (gpus.empty()) {
     plan.jobs = jobs > 0 ? jobs : cores;
     plan.why = jobs > 0 ? "--jobs" : "no GPU: one worker per core";
@@ -155,9 +166,8 @@ PoolPlan plan_pools(const std::vector<VisibleGpu>& gpus, int cores, int jobs, in
       } else {
         pool.jobs = std::max(1, cores / n);
         if (pool.gpu.memory_bytes > 0)
-          pool.jobs = std::min<int>(
-              pool.jobs,
-              static_cast<int>(std::max<uint64_t>(1, pool.gpu.memory_bytes / kGpuMemoryPerWorker)));
+          pool.jobs =
+              std::min(pool.jobs, cases_fitting(pool.gpu.memory_bytes, std::min(asked, pool.jobs)));
       }
       if (pool.jobs > 0) plan.pools.push_back(pool);
     }
@@ -166,12 +176,11 @@ PoolPlan plan_pools(const std::vector<VisibleGpu>& gpus, int cores, int jobs, in
     plan.why = jobs > 0 ? "--jobs spread over the GPUs"
                : jobs_per_gpu > 0
                    ? "--jobs-per-gpu"
-                   : "per GPU: the cores shared by the GPUs, at most one worker "
-                     "per " +
-                         std::to_string(kGpuMemoryPerWorker >> 30) + " GiB of its memory";
+                   : "per GPU: the cores shared by the GPUs, within its memory (" +
+                         std::to_string(kGpuMemoryPerWorker >> 30) + " GiB per worker process, " +
+                         std::to_string(kGpuMemoryPerThread >> 20) + " MiB per further thread)";
   }
   plan.cpu_threads = std::max(1, cores / std::max(plan.jobs, 1));
-  const int asked = threads > 0 ? threads : gpus.empty() ? 1 : kThreadsPerWorker;
   int widest = 1;  // the largest pool's cases at once
   for (const auto& p : plan.pools) widest = std::max(widest, p.jobs);
   if (plan.pools.empty()) widest = plan.jobs;

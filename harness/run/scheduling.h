@@ -52,9 +52,18 @@ struct PoolPlan {
 // (HIP_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES). Call before any GPU runtime is initialized.
 void use_ctest_gpu();
 
-// The memory one worker's cases may hold on a GPU at once: the largest problems (sparse caches
-// past 2^31 bytes) need a few GiB, with the runtime's context beside them.
+// The memory one worker process may hold on a GPU: its context and one case's buffers (a launch
+// holds the launch lock from its first allocation until it has given its buffers back, so the
+// cases of a process's threads are on the GPU one at a time, run/device.h); the largest problems
+// (sparse caches past 2^31 bytes) need a few GiB.
 constexpr uint64_t kGpuMemoryPerWorker = uint64_t{6} << 30;
+// And per further thread of it: the device blocks its runner keeps between launches (at most
+// DeviceBlockCache::kKept, run/device.cpp).
+constexpr uint64_t kGpuMemoryPerThread = uint64_t{512} << 20;
+
+// Cases at once that fit `memory_bytes` of a GPU in worker processes of `threads` threads each (in
+// one-case processes when not even one such process fits); at least 1.
+int cases_fitting(uint64_t memory_bytes, int threads);
 
 // Cases a worker process runs at once on a GPU unless told (--threads-per-worker): one process,
 // so one context, per GPU of up to this many cases. The contexts of many processes are created
@@ -62,12 +71,12 @@ constexpr uint64_t kGpuMemoryPerWorker = uint64_t{6} << 30;
 constexpr int kThreadsPerWorker = 16;
 
 // Pools for `gpus` on a host of `cores` cores. jobs > 0: that many cases at once in all, spread
-// over the GPUs; else jobs_per_gpu > 0 per GPU; else per GPU min(cores / GPUs, memory /
-// kGpuMemoryPerWorker), at least 1. No GPU: `jobs` (or `cores`) cases at once in one pool. Each
-// case's reference gets cores / cases-at-once threads (at least 1), so that they never
-// oversubscribe the host. threads > 0: cases per worker process; 0: kThreadsPerWorker with GPUs,
-// 1 without (no context to share). The threads per process are evened out: 13 cases at once with
-// 8 threads are 2 processes of 7.
+// over the GPUs; else jobs_per_gpu > 0 per GPU; else per GPU min(cores / GPUs, the cases that
+// fit its memory in processes of the threads asked: cases_fitting), at least 1. No GPU: `jobs` (or
+// `cores`) cases at once in one pool. Each case's reference gets cores / cases-at-once threads (at
+// least 1), so that they never oversubscribe the host. threads > 0: cases per worker process; 0:
+// kThreadsPerWorker with GPUs, 1 without (no context to share). The threads per process are evened
+// out: 13 cases at once with 8 threads are 2 processes of 7.
 PoolPlan plan_pools(const std::vector<VisibleGpu>& gpus, int cores, int jobs, int jobs_per_gpu,
                     int threads = 1);
 

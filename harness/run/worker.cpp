@@ -310,13 +310,11 @@ struct Seat {
   EvalContext eval;
   std::unique_ptr<DeviceRunner> runner;  // null while `eval` uses the context's own runner
   std::string library;                   // library_key of the library `eval` runs
-  int switches = 0;                      // runners made for another library
 
   const EvalContext& for_library(CaseContext& ctx, const std::string& path) {
     const std::string key = library_key(ctx, path);
     if (key == library) return eval;
     const KernelLibrary& wanted = library_for(ctx, path);
-    ++switches;
     runner.reset();
     runner = std::make_unique<DeviceRunner>(wanted, ctx.eval.options.arch);
     eval = ctx.eval;
@@ -550,12 +548,6 @@ int worker_main(const WorkerConfig& cfg) {
   cv.notify_all();
   for (auto& t : threads) t.join();
   if (answering.retiring()) retire_now();
-  if (!ctx->more_libs.empty()) {  // in the worker log: how often threads changed library
-    int switches = 0;
-    for (const auto& seat : seats) switches += seat.switches;
-    std::cerr << "attncheck worker: " << ctx->more_libs.size() + 1 << " libraries, " << switches
-              << " runner(s) made for another library in " << seats.size() << " thread(s)\n";
-  }
   seats.clear();
   return 0;
 }

@@ -27,6 +27,15 @@ TEST(PoolPlan, OnePoolPerGpuFromCoresAndMemory) {
   const auto small = plan_pools({{"0", 24 * GiB}}, 64, 0, 0);
   EXPECT_EQ(small.jobs, static_cast<int>(24 * GiB / kGpuMemoryPerWorker));
   EXPECT_EQ(small.cpu_threads, 64 / small.jobs);  // the idle cores go to the references
+  // Threads share a process's context and hold the GPU one case at a time: an 80 GiB GPU takes
+  // the 16 cases its cores allow in one process (6 GiB + 15 x 512 MiB), one-case processes 13.
+  const auto h100 = plan_pools({{"0", 80 * GiB}}, 16, 0, 0, 16);
+  EXPECT_EQ(h100.jobs, 16);
+  EXPECT_EQ(h100.processes(), 1);
+  EXPECT_EQ(plan_pools({{"0", 80 * GiB}}, 16, 0, 0, 1).jobs, 13);
+  EXPECT_EQ(cases_fitting(24 * GiB, 16), 16);  // 13.5 GiB: one process of 16
+  EXPECT_EQ(cases_fitting(12 * GiB, 16), 2);   // not one such process: one-case processes
+  EXPECT_EQ(cases_fitting(1 * GiB, 4), 1);
 }
 
 TEST(PoolPlan, OverridesAndNoGpu) {
