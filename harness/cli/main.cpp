@@ -99,7 +99,8 @@ int main(int argc, char** argv) {
   run_cmd
       ->add_option("--jobs", run.jobs,
                    "cases at once in all, spread over the GPUs [a pool per GPU: the cores "
-                   "shared by the GPUs, at most one case per 6 GiB of the GPU's memory]")
+                   "shared by the GPUs, as far as its memory holds the worker processes: 6 GiB "
+                   "each and 512 MiB per further thread]")
       ->check(CLI::Range(1, 1024));
   run_cmd
       ->add_option("--jobs-per-gpu", run.jobs_per_gpu,
