@@ -4,6 +4,7 @@
 // selection, the golden checks and the workers' start are done once, not once per library
 // (docs/cli.md, docs/results.md).
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <filesystem>
 #include <iomanip>
@@ -34,12 +35,11 @@ using Clock = std::chrono::steady_clock;
 
 // One library of the run and everything its results directory gets.
 struct LibraryRun {
-  std::string name;                // its results directory's name under --out
-  std::string path;                // absolute
-  std::set<std::string> ops;       // empty: every op of the selection
-  std::vector<size_t> cases;       // indices into the selection
-  std::vector<Result> results;     // by the selection's index (only `cases` are filled)
-  std::vector<size_t> completion;  // the order results.jsonl got them
+  std::string name;             // its results directory's name under --out
+  std::string path;             // absolute
+  std::set<std::string> ops;    // empty: every op of the selection
+  std::vector<size_t> cases;    // indices into the selection
+  std::vector<Result> results;  // by the selection's index (only `cases` are filled)
   Summary summary;
   std::optional<JsonlWriter> jsonl;
   fs::path out;
@@ -70,6 +70,15 @@ LibraryRun parse_library(const std::string& spec) {
   // libattncheck_kernels_mutant_<name>.so -> <name>; any other library by its file's stem.
   std::string stem = fs::path(lib.path).stem().string();
   if (const auto m = stem.find("_mutant_"); m != std::string::npos) stem = stem.substr(m + 8);
+  // A directory under --out: one plain name ("..", "", or "a b" would not be one).
+  const bool plain = !stem.empty() && stem != "." && stem != ".." &&
+                     std::all_of(stem.begin(), stem.end(), [](char c) {
+                       return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' ||
+                              c == '.' || c == '+';
+                     });
+  if (!plain)
+    throw std::invalid_argument("--library '" + spec + "': its name '" + stem +
+                                "' cannot name a results directory (letters, digits, _ - . +)");
   lib.name = stem;
   return lib;
 }
@@ -222,7 +231,6 @@ int cmd_mutants(const Paths& paths, const MutantsArgs& m) {
     LibraryRun& l = libs[task_of[t].lib];
     l.summary.add(r);
     l.jsonl->append(r.to_json().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
-    l.completion.push_back(task_of[t].index);
     if (a.profile) all.push_back(r);
     l.results[task_of[t].index] = std::move(r);
     parent_s += std::chrono::duration<double>(Clock::now() - since).count();

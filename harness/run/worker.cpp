@@ -298,14 +298,14 @@ std::unique_ptr<CaseContext> make_context_within_limit(
 
 namespace {
 
-// What one of the worker's threads runs cases with: the worker's own library and runner, or a
-// runner of its own for the library the last request named (several libraries: worker.h). A
-// switch drops the previous runner and its cached device blocks first.
 // A request's "kernels" as one name per library: "" for the worker's own.
 std::string library_key(const CaseContext& ctx, const std::string& kernels) {
   return kernels == ctx.eval.options.kernels_path ? "" : kernels;
 }
 
+// What one of the worker's threads runs cases with: the worker's own library and runner, or a
+// runner of its own for the library the last request named (several libraries: worker.h). A
+// switch drops the previous runner and its kept device blocks first.
 struct Seat {
   EvalContext eval;
   std::unique_ptr<DeviceRunner> runner;  // null while `eval` uses the context's own runner

@@ -135,6 +135,12 @@ TEST_F(MutantsCli, BadLibrariesAreRefusedBeforeAnyCase) {
   o = sh(at() + " mutants --library " + (tmp_ / "missing.so").string() + " --out " + out.string());
   EXPECT_EQ(o.status, 2) << o.text;
   EXPECT_TRUE(has(o.text, "is not a file")) << o.text;
+  // "...so" would be the results directory "..": outside --out.
+  fs::copy_file(kFake, tmp_ / "...so", fs::copy_options::overwrite_existing);
+  o = sh(at() + " mutants --library " + (tmp_ / "...so").string() + " --out " + out.string());
+  EXPECT_EQ(o.status, 2) << o.text;
+  EXPECT_TRUE(has(o.text, "cannot name a results directory")) << o.text;
+  EXPECT_FALSE(fs::exists(tmp_ / "run.json"));
 }
 
 }  // namespace
