@@ -146,8 +146,12 @@ def test_gpu_job_runs_one_process_with_a_pool_per_visible_gpu(fake_machine):
     merged = json.loads((f["out"] / "results" / "run.json").read_text())
     assert merged["case_count"] == sum(r["case_count"] for r, _ in runs) > 0
     assert (f["out"] / "report.html").is_file()
+    # the quick tier's coverage audit, run beside the tier, joins the merged results
+    assert (f["out"] / "results" / "coverage.json").is_file()
+    assert not (f["out"] / "coverage.json").exists() and "coverage audit:" not in p.stdout
     md = (f["out"] / "summary.md").read_text()
     assert "✅ **PASSED**" in md and md in summary.read_text()
+    assert "**Coverage audit** (tier quick)" in md
     assert "**Mutation score** 1/1" in md  # the stand-in fails every case of a mutant
     assert "kernel mode, tier quick, arch gfx942, backend hip, GPUs 3,5" in p.stdout
     # every mutant in one `attncheck mutants` run over both GPUs, killed by its first failures
