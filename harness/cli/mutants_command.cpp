@@ -217,32 +217,44 @@ int cmd_mutants(const Paths& paths, const MutantsArgs& m) {
   for (size_t k = 0; k < libs.size(); ++k)
     for (size_t i : libs[k].cases)
       if (i < runnable) runnable_cases[k].push_back(i);  // unreadable golden files: below
-  for (const auto& [k, i] :
-       interleave_in_lanes(runnable_cases, static_cast<size_t>(std::max(1, plan.jobs)))) {
-    task_of.push_back({k, i});
-    tasks.push_back({cases[i].id, case_to_json(cases[i]), {{"kernels", libs[k].path}}});
-  }
+  // The tasks of the libraries from `from` on (the ones before could not be loaded, below).
+  auto plan_tasks = [&](size_t from) {
+    task_of.clear();
+    tasks.clear();
+    std::vector<std::vector<size_t>> left(runnable_cases.size());
+    for (size_t k = from; k < libs.size(); ++k) left[k] = runnable_cases[k];
+    for (const auto& [k, i] :
+         interleave_in_lanes(left, static_cast<size_t>(std::max(1, plan.jobs)))) {
+      task_of.push_back({k, i});
+      tasks.push_back({cases[i].id, case_to_json(cases[i]), {{"kernels", libs[k].path}}});
+    }
+  };
 
   std::optional<nlohmann::json> hello;
   double parent_s = 0;
   std::vector<Result> all;  // every library's results, for --profile
-  auto record = [&](size_t t, Result r) {
+  // Library k's result for case i.
+  auto record_for = [&](size_t k, size_t i, Result r) {
     const auto since = Clock::now();
-    LibraryRun& l = libs[task_of[t].lib];
+    LibraryRun& l = libs[k];
     l.summary.add(r);
     l.jsonl->append(r.to_json().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
     if (a.profile) all.push_back(r);
-    l.results[task_of[t].index] = std::move(r);
+    l.results[i] = std::move(r);
     parent_s += std::chrono::duration<double>(Clock::now() - since).count();
   };
-  auto options_of = [&](size_t t) {
+  auto record = [&](size_t t, Result r) {
+    record_for(task_of[t].lib, task_of[t].index, std::move(r));
+  };
+  auto options_for = [&](size_t k) {
     RunOptions opt;
-    opt.kernels_path = libs[task_of[t].lib].path;
+    opt.kernels_path = libs[k].path;
     opt.repro_extra = path_flags(paths);
     opt.arch = hello ? hello->value("arch", "") : a.arch;
     return opt;
   };
-  std::vector<double> round_trip_ms(tasks.size(), 0);
+  auto options_of = [&](size_t t) { return options_for(task_of[t].lib); };
+  std::vector<double> round_trip_ms;
   WorkerSpec spec;
   spec.jobs = plan.processes();
   spec.threads = plan.threads;
@@ -265,8 +277,6 @@ int cmd_mutants(const Paths& paths, const MutantsArgs& m) {
     return 2;
   }
   spec.log_path = "/proc/self/fd/" + std::to_string(worker_log->fd());
-  spec.args = worker_args(paths, a, libs.front().path, "", plan, checked_goldens);
-  spec.args.insert(spec.args.end(), {"--import-timeout", std::to_string(a.import_timeout_s)});
   spec.start_timeout_s = a.import_timeout_s > 0 ? a.import_timeout_s + 60 : 7 * 24 * 3600.0;
 
   PoolCallbacks cb;
@@ -314,11 +324,31 @@ int cmd_mutants(const Paths& paths, const MutantsArgs& m) {
       record(t, std::move(r));
     };
   }
-  try {
-    run_in_workers(spec, tasks, cb);
-  } catch (const std::exception& e) {
-    std::cerr << "attncheck: " << e.what() << "\n";
-    return 2;
+  // The workers' own library (their --kernels) is the first that loads. When they cannot start
+  // on it before any case ran (its worker's fatal line names why), its cases fail with that
+  // reason and the run starts again on the next library: one broken library hides no other.
+  for (size_t own = 0;; ++own) {
+    plan_tasks(own);
+    round_trip_ms.assign(tasks.size(), 0);
+    spec.args = worker_args(paths, a, libs[own].path, "", plan, checked_goldens);
+    spec.args.insert(spec.args.end(), {"--import-timeout", std::to_string(a.import_timeout_s)});
+    try {
+      run_in_workers(spec, tasks, cb);
+      break;
+    } catch (const std::exception& e) {
+      if (hello || own + 1 == libs.size()) {
+        std::cerr << "attncheck: " << e.what() << "\n";
+        return 2;
+      }
+      for (size_t i : runnable_cases[own])
+        record_for(own, i,
+                   lost_case_result(
+                       cases[i], Mode::none, options_for(own),
+                       std::string("the workers could not start on this library: ") + e.what()));
+      std::cerr << "attncheck: " << libs[own].name << ": the workers could not start on it ("
+                << first_line(e.what()) << "); its cases fail, the run goes on with "
+                << libs[own + 1].name << "\n";
+    }
   }
   const double wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
 

@@ -123,6 +123,20 @@ TEST_F(MutantsCli, ALibraryThatCannotLoadIsAnErrorOfItsOwnCases) {
   EXPECT_TRUE(has(read(out / "broken" / "results.jsonl"), mutant("broken"))) << o.text;
 }
 
+// The first library is the workers' own: when they cannot start on it, its cases fail and the
+// run goes on with the next.
+TEST_F(MutantsCli, AFirstLibraryThatCannotLoadHidesNoOther) {
+  const fs::path out = dir("out");
+  const Output o = sh(at() + " mutants --tier smoke --library " + mutant("broken") + " --library " +
+                      library("libclean") + threaded() + " --out " + out.string());
+  EXPECT_EQ(o.status, 0) << o.text;
+  EXPECT_TRUE(has(o.text, "broken: the workers could not start on it")) << o.text;
+  const auto broken = verdicts(out / "broken");
+  EXPECT_EQ(counts(broken)["error"], 6) << o.text;
+  EXPECT_TRUE(has(read(out / "broken" / "results.jsonl"), "the workers could not start")) << o.text;
+  EXPECT_EQ(counts(verdicts(out / "libclean")).at("passed"), 5) << o.text;
+}
+
 TEST_F(MutantsCli, BadLibrariesAreRefusedBeforeAnyCase) {
   const fs::path out = dir("out");
   Output o = sh(at() + " mutants --library " + mutant("unwritten") + " --library " +
