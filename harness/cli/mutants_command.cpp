@@ -112,15 +112,8 @@ int cmd_mutants(const Paths& paths, const MutantsArgs& m) {
   sel.tier = a.tier;
   sel.filter = a.filter;
   std::optional<CaseDurations> durations;
-  if (!a.durations.empty()) {
-    try {
-      durations = CaseDurations::load(a.durations);
-    } catch (const std::exception& e) {
-      std::cerr << "attncheck: --durations: " << e.what() << "\n";
-      return 2;
-    }
-    sel.durations = &*durations;
-  }
+  if (!load_durations(a.durations, durations)) return 2;
+  if (durations) sel.durations = &*durations;
   // The union of the libraries' ops, selected once.
   const bool every_op =
       std::any_of(libs.begin(), libs.end(), [](const LibraryRun& l) { return l.ops.empty(); });
@@ -135,16 +128,16 @@ int cmd_mutants(const Paths& paths, const MutantsArgs& m) {
     std::cerr << "attncheck: golden directory '" << paths.golden << "' does not exist\n";
     return 2;
   }
-  size_t runnable = cases.size();
-  std::map<std::string, std::string> unreadable_goldens, checked_goldens;
+  GoldenVerdicts goldens;
   try {
-    checked_goldens = golden_stamps(paths.golden, cases);
-    unreadable_goldens = set_aside_unreadable_goldens(paths.golden, cases, runnable);
-    for (const auto& [op, why] : unreadable_goldens) checked_goldens.erase(op);
+    goldens = check_golden_files(paths.golden, cases);
   } catch (const std::exception& e) {
     std::cerr << "attncheck: " << e.what() << "\n";
     return 2;
   }
+  const size_t runnable = goldens.runnable;
+  const auto& unreadable_goldens = goldens.unreadable;
+  const auto& checked_goldens = goldens.checked;
   // Each library's cases, the longest first (the selection's order without durations).
   std::vector<size_t> order(cases.size());
   std::iota(order.begin(), order.end(), size_t{0});
@@ -160,11 +153,7 @@ int cmd_mutants(const Paths& paths, const MutantsArgs& m) {
   }
   std::optional<DirHandle> out_lock;
   try {
-    out_lock.emplace(DirHandle::open(a.out));
-    if (!out_lock->try_lock_exclusive())
-      throw std::runtime_error("--out '" + a.out +
-                               "' is in use by another attncheck run (it holds the directory's "
-                               "lock); wait for it to finish or choose another --out");
+    out_lock.emplace(lock_out_dir(a.out));
     for (auto& l : libs) {
       l.out = fs::path(a.out) / l.name;
       DirHandle::open(l.out);
@@ -185,9 +174,7 @@ int cmd_mutants(const Paths& paths, const MutantsArgs& m) {
   }
   const std::string started = utc_now_iso();
   const auto t0 = Clock::now();
-  std::vector<PoolUse> pool_use;
-  if (plan.pools.empty()) pool_use.push_back({"", plan.jobs});
-  for (const auto& p : plan.pools) pool_use.push_back({p.gpu.id, p.jobs});
+  std::vector<PoolUse> pool_use = pool_uses(plan);
   auto run_json = [&](const LibraryRun& l, const std::optional<nlohmann::json>& hello,
                       const Summary* done, double wall_s) {
     std::optional<nlohmann::json> h = hello;

@@ -120,9 +120,7 @@ void print_stress_summary(const std::vector<Result>& results, int stress) {
 
 }  // namespace
 
-// --worker-memory: "0" or "none" (no limit), bytes with an optional K/M/G/T suffix (powers of
-// 1024), or "" for the default: three quarters of the machine's memory shared by the workers, at
-// least 2 GiB each. Throws std::invalid_argument.
+// Declarations and their descriptions: cli/run_parts.h.
 uint64_t worker_memory_limit(const std::string& text, int jobs) {
   if (text.empty()) {
     const auto pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
@@ -163,27 +161,21 @@ std::string first_line(const std::string& s, size_t max) {
   return l.size() > max ? l.substr(0, max) + " ..." : l;
 }
 
-// A live progress line on a terminal; nothing in CI logs (no tty, or $CI set).
-class Progress {
- public:
-  explicit Progress(size_t total) : total_(total), live_(::isatty(2) && !std::getenv("CI")) {}
-  void update(size_t done, int64_t failures, const std::string& id) {
-    if (!live_) return;
-    std::cerr << "\r\033[K[" << done << "/" << total_ << "] " << failures << " failed  " << id
-              << std::flush;
+bool load_durations(const std::string& path, std::optional<CaseDurations>& into) {
+  if (path.empty()) return true;
+  try {
+    into = CaseDurations::load(path);
+  } catch (const std::exception& e) {
+    std::cerr << "attncheck: --durations: " << e.what() << "\n";
+    return false;
   }
-  void clear() {
-    if (live_) std::cerr << "\r\033[K" << std::flush;
-  }
+  return true;
+}
 
- private:
-  size_t total_;
-  bool live_;
-};
-
-// The stamps (golden_file_stamp) of these cases' golden files, taken before the run checks them
-// (set_aside_unreadable_goldens): "op=stamp" for the workers' --golden-checked, so that a worker
-// checks again only a file that changed since (run/golden.h, GoldenStore::trust_checked).
+namespace {
+// The stamps (golden_file_stamp) of these cases' golden files, taken before the run checks them:
+// a worker checks again only a file that changed since (run/golden.h,
+// GoldenStore::trust_checked).
 std::map<std::string, std::string> golden_stamps(const std::string& dir,
                                                  const std::vector<Case>& cases) {
   std::map<std::string, std::string> stamps;
@@ -194,10 +186,34 @@ std::map<std::string, std::string> golden_stamps(const std::string& dir,
         stamps[c.op] = stamp;
   return stamps;
 }
+}  // namespace
 
-// The pools of this run: GPUs from --gpus (auto: the visible ones; none in reference mode),
-// sizes from --jobs / --jobs-per-gpu or the cores and each GPU's memory. Throws
-// std::invalid_argument for a bad --gpus.
+GoldenVerdicts check_golden_files(const std::string& dir, std::vector<Case>& cases) {
+  GoldenVerdicts v;
+  v.runnable = cases.size();
+  if (!fs::is_directory(dir)) return v;
+  v.checked = golden_stamps(dir, cases);
+  v.unreadable = set_aside_unreadable_goldens(dir, cases, v.runnable);
+  for (const auto& [op, why] : v.unreadable) v.checked.erase(op);
+  return v;
+}
+
+DirHandle lock_out_dir(const std::string& out) {
+  DirHandle dir = DirHandle::open(out);
+  if (!dir.try_lock_exclusive())
+    throw std::runtime_error("--out '" + out +
+                             "' is in use by another attncheck run (it holds the directory's "
+                             "lock); wait for it to finish or choose another --out");
+  return dir;
+}
+
+std::vector<PoolUse> pool_uses(const PoolPlan& plan) {
+  std::vector<PoolUse> use;
+  if (plan.pools.empty()) use.push_back({"", plan.jobs});
+  for (const auto& p : plan.pools) use.push_back({p.gpu.id, p.jobs});
+  return use;
+}
+
 PoolPlan pools_for(const RunArgs& a, bool kernel_mode) {
   std::string variable;
   std::vector<VisibleGpu> gpus;
@@ -274,7 +290,6 @@ nlohmann::json pools_json(const std::vector<PoolUse>& use) {
   return j;
 }
 
-// Seconds per phase over every result.
 std::map<std::string, double> phase_seconds(const std::vector<Result>& results) {
   std::map<std::string, double> s;
   for (const auto& name : timing_phase_names()) s[name] = 0;
@@ -283,7 +298,6 @@ std::map<std::string, double> phase_seconds(const std::vector<Result>& results) 
   return s;
 }
 
-// --profile: where the time went.
 void print_profile(const std::vector<Result>& results, double wall_s, double parent_s,
                    const std::vector<PoolUse>& pools, int jobs) {
   const auto phases = phase_seconds(results);
@@ -410,6 +424,24 @@ std::vector<std::string> worker_args(const Paths& paths, const RunArgs& a,
 
 namespace {
 
+// A live progress line on a terminal; nothing in CI logs (no tty, or $CI set).
+class Progress {
+ public:
+  explicit Progress(size_t total) : total_(total), live_(::isatty(2) && !std::getenv("CI")) {}
+  void update(size_t done, int64_t failures, const std::string& id) {
+    if (!live_) return;
+    std::cerr << "\r\033[K[" << done << "/" << total_ << "] " << failures << " failed  " << id
+              << std::flush;
+  }
+  void clear() {
+    if (live_) std::cerr << "\r\033[K" << std::flush;
+  }
+
+ private:
+  size_t total_;
+  bool live_;
+};
+
 // The worker processes that evaluate shrink candidates: the run's, without a wrapper
 // (compute-sanitizer's findings are not a shrink target) and without a repro directory (the
 // candidates' bundles would crowd the run's).
@@ -481,15 +513,8 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
     return 2;
   }
   std::optional<CaseDurations> durations;
-  if (!a.durations.empty()) {
-    try {
-      durations = CaseDurations::load(a.durations);
-    } catch (const std::exception& e) {
-      std::cerr << "attncheck: --durations: " << e.what() << "\n";
-      return 2;
-    }
-    sel.durations = &*durations;
-  }
+  if (!load_durations(a.durations, durations)) return 2;
+  if (durations) sel.durations = &*durations;
   std::vector<CaseFile> files;
   std::vector<Case> cases;
   if (!load_and_select(paths, sel, files, cases)) return 2;
@@ -525,31 +550,23 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
   }
   // One verdict per golden file for the whole run: a file that fails, crashes or hangs its reader
   // is read once, here; its cases (moved behind the `runnable` others) fail at once, naming it.
-  size_t runnable = cases.size();
-  std::map<std::string, std::string> unreadable_goldens;
-  std::map<std::string, std::string> checked_goldens;  // op -> stamp, for the workers
+  GoldenVerdicts goldens;
   try {
-    if (fs::is_directory(paths.golden)) {
-      checked_goldens = golden_stamps(paths.golden, cases);
-      unreadable_goldens = set_aside_unreadable_goldens(paths.golden, cases, runnable);
-      for (const auto& [op, why] : unreadable_goldens) checked_goldens.erase(op);
-    }
+    goldens = check_golden_files(paths.golden, cases);
   } catch (const std::exception& e) {
     std::cerr << "attncheck: " << e.what() << "\n";
     return 2;
   }
-  // --out is this run's alone: locked until the run ends, so a second run into it is refused
-  // instead of interleaving or replacing results.
+  const size_t runnable = goldens.runnable;
+  const auto& unreadable_goldens = goldens.unreadable;
+  const auto& checked_goldens = goldens.checked;  // op -> stamp, for the workers
+  // --out is this run's alone, until the run ends.
   std::optional<DirHandle> out_lock;
   std::optional<OutputStream> worker_log;
   std::string repro_dir;
   if (!a.out.empty()) {
     try {
-      out_lock.emplace(DirHandle::open(a.out));
-      if (!out_lock->try_lock_exclusive())
-        throw std::runtime_error("--out '" + a.out +
-                                 "' is in use by another attncheck run (it holds the directory's "
-                                 "lock); wait for it to finish or choose another --out");
+      out_lock.emplace(lock_out_dir(a.out));
       repro_dir = fs::absolute(fs::path(a.out) / "repro").string();
       DirHandle::open(repro_dir);
       if (!a.in_process)  // opened safely here; the pool appends through /proc/self/fd
@@ -575,9 +592,7 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
   }
   if (a.in_process) plan = PoolPlan{};
   const auto slot_env = plan.slot_env();
-  std::vector<PoolUse> pool_use;
-  if (plan.pools.empty()) pool_use.push_back({"", plan.jobs});
-  for (const auto& p : plan.pools) pool_use.push_back({p.gpu.id, p.jobs});
+  std::vector<PoolUse> pool_use = pool_uses(plan);
   // The pool of a worker slot (slot_env's order: the pools interleaved).
   auto pool_of_slot = [&](size_t slot) -> PoolUse& {
     if (plan.pools.empty()) return pool_use.front();

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "core/safe_output.h"
 #include "run/results.h"
 #include "run/scheduling.h"
 
@@ -27,11 +28,24 @@ std::string describe_pools(const PoolPlan& plan);
 // least 2 GiB each. Throws std::invalid_argument.
 uint64_t worker_memory_limit(const std::string& text, int jobs);
 
-// The stamps (golden_file_stamp) of these cases' golden files, taken before the run checks them
-// (set_aside_unreadable_goldens): "op=stamp" for the workers' --golden-checked, so that a worker
-// checks again only a file that changed since (run/golden.h, GoldenStore::trust_checked).
-std::map<std::string, std::string> golden_stamps(const std::string& dir,
-                                                 const std::vector<Case>& cases);
+// --durations FILE into `into` (left empty without one); false, having said why, when the file
+// cannot be read.
+bool load_durations(const std::string& path, std::optional<CaseDurations>& into);
+
+// The run's one verdict per golden file (set_aside_unreadable_goldens: the cases of unreadable
+// files are moved behind the `runnable` others) and the stamps of the readable ones, for the
+// workers' --golden-checked. Nothing is checked without a golden directory. Throws
+// std::runtime_error naming what failed.
+struct GoldenVerdicts {
+  size_t runnable = 0;
+  std::map<std::string, std::string> unreadable;  // op -> why
+  std::map<std::string, std::string> checked;     // op -> stamp
+};
+GoldenVerdicts check_golden_files(const std::string& dir, std::vector<Case>& cases);
+
+// --out, opened and locked until the handle closes: a second run into it is refused instead of
+// interleaving or replacing results. Throws std::runtime_error naming it.
+DirHandle lock_out_dir(const std::string& out);
 
 // `attncheck worker`'s arguments for a run's pool (after the executable).
 std::vector<std::string> worker_args(const Paths& paths, const RunArgs& a,
@@ -51,6 +65,8 @@ struct PoolUse {
   double finished_s = 0;
 };
 nlohmann::json pools_json(const std::vector<PoolUse>& use);
+// One PoolUse per pool of the plan (one without GPUs), nothing used yet.
+std::vector<PoolUse> pool_uses(const PoolPlan& plan);
 
 // Seconds per phase over every result.
 std::map<std::string, double> phase_seconds(const std::vector<Result>& results);
