@@ -732,6 +732,65 @@ std::vector<std::span<const std::byte>> read_back_all(DeviceBuffers& bufs, Launc
   return images;
 }
 
+// The first byte where `a` and `b` differ, or n: large equal runs compared by memcmp.
+size_t first_difference(const std::byte* a, const std::byte* b, size_t n) {
+  constexpr size_t kRun = 4096;
+  size_t at = 0;
+  while (at + kRun <= n && std::memcmp(a + at, b + at, kRun) == 0) at += kRun;
+  for (; at < n; ++at)
+    if (a[at] != b[at]) return at;
+  return n;
+}
+
+// 0xFF for each byte of storage `s` that an output or inout view of `p` may write, else 0
+// (host-window relative; a sparse output counts over its held rows).
+std::vector<uint8_t> writable_bytes(const Problem& p, const DeviceStorage& s) {
+  std::vector<uint8_t> writable(s.bytes, 0);
+  for (const auto& a : p.args) {
+    if (a.tensor.storage() != s.host || a.role == Role::input) continue;
+    const size_t es = a.tensor.element_size();
+    const Tensor held = a.tensor.held_rows();
+    const auto [lo, hi] = held.extent();
+    if (held.numel() == 0 || lo < 0) continue;
+    auto mark = [&](size_t first_byte, size_t n) {  // clipped to the window
+      if (first_byte >= s.bytes) return;
+      std::fill_n(writable.begin() + static_cast<std::ptrdiff_t>(first_byte),
+                  std::min(n, s.bytes - first_byte), uint8_t{0xFF});
+    };
+    const auto window = static_cast<int64_t>(s.host->window_begin);
+    if (held.is_contiguous())
+      mark(static_cast<size_t>(lo * static_cast<int64_t>(es) - window),
+           static_cast<size_t>((hi - lo) * static_cast<int64_t>(es)));
+    else
+      held.for_each_offset([&](int64_t off, int64_t) {
+        mark(static_cast<size_t>(off * static_cast<int64_t>(es) - window), es);
+      });
+  }
+  return writable;
+}
+
+// The first byte from `from` on that changed outside `writable` (empty: nothing is writable),
+// or n. Eight bytes at a time: a change shows as a set bit of (now ^ before) where the mask is 0.
+size_t first_unwritable_change(const std::byte* now, const std::byte* before,
+                               const std::vector<uint8_t>& writable, size_t from, size_t n) {
+  if (writable.empty()) return from;  // `from` changed and nothing may
+  size_t b = from;
+  for (; b % 8 != 0 && b < n; ++b)
+    if (now[b] != before[b] && writable[b] == 0) return b;
+  for (; b + 8 <= n; b += 8) {
+    uint64_t x, y, w;
+    std::memcpy(&x, now + b, 8);
+    std::memcpy(&y, before + b, 8);
+    std::memcpy(&w, writable.data() + b, 8);
+    if (((x ^ y) & ~w) == 0) continue;
+    for (size_t k = b; k < b + 8; ++k)
+      if (now[k] != before[k] && writable[k] == 0) return k;
+  }
+  for (; b < n; ++b)
+    if (now[b] != before[b] && writable[b] == 0) return b;
+  return n;
+}
+
 // Then, outside the lock: each storage's guards and the bytes no output may write checked
 // (violations), the output and inout views rebuilt over the bytes that came back.
 void check_read_back(const Problem& p, DeviceBuffers& bufs,
@@ -763,50 +822,21 @@ void check_read_back(const Problem& p, DeviceBuffers& bufs,
         break;
       }
     }
-    // Bytes the kernel may write: the elements of output and inout views on this storage.
-    std::vector<uint8_t> writable(s.bytes, 0);
-    auto restored = std::make_shared<Storage>();
-    restored->bytes.assign(back.begin() + static_cast<std::ptrdiff_t>(G),
-                           back.begin() + static_cast<std::ptrdiff_t>(G + s.bytes));
-    restored->window_begin = s.host->window_begin;  // a sparse storage: its window came back
-    restored->extent = s.host->extent;
-    for (const auto& a : p.args) {
-      if (a.tensor.storage() != s.host || a.role == Role::input) continue;
-      const size_t es = a.tensor.element_size();
-      // A sparse output (a cache written past 2^31) is read back and judged over its held rows.
-      const Tensor held = a.tensor.held_rows();
-      const auto [lo, hi] = held.extent();
-      if (held.numel() == 0 || lo < 0) continue;
-      auto mark = [&](size_t first_byte, size_t n) {  // host-window relative, clipped
-        if (first_byte >= s.bytes) return;
-        std::fill_n(writable.begin() + static_cast<std::ptrdiff_t>(first_byte),
-                    std::min(n, s.bytes - first_byte), uint8_t{1});
-      };
-      // Host-window relative (a sparse storage's window starts at window_begin).
-      const auto window = static_cast<int64_t>(s.host->window_begin);
-      if (held.is_contiguous())
-        mark(static_cast<size_t>(lo * static_cast<int64_t>(es) - window),
-             static_cast<size_t>((hi - lo) * static_cast<int64_t>(es)));
-      else
-        held.for_each_offset([&](int64_t off, int64_t) {
-          mark(static_cast<size_t>(off * static_cast<int64_t>(es) - window), es);
-        });
-    }
-    // Word by word where the bytes came back unchanged (every input, most of a large output's
-    // storage), byte by byte only inside a word that changed.
-    const std::byte* now = restored->bytes.data();
+    const std::byte* now = back.data() + G;
     const std::byte* before = s.host->bytes.data();
-    for (size_t b = 0; b < s.bytes; ++b) {
-      if (b % 8 == 0 && b + 8 <= s.bytes) {
-        uint64_t x = 0, y = 0;
-        std::memcpy(&x, now + b, 8);
-        std::memcpy(&y, before + b, 8);
-        if (x == y) {
-          b += 7;
-          continue;
-        }
-      }
-      if (!writable[b] && now[b] != before[b]) {
+    bool has_outputs = false;
+    for (const auto& a : p.args)
+      has_outputs = has_outputs || (a.tensor.storage() == s.host && a.role != Role::input);
+    // Most storages come back unchanged (every input), most of an output's bytes changed: the
+    // writable mask is built only when a byte changed, and the bytes are compared a word at a
+    // time against it (the loop below), not byte by byte.
+    const size_t first_change = first_difference(now, before, s.bytes);
+    if (first_change < s.bytes) {
+      // 0xFF where the kernel may write: the elements of the output and inout views here.
+      std::vector<uint8_t> writable;
+      if (has_outputs) writable = writable_bytes(p, s);
+      const size_t b = first_unwritable_change(now, before, writable, first_change, s.bytes);
+      if (b < s.bytes) {
         // Name the argument whose element this byte belongs to, if any.
         std::string owner = "outside every argument's view";
         for (const auto& a : p.args) {
@@ -822,9 +852,15 @@ void check_read_back(const Problem& p, DeviceBuffers& bufs,
         out.violations.push_back("byte " + std::to_string(b + s.host->window_begin) +
                                  " of buffer " + who + " changed (" + owner +
                                  "): the kernel must not write there");
-        break;
       }
     }
+    // The outputs are views over a copy of what came back (the read-back space is reused); a
+    // storage of inputs only needs none.
+    if (!has_outputs) continue;
+    auto restored = std::make_shared<Storage>();
+    restored->bytes.assign(now, now + s.bytes);
+    restored->window_begin = s.host->window_begin;  // a sparse storage: its window came back
+    restored->extent = s.host->extent;
     for (const auto& a : p.args) {
       if (a.tensor.storage() != s.host || a.role == Role::input) continue;
       out.outputs[a.name] = a.tensor.held_rows().rebased(restored);
