@@ -198,7 +198,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1024));
   mutants_cmd
       ->add_option("--threads-per-worker", mutants.run.threads_per_worker,
-                   "cases one worker process runs at once [16 with a GPU]")
+                   "cases one worker process runs at once [8 with a GPU: two processes per GPU]")
       ->check(CLI::Range(1, 256));
   mutants_cmd
       ->add_option("--max-failures", mutants.run.max_failures,

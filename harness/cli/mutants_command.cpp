@@ -168,6 +168,13 @@ int cmd_mutants(const Paths& paths, const MutantsArgs& m) {
   first.kernels = libs.front().path;
   try {
     plan = pools_for(first, true);
+    // Two worker processes per GPU unless told: the mutants' cases are small, and a process's
+    // launches take its one launch lock in turn, which then bounds the run (on one H100: 22.0 s
+    // with one process of 16 threads, 17.1 s with two of 8; docs/results.md).
+    if (a.threads_per_worker == 0 && !plan.pools.empty()) {
+      first.threads_per_worker = kMutantThreadsPerWorker;
+      plan = pools_for(first, true);
+    }
   } catch (const std::invalid_argument& e) {
     std::cerr << "attncheck: " << e.what() << "\n";
     return 2;
@@ -278,7 +285,11 @@ int cmd_mutants(const Paths& paths, const MutantsArgs& m) {
       std::cout << "  NO DEVICE: " << h.value("no_device", "") << "\n";
     std::cout << "  pools: " << describe_pools(plan) << "\n" << std::flush;
   };
-  cb.on_round_trip = [&](size_t t, size_t, double ms) { round_trip_ms[t] = ms; };
+  cb.on_round_trip = [&](size_t t, size_t slot, double ms) {
+    round_trip_ms[t] = ms;
+    count_round_trip(pool_use, plan, spec.slot_env, slot, ms,
+                     std::chrono::duration<double>(Clock::now() - t0).count());
+  };
   cb.on_result = [&](size_t t, const nlohmann::json& j) {
     try {
       Result r = Result::from_json(j);

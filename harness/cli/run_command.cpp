@@ -214,6 +214,21 @@ std::vector<PoolUse> pool_uses(const PoolPlan& plan) {
   return use;
 }
 
+void count_round_trip(std::vector<PoolUse>& use, const PoolPlan& plan,
+                      const std::vector<std::vector<std::string>>& slot_env, size_t slot, double ms,
+                      double ended_s) {
+  PoolUse* u = &use.front();
+  if (!plan.pools.empty() && !slot_env.empty()) {
+    const std::string& setting = slot_env[slot % slot_env.size()].front();  // VARIABLE=gpu
+    const std::string gpu = setting.substr(setting.find('=') + 1);
+    for (auto& candidate : use)
+      if (candidate.gpu == gpu) u = &candidate;
+  }
+  ++u->cases;
+  u->busy_s += ms / 1e3;
+  u->finished_s = ended_s;
+}
+
 PoolPlan pools_for(const RunArgs& a, bool kernel_mode) {
   std::string variable;
   std::vector<VisibleGpu> gpus;
@@ -593,15 +608,6 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
   if (a.in_process) plan = PoolPlan{};
   const auto slot_env = plan.slot_env();
   std::vector<PoolUse> pool_use = pool_uses(plan);
-  // The pool of a worker slot (slot_env's order: the pools interleaved).
-  auto pool_of_slot = [&](size_t slot) -> PoolUse& {
-    if (plan.pools.empty()) return pool_use.front();
-    const std::string setting = slot_env[slot % slot_env.size()].front();
-    const std::string gpu = setting.substr(setting.find('=') + 1);
-    for (auto& u : pool_use)
-      if (u.gpu == gpu) return u;
-    return pool_use.front();
-  };
   double parent_s = 0;  // the parent's own time per result: parsing, writing, printing
   std::vector<Result> results(cases.size());
   const RunDescription described{&paths, &a, kernels, cases.size(), started, plan};
@@ -755,10 +761,8 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
     cb.on_hello = announce;
     cb.on_round_trip = [&](size_t t, size_t slot, double ms) {
       round_trip_ms[order[t]] = ms;
-      PoolUse& u = pool_of_slot(slot);
-      ++u.cases;
-      u.busy_s += ms / 1e3;
-      u.finished_s = std::chrono::duration<double>(Clock::now() - t0).count();
+      count_round_trip(pool_use, plan, slot_env, slot, ms,
+                       std::chrono::duration<double>(Clock::now() - t0).count());
     };
     cb.on_result = [&, order](size_t t, const nlohmann::json& j) {
       const size_t i = order[t];

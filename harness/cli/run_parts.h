@@ -67,6 +67,11 @@ struct PoolUse {
 nlohmann::json pools_json(const std::vector<PoolUse>& use);
 // One PoolUse per pool of the plan (one without GPUs), nothing used yet.
 std::vector<PoolUse> pool_uses(const PoolPlan& plan);
+// A case's round trip of `ms`, ended `ended_s` into the run, counted to the pool of worker slot
+// `slot` (`slot_env`, plan.slot_env(): the pools interleaved, the GPU's variable first).
+void count_round_trip(std::vector<PoolUse>& use, const PoolPlan& plan,
+                      const std::vector<std::vector<std::string>>& slot_env, size_t slot, double ms,
+                      double ended_s);
 
 // Seconds per phase over every result.
 std::map<std::string, double> phase_seconds(const std::vector<Result>& results);

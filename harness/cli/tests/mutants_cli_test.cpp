@@ -78,6 +78,9 @@ TEST_F(MutantsCli, EachLibraryGetsTheVerdictsOfARunOfItsOwn) {
     EXPECT_TRUE(has(run["kernels_library"].get<std::string>(), fs::path(lib).filename().string()))
         << run;
     EXPECT_TRUE(fs::exists(out / name / "junit.xml"));
+    // The pools are the run's, shared by the libraries: every library's cases went through them.
+    ASSERT_EQ(run["pools"].size(), 1u) << run;
+    EXPECT_EQ(run["pools"][0]["cases"], 18) << run;
   }
   // The faults fail the case everywhere but where the case is marked a known bug.
   EXPECT_EQ(counts(verdicts(out / "past_view"))["failed"], 5) << o.text;
