@@ -43,6 +43,12 @@ def parse_args(argv):
                    help="flag error/budget ratios grown more than this factor vs baseline")
     p.add_argument("--growth-floor", type=float, default=0.01,
                    help="ignore growth of ratios still below this (rounding noise)")
+    p.add_argument("--heatmap-cache", metavar="DIR",
+                   help="read each op's heatmap from DIR when drawn there before from the same"
+                        " cases, and keep the ones drawn now there")
+    p.add_argument("--heatmaps-only", action="store_true",
+                   help="only draw the heatmaps into --heatmap-cache (ci/gpu-job: from the tier's"
+                        " results while the mutants run) and exit")
     p.add_argument("--exit-code", action="store_true",
                    help="exit 1 when a case is failing (attncheck's 'failing' field), the results"
                         " are incomplete, no case compared an output, or a mutant survived (known"
@@ -73,7 +79,12 @@ def flatten(groups):
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    from .render import Report, write_html, write_markdown  # needs jinja2/matplotlib
+    from .render import Report, draw_heatmaps, write_html, write_markdown  # jinja2, matplotlib
+
+    if args.heatmaps_only and not args.heatmap_cache:
+        print("attncheck_report: error: --heatmaps-only needs --heatmap-cache DIR", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    cache = Path(args.heatmap_cache) if args.heatmap_cache else None
 
     try:
         runs = load_runs(args.results)
@@ -95,12 +106,20 @@ def main(argv=None) -> int:
         return EXIT_BAD_INPUT
 
     out = Path(args.out if args.out is not None else args.results[0])
-    out.mkdir(parents=True, exist_ok=True)
     report = Report(runs, cases, args.title, out, regression, mutation, worst_n=max(25, args.top))
+    if args.heatmaps_only:
+        try:
+            drawn = draw_heatmaps(report, cache)
+        except OSError as e:
+            print(f"attncheck_report: error: {e}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        print(f"attncheck_report: {drawn} heatmap(s) drawn into {cache}")
+        return EXIT_OK
+    out.mkdir(parents=True, exist_ok=True)
     report.coverage = coverage
     html, summary = out / "report.html", out / "summary.md"
     try:
-        write_html(report, html)
+        write_html(report, html, cache)
         write_markdown(report, summary, top=args.top)
     except OSError as e:  # UnsafeTarget (a link, FIFO or directory there), a full disk
         print(f"attncheck_report: error: {e}", file=sys.stderr)

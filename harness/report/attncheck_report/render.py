@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime as dt
+import hashlib
+import json
 import math
 import os
 from collections import defaultdict
@@ -147,7 +150,15 @@ def _bundle_contents(reader: BundleReader, path: Path) -> str:
     return got.get("contents", "")
 
 
-def _render_heatmaps(jobs: list) -> list:
+def heatmap_key(plan, cases) -> str:
+    """What an op's heatmap shows, as a digest: its plan and, per case, what render_heatmap reads
+    (the axes in params, the arch, the worst ratio) and the verdict. Equal keys, equal PNGs."""
+    shown = [(c.id, c.arch, c.params, c.verdict, c.ratio) for c in cases]
+    blob = json.dumps([dataclasses.asdict(plan), shown], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def _render_all(jobs: list) -> list:
     """render_heatmap over (plan, cases) pairs, in processes of their own when there are several
     and cores to run them: matplotlib draws one figure at a time per process, and the heatmaps
     were most of the report's time (19 of them: 4 s of a 5 s report on the GPU host's cores)."""
@@ -165,13 +176,52 @@ def _render_heatmaps(jobs: list) -> list:
         return list(pool.map(render_heatmap, *zip(*jobs)))
 
 
-def html_context(report: Report) -> dict:
-    ops = []
+def _render_heatmaps(jobs: list, cache: Path | None = None) -> list:
+    """The PNG of each (plan, cases) pair. With a cache directory (--heatmap-cache), a heatmap
+    whose key (heatmap_key) is there is read, not drawn, and each one drawn is kept there:
+    ci/gpu-job draws them from the tier's results while the mutants run."""
+    pngs: list = [None] * len(jobs)
+    keys = [heatmap_key(plan, cases) for plan, cases in jobs] if cache else []
+    if cache:
+        for i, key in enumerate(keys):
+            try:
+                pngs[i] = safe_write.read_regular(cache / f"{key}.png")
+            except OSError:  # not drawn yet, or not a plain file: drawn again
+                pass
+    todo = [i for i, png in enumerate(pngs) if png is None]
+    for i, png in zip(todo, _render_all([jobs[i] for i in todo])):
+        pngs[i] = png
+        if cache:
+            try:  # a cache that cannot be written costs the next report a redraw, nothing else
+                cache.mkdir(parents=True, exist_ok=True)
+                safe_write.write_bytes(cache / f"{keys[i]}.png", png)
+            except OSError:
+                pass
+    return pngs
+
+
+def heatmap_jobs(report: Report) -> list:
+    """(plan, cases) of each op's heatmap, in report.ops order."""
     jobs = []
     for op in report.ops:
         op_cases = [c for c in report.cases if c.op == op]
         jobs.append((plan_heatmap(op, op_cases), op_cases))
-    pngs = _render_heatmaps(jobs)
+    return jobs
+
+
+def draw_heatmaps(report: Report, cache: Path) -> int:
+    """Every heatmap of the report drawn into `cache` (python3 -m attncheck_report
+    --heatmaps-only); how many were drawn, not found there."""
+    jobs = heatmap_jobs(report)
+    missing = [j for j in jobs if not (cache / f"{heatmap_key(*j)}.png").is_file()]
+    _render_heatmaps(missing, cache)
+    return len(missing)
+
+
+def html_context(report: Report, heatmap_cache: Path | None = None) -> dict:
+    ops = []
+    jobs = heatmap_jobs(report)
+    pngs = _render_heatmaps(jobs, heatmap_cache)
     for op, (plan, op_cases), png in zip(report.ops, jobs, pngs):
         shown = " × ".join(a for a in (plan.rows, plan.cols) if a and a != "op")
         rows = sorted(op_cases, key=lambda c: (not c.failing, c.verdict != "known_bug",
@@ -313,7 +363,7 @@ def _mutation_context(report: Report):
     }
 
 
-def write_html(report: Report, path: Path) -> None:
+def write_html(report: Report, path: Path, heatmap_cache: Path | None = None) -> None:
     import jinja2
 
     env = jinja2.Environment(
@@ -323,7 +373,7 @@ def write_html(report: Report, path: Path) -> None:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    html = env.get_template("report.html.j2").render(**html_context(report))
+    html = env.get_template("report.html.j2").render(**html_context(report, heatmap_cache))
     safe_write.write_text(path, html)
 
 

@@ -61,6 +61,21 @@ def write_text(path: Path, text: str) -> None:
     _replace_with(path, lambda fh: fh.write(data))
 
 
+def write_bytes(path: Path, data: bytes) -> None:
+    """Replaces `path` with `data`."""
+    _replace_with(path, lambda fh: fh.write(data))
+
+
+def read_regular(path: Path) -> bytes:
+    """The bytes of the regular file `path`; OSError (UnsafeTarget among them) for a link, a FIFO
+    or anything else there: a planted link must not pull another file into a report."""
+    with open(path, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW | os.O_NONBLOCK)) as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafeTarget(f"refusing to read '{path}': it is {_kind(st.st_mode)}")
+        return fh.read()
+
+
 def copy_file(src: Path, dst: Path) -> None:
     """Copies the regular file `src` to `dst` (a link at `src` is not followed either)."""
     src_st = os.lstat(src)

@@ -202,13 +202,17 @@ def test_gpu_job_starts_the_costliest_mutant_first(fake_machine):
     # The mutant that runs the whole tier costs more than the one of two ops: it goes first, so
     # that it does not start last and end the run late.
     f = two_mutants_on_one_gpu(fake_machine)
-    p = gpu_job(f, "quick", "--mutants", "--jobs-per-gpu", "8", FAKE_ALL_PASS="1")
+    p = gpu_job(f, "quick", "--mutants", "--jobs-per-gpu", "8", "--threads-per-worker", "4",
+                FAKE_ALL_PASS="1")
     assert p.returncode in (0, 1), p.stdout + p.stderr
     assert [name for name, _ in libraries(f)] == [
         "libattncheck_kernels_hip_mutant_unlisted.so",
         "libattncheck_kernels_hip_mutant_rope_discard_out_of_place.so"]
-    argv = json.loads((f["out"] / "mutants" / "argv.json").read_text())
-    assert argv[argv.index("--jobs-per-gpu") + 1] == "8"
+    # the pool settings reach both processes: the tier's and the mutants'
+    (_, tier_argv), = shard_runs(f["out"])
+    for argv in (json.loads((f["out"] / "mutants" / "argv.json").read_text()), tier_argv):
+        assert argv[argv.index("--jobs-per-gpu") + 1] == "8"
+        assert argv[argv.index("--threads-per-worker") + 1] == "4"
 
 
 def test_gpu_job_runs_a_mutant_on_the_ops_its_source_registers(fake_machine):
@@ -296,6 +300,8 @@ def test_gpu_job_usage_errors(fake_machine):
     assert p.returncode == 2 and "usage: ci/gpu-job <smoke|quick|full>" in p.stderr
     p = gpu_job(fake_machine, "quick", "--shard", "3")
     assert p.returncode == 2 and "--shard wants I/N" in p.stderr
+    p = gpu_job(fake_machine, "quick", "--threads-per-worker", "0")
+    assert p.returncode == 2 and "--threads-per-worker wants a positive whole number" in p.stderr
 
 
 def test_gpu_job_reports_a_shard_that_wrote_nothing(fake_machine):

@@ -351,3 +351,51 @@ def test_invariance_relations_are_counted_and_violations_named(tmp_path):
     bad[0]["invariance"] = [{"relation": "x", "mode": "sometimes", "passed": True}]
     proc = run_report(synthetic.write_results(tmp_path / "b", bad), "--out", tmp_path / "bo")
     assert proc.returncode != 0 and "'invariance' must be a JSON array" in proc.stderr
+
+
+def test_heatmaps_drawn_beforehand_are_read_back_not_drawn_again(synth, tmp_path):
+    # ci/gpu-job draws the heatmaps from the tier's results while the mutants run: the report
+    # then reads them (same cases, same key) and its HTML is the one it draws itself.
+    cache = tmp_path / "cache"
+    first = run_report(*synth["current"], "--heatmap-cache", cache, "--heatmaps-only")
+    assert first.returncode == 0, first.stderr
+    drawn = sorted(cache.glob("*.png"))
+    assert len(drawn) >= 2 and "heatmap(s) drawn into" in first.stdout
+    assert not (tmp_path / "o").exists() and not list(cache.parent.glob("*.html"))
+    again = run_report(*synth["current"], "--heatmap-cache", cache, "--heatmaps-only")
+    assert again.returncode == 0 and "0 heatmap(s) drawn" in again.stdout
+    # Each cached PNG replaced by a marker: the report must show the markers, not redraw.
+    for p in drawn:
+        p.write_bytes(b"\x89PNG marker " + p.name.encode())
+    proc = run_report(*synth["current"], "--out", tmp_path / "o", "--heatmap-cache", cache,
+                      "--baseline", *synth["baseline"], "--mutants", *synth["mutants"],
+                      "--mutant-specs", synth["specs"])
+    assert proc.returncode == 0, proc.stderr
+    html = (tmp_path / "o" / "report.html").read_text()
+    markers = [base64.b64encode(b"\x89PNG marker " + p.name.encode()).decode() for p in drawn]
+    assert all(m in html for m in markers)
+    # Other cases, another key: drawn, not taken from the cache.
+    records = [r for r in synthetic.other_cases("gfx942") if r["verdict"] == "passed"]
+    d = synthetic.write_results(tmp_path / "ok", records)
+    proc = run_report(d, "--out", tmp_path / "o2", "--heatmap-cache", cache)
+    assert proc.returncode == 0, proc.stderr
+    html = (tmp_path / "o2" / "report.html").read_text()
+    assert not any(m in html for m in markers)
+
+
+def test_a_link_in_the_heatmap_cache_is_not_read(synth, tmp_path):
+    cache = tmp_path / "cache"
+    assert run_report(*synth["current"], "--heatmap-cache", cache, "--heatmaps-only").returncode == 0
+    secret = tmp_path / "secret.txt"
+    secret.write_bytes(b"not for the report")
+    for p in cache.glob("*.png"):
+        p.unlink()
+        p.symlink_to(secret)
+    proc = run_report(*synth["current"], "--out", tmp_path / "o", "--heatmap-cache", cache)
+    assert proc.returncode == 0, proc.stderr
+    html = (tmp_path / "o" / "report.html").read_text()
+    assert base64.b64encode(b"not for the report").decode() not in html
+    for m in re.finditer(r'data:image/png;base64,([A-Za-z0-9+/=]+)', html):
+        check_png(base64.b64decode(m.group(1)))
+    proc = run_report(*synth["current"], "--heatmaps-only")
+    assert proc.returncode == 2 and "--heatmaps-only needs --heatmap-cache" in proc.stderr
