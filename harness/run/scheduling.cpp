@@ -197,19 +197,11 @@ int PoolPlan::processes() const {
   return n;
 }
 
-std::string worker_glibc_tunables(const char* parents) {
-  const std::string now = parents ? parents : "";
-  if (now.find("glibc.malloc.hugetlb") != std::string::npos) return now;
-  return now.empty() ? "glibc.malloc.hugetlb=1" : now + ":glibc.malloc.hugetlb=1";
-}
-
 std::vector<std::vector<std::string>> PoolPlan::slot_env() const {
   std::vector<std::vector<std::string>> out;
   const std::string omp = "OMP_NUM_THREADS=" + std::to_string(cpu_threads);
-  const std::string tunables =
-      "GLIBC_TUNABLES=" + worker_glibc_tunables(std::getenv("GLIBC_TUNABLES"));
   if (pools.empty()) {
-    out.push_back({omp, tunables});
+    out.push_back({omp});
     return out;
   }
   std::vector<int> left;  // processes per pool
@@ -220,7 +212,7 @@ std::vector<std::vector<std::string>> PoolPlan::slot_env() const {
       if (left[i] == 0) continue;
       --left[i];
       any = true;
-      out.push_back({variable + "=" + pools[i].gpu.id, omp, tunables});
+      out.push_back({variable + "=" + pools[i].gpu.id, omp});
     }
   }
   return out;

@@ -47,13 +47,6 @@ struct PoolPlan {
   std::vector<std::vector<std::string>> slot_env() const;
 };
 
-// The GLIBC_TUNABLES of a worker process, given the parent's (nullptr: unset): glibc's malloc
-// backs its large blocks with transparent huge pages (glibc.malloc.hugetlb=1, glibc 2.35 and
-// later; older ones ignore it), unless the setting already names hugetlb (=0 turns it off). A
-// case allocates tens of MiB of fresh inputs, outputs and read-back copies: 4 KiB pages cost
-// 0.7 million page faults per full tier on one GPU, and 10% of its time (docs/results.md).
-std::string worker_glibc_tunables(const char* parents);
-
 // ctest's resource allocation (`ctest --resource-spec-file ci/ctest-resources.json`): when
 // CTEST_RESOURCE_GROUP_0_GPUS is set ("id:3,slots:1"), this process sees only that GPU
 // (HIP_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES). Call before any GPU runtime is initialized.
@@ -76,9 +69,6 @@ int cases_fitting(uint64_t memory_bytes, int threads);
 // so one context, per GPU of up to this many cases. The contexts of many processes are created
 // one at a time host-wide and time-slice the GPU (docs/results.md).
 constexpr int kThreadsPerWorker = 16;
-// `attncheck mutants`: two processes per GPU of up to this many cases each (its cases wait for the
-// launch lock more than for the cores).
-constexpr int kMutantThreadsPerWorker = 8;
 
 // Pools for `gpus` on a host of `cores` cores. jobs > 0: that many cases at once in all, spread
 // over the GPUs; else jobs_per_gpu > 0 per GPU; else per GPU min(cores / GPUs, the cases that

@@ -83,21 +83,11 @@ TEST(PoolPlan, SlotsInterleaveThePoolsAndSetTheThreads) {
   plan.variable = "CUDA_VISIBLE_DEVICES";
   const auto env = plan.slot_env();
   ASSERT_EQ(env.size(), 6u);
-  EXPECT_EQ(env[0][0], "CUDA_VISIBLE_DEVICES=0");
-  EXPECT_EQ(env[0][1], "OMP_NUM_THREADS=1");
-  EXPECT_EQ(env[0][2].rfind("GLIBC_TUNABLES=", 0), 0u);
+  EXPECT_EQ(env[0], (std::vector<std::string>{"CUDA_VISIBLE_DEVICES=0", "OMP_NUM_THREADS=1"}));
   EXPECT_EQ(env[1].front(), "CUDA_VISIBLE_DEVICES=1");
   EXPECT_EQ(std::count_if(env.begin(), env.end(),
                           [](const auto& e) { return e.front() == "CUDA_VISIBLE_DEVICES=1"; }),
             3);
-}
-
-TEST(PoolPlan, WorkersGetHugePagesUnlessTheTunablesSayOtherwise) {
-  EXPECT_EQ(worker_glibc_tunables(nullptr), "glibc.malloc.hugetlb=1");
-  EXPECT_EQ(worker_glibc_tunables(""), "glibc.malloc.hugetlb=1");
-  EXPECT_EQ(worker_glibc_tunables("glibc.malloc.arena_max=2"),
-            "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1");
-  EXPECT_EQ(worker_glibc_tunables("glibc.malloc.hugetlb=0"), "glibc.malloc.hugetlb=0");
 }
 
 TEST(CaseDurations, EstimatesUnmeasuredCasesFromTheirOp) {
