@@ -69,6 +69,9 @@ int cases_fitting(uint64_t memory_bytes, int threads);
 // so one context, per GPU of up to this many cases. The contexts of many processes are created
 // one at a time host-wide and time-slice the GPU (docs/results.md).
 constexpr int kThreadsPerWorker = 16;
+// `attncheck mutants`: two processes per GPU of up to this many cases each (its cases wait for the
+// launch lock more than for the cores).
+constexpr int kMutantThreadsPerWorker = 8;
 
 // Pools for `gpus` on a host of `cores` cores. jobs > 0: that many cases at once in all, spread
 // over the GPUs; else jobs_per_gpu > 0 per GPU; else per GPU min(cores / GPUs, the cases that
