@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <iomanip>
 #include <iostream>
 #include <iterator>
@@ -196,6 +197,22 @@ GoldenVerdicts check_golden_files(const std::string& dir, std::vector<Case>& cas
   v.unreadable = set_aside_unreadable_goldens(dir, cases, v.runnable);
   for (const auto& [op, why] : v.unreadable) v.checked.erase(op);
   return v;
+}
+
+GoldenCheck start_golden_check(const std::string& dir, const std::vector<Case>& cases) {
+  GoldenCheck g;
+  g.verdicts.runnable = cases.size();
+  if (!fs::is_directory(dir)) return g;
+  g.verdicts.checked = golden_stamps(dir, cases);
+  g.pending =
+      std::async(std::launch::async, [dir, &cases] { return unreadable_golden_files(dir, cases); });
+  return g;
+}
+
+void GoldenCheck::finish() {
+  if (!pending.valid()) return;
+  verdicts.unreadable = pending.get();
+  for (const auto& [op, why] : verdicts.unreadable) verdicts.checked.erase(op);
 }
 
 DirHandle lock_out_dir(const std::string& out) {
@@ -565,13 +582,19 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
   }
   // One verdict per golden file for the whole run: a file that fails, crashes or hangs its reader
   // is read once, here; its cases (moved behind the `runnable` others) fail at once, naming it.
-  GoldenVerdicts goldens;
+  // A pool takes the verdicts while its workers start (before any case is sent); in process,
+  // before the run.
+  GoldenCheck golden_check;
   try {
-    goldens = check_golden_files(paths.golden, cases);
+    if (a.in_process)
+      golden_check.verdicts = check_golden_files(paths.golden, cases);
+    else
+      golden_check = start_golden_check(paths.golden, cases);
   } catch (const std::exception& e) {
     std::cerr << "attncheck: " << e.what() << "\n";
     return 2;
   }
+  const GoldenVerdicts& goldens = golden_check.verdicts;
   const size_t runnable = goldens.runnable;
   const auto& unreadable_goldens = goldens.unreadable;
   const auto& checked_goldens = goldens.checked;  // op -> stamp, for the workers
@@ -628,6 +651,7 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
   }
   Summary summary;
   std::vector<size_t> completion;  // result indices in the order results.jsonl got them
+  std::vector<size_t> set_aside;   // cases of unreadable golden files, recorded after the run
   // --shrink: how candidates are evaluated, set by the branch that ran the cases.
   CaseEvaluator shrink_eval;
   std::unique_ptr<CaseContext> ctx;  // --in-process
@@ -793,10 +817,23 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
         } catch (const std::invalid_argument&) {  // on_result reports the unreadable line
         }
       };
-    if (a.max_failures > 0) {
+    // Cases of a golden file found unreadable are not sent; they are recorded after the run,
+    // with those set aside in process.
+    cb.before_dispatch = [&, order] {
+      golden_check.finish();
+      std::vector<size_t> dropped;
+      for (size_t t = 0; t < order.size(); ++t)
+        if (unreadable_goldens.count(cases[order[t]].op)) dropped.push_back(t);
+      return dropped;
+    };
+    cb.on_not_run = [&, order](size_t t) {
+      if (unreadable_goldens.count(cases[order[t]].op))
+        set_aside.push_back(order[t]);
+      else
+        record(order[t], not_run(cases[order[t]]));
+    };
+    if (a.max_failures > 0)
       cb.stop_dispatching = [&](size_t) { return summary.failures >= a.max_failures; };
-      cb.on_not_run = [&, order](size_t t) { record(order[t], not_run(cases[order[t]])); };
-    }
     cb.on_lost = [&, order](size_t t, const std::string& what) {
       const size_t i = order[t];
       lost_opt.arch = hello ? hello->value("arch", "") : a.arch;
@@ -811,6 +848,15 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
       std::cerr << "attncheck: " << e.what() << "\n";
       return 2;
     }
+    // The pool's workers were told every file was checked before the checks ended; the
+    // shrinker's trust only the readable ones.
+    for (const auto& [op, why] : unreadable_goldens)
+      for (size_t k = 0; k + 1 < spec.args.size(); ++k)
+        if (spec.args[k] == "--golden-checked" && spec.args[k + 1].rfind(op + "=", 0) == 0) {
+          spec.args.erase(spec.args.begin() + static_cast<std::ptrdiff_t>(k),
+                          spec.args.begin() + static_cast<std::ptrdiff_t>(k) + 2);
+          break;
+        }
     if (a.shrink > 0) shrink_eval = worker_evaluator(shrink_spec(spec, a), lost_opt);
   }
   RunOptions set_aside_opt;
@@ -818,7 +864,8 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
   set_aside_opt.kernels_path = kernels;
   set_aside_opt.repro_extra = path_flags(paths);
   try {
-    for (size_t i = runnable; i < cases.size(); ++i)
+    for (size_t i = runnable; i < cases.size(); ++i) set_aside.push_back(i);
+    for (size_t i : set_aside)
       record(i, lost_case_result(cases[i], Mode::none, set_aside_opt,
                                  "not run: " + unreadable_goldens.at(cases[i].op)));
   } catch (const std::exception& e) {  // a results file that cannot be written

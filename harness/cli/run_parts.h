@@ -2,6 +2,7 @@
 // run.json and the profile.
 #pragma once
 #include <cstdint>
+#include <future>
 #include <map>
 #include <optional>
 #include <string>
@@ -42,6 +43,15 @@ struct GoldenVerdicts {
   std::map<std::string, std::string> checked;     // op -> stamp
 };
 GoldenVerdicts check_golden_files(const std::string& dir, std::vector<Case>& cases);
+// A pool's way to the same verdicts: the stamps now, the checks in the background, taken while the
+// workers start (PoolCallbacks::before_dispatch). The cases stay in place (runnable: all of them).
+struct GoldenCheck {
+  GoldenVerdicts verdicts;
+  std::future<std::map<std::string, std::string>> pending;  // op -> why, unreadable files
+  // Waits for the checks (once): fills verdicts.unreadable and drops those files' stamps.
+  void finish();
+};
+GoldenCheck start_golden_check(const std::string& dir, const std::vector<Case>& cases);
 
 // --out, opened and locked until the handle closes: a second run into it is refused instead of
 // interleaving or replacing results. Throws std::runtime_error naming it.

@@ -207,6 +207,15 @@ std::string golden_file_verdict(const std::string& dir, const std::string& op) {
 std::map<std::string, std::string> set_aside_unreadable_goldens(const std::string& dir,
                                                                 std::vector<Case>& cases,
                                                                 size_t& runnable) {
+  const auto unreadable = unreadable_golden_files(dir, cases);
+  const auto end = std::stable_partition(cases.begin(), cases.end(),
+                                         [&](const Case& c) { return !unreadable.count(c.op); });
+  runnable = static_cast<size_t>(end - cases.begin());
+  return unreadable;
+}
+
+std::map<std::string, std::string> unreadable_golden_files(const std::string& dir,
+                                                           const std::vector<Case>& cases) {
   std::map<std::string, std::string> unreadable;
   std::set<std::string> checked;
   std::vector<std::string> ops;
@@ -221,9 +230,6 @@ std::map<std::string, std::string> set_aside_unreadable_goldens(const std::strin
         std::async(std::launch::async, [&dir, op] { return golden_file_verdict(dir, op); }));
   for (size_t i = 0; i < ops.size(); ++i)
     if (std::string why = verdicts[i].get(); !why.empty()) unreadable[ops[i]] = why;
-  const auto end = std::stable_partition(cases.begin(), cases.end(),
-                                         [&](const Case& c) { return !unreadable.count(c.op); });
-  runnable = static_cast<size_t>(end - cases.begin());
   return unreadable;
 }
 

@@ -77,6 +77,10 @@ std::string golden_file_verdict(const std::string& dir, const std::string& op);
 std::map<std::string, std::string> set_aside_unreadable_goldens(const std::string& dir,
                                                                 std::vector<Case>& cases,
                                                                 size_t& runnable);
+// The same verdicts, the cases left as they are: op -> why for each unreadable golden file (every
+// file at once, each hashed and read in a child process).
+std::map<std::string, std::string> unreadable_golden_files(const std::string& dir,
+                                                           const std::vector<Case>& cases);
 
 // Reads golden/<op>.h5 files on demand (read-only, one open file per op). A file is parsed only
 // after golden_file_verdict() found nothing wrong with it; that verdict is taken once per file and

@@ -631,6 +631,17 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
     }
   };
 
+  if (cb.before_dispatch) {
+    for (auto& w : workers)
+      if (w.pid < 0 && work_left()) w = spawn(spec, spawned++, w.slot);
+    for (size_t idx : cb.before_dispatch()) {
+      if (idx >= tasks.size() || not_started[idx]) continue;
+      not_started[idx] = 1;
+      ++done;
+      if (cb.on_not_run) cb.on_not_run(idx);
+    }
+    skip_not_started();
+  }
   while (done < tasks.size()) {
     if (work_left() && done != settled_at_done) {
       settle_stopped();

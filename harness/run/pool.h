@@ -93,6 +93,10 @@ struct PoolCallbacks {
   // tasks running finish.
   std::function<bool(size_t index)> stop_dispatching;
   std::function<void(size_t index)> on_not_run;
+  // Called once, after the workers were started and before any task is sent; may block. What
+  // decides which tasks run (the golden files' checks) thus overlaps the workers' start (a GPU
+  // context, a library load). The tasks it returns are not run: each goes to on_not_run.
+  std::function<std::vector<size_t>()> before_dispatch;
 };
 
 // Runs every task, each exactly once. Throws std::runtime_error when workers cannot start: a

@@ -424,6 +424,37 @@ TEST_F(Cli, GoldenVerifyPassesAndFailsOnACorruptedCopy) {
   EXPECT_TRUE(has(o.text, "0 case(s) differ")) << o.text;
 }
 
+// A pool checks the golden files while its workers start (PoolCallbacks::before_dispatch): the
+// cases of a corrupt file are not sent, and get the verdict they get in process, once each.
+TEST_F(Cli, APoolSetsAsideTheCasesOfACorruptGoldenAsInProcess) {
+  const fs::path copy = dir("golden");
+  fs::copy(golden_, copy, fs::copy_options::recursive);
+  const fs::path file = copy / "page_indices.h5";
+  fs::resize_file(file, 1000);
+  std::map<std::string, std::map<std::string, std::string>> got;  // mode -> id -> message
+  for (const std::string mode : {"--jobs 2", "--jobs 2 --threads-per-worker 2", "--in-process"}) {
+    const fs::path out = dir("out" + std::to_string(got.size()));
+    const Output o = sh(kBin + " --cases " + kData + "/cases --golden " + copy.string() +
+                        " run --tier smoke --kernels " + kFake + " " + mode + " --out " +
+                        out.string());
+    EXPECT_EQ(o.status, 1) << mode << "\n" << o.text;
+    std::istringstream lines(read(out / "results.jsonl"));
+    auto& mine = got[mode];
+    for (std::string line; std::getline(lines, line);) {
+      const auto r = nlohmann::json::parse(line);
+      EXPECT_EQ(mine.count(r["id"]), 0u) << "recorded twice: " << r["id"];
+      EXPECT_EQ(r["verdict"], "error") << line;
+      EXPECT_EQ(r["mode"], "none") << line;
+      mine[r["id"]] = r["message"];
+    }
+    EXPECT_FALSE(mine.empty()) << mode << "\n" << o.text;
+    for (const auto& [id, message] : mine)
+      EXPECT_TRUE(has(message, "not run: " + file.string() + ": not read: 1000 bytes")) << message;
+  }
+  EXPECT_EQ(got["--jobs 2"], got["--in-process"]);
+  EXPECT_EQ(got["--jobs 2 --threads-per-worker 2"], got["--in-process"]);
+}
+
 TEST_F(Cli, BenchTimesEveryCaseAgainstTheRoofline) {
   const fs::path json = dir("bench.json");
   const Output o =
