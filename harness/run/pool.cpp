@@ -793,6 +793,28 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
   // No more cases: end of input lets each worker exit; stragglers are killed after 10 s.
   for (auto& w : workers) close_fd(w.in);
   const auto grace = Clock::now() + std::chrono::seconds(10);
+  // What the workers print on their way out still reaches the log: their stderr is read until it
+  // closes or the worker has exited (a process it started may hold the pipe open).
+  while (log.is_open() && Clock::now() < grace) {
+    std::vector<pollfd> fds;
+    std::vector<Worker*> owners;
+    for (auto& w : workers)
+      if (w.pid >= 0 && w.err >= 0) {
+        fds.push_back({w.err, POLLIN, 0});
+        owners.push_back(&w);
+      }
+    if (fds.empty()) break;
+    if (::poll(fds.data(), fds.size(), 50) < 0 && errno != EINTR) break;
+    for (size_t k = 0; k < fds.size(); ++k) {
+      Worker& w = *owners[k];
+      const bool gone = exited_by(w.pid, Clock::now());
+      if (fds[k].revents == 0 && !gone) continue;
+      std::string chunk;
+      const bool open = drain(w.err, chunk);
+      if (!chunk.empty()) log << chunk << std::flush;
+      if (!open || gone) close_fd(w.err);
+    }
+  }
   for (auto& w : workers) {
     if (w.pid < 0) continue;
     int status = 0;

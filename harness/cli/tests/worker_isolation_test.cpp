@@ -72,6 +72,21 @@ TEST_F(WorkerIsolation, AForkingLibraryEvaluatesEachCaseOnce) {
 
 // Regression: only the worker's pid was killed at the timeout; `sleep` the library started lived
 // on.
+// Regression: the pool closed the workers' stderr as soon as the last answer came, so what a
+// worker printed on its way out never reached worker.log.
+TEST_F(WorkerIsolation, AWorkersLastWordsReachTheLog) {
+  for (const std::string pool : {"--jobs 2", "--jobs 2 --threads-per-worker 2"}) {
+    const fs::path out = dir("out");
+    const Output o = sh("ATTNCHECK_FAKE_FAREWELL='worker leaving' " + at() +
+                        " run --tier smoke --kernels " + kFake + " " + pool + " --out " +
+                        out.string());
+    EXPECT_EQ(o.status, 0) << pool << "\n" << o.text;
+    const std::string log = read(out / "worker.log");
+    EXPECT_TRUE(has(log, "worker leaving")) << pool << "\n" << log;
+    fs::remove_all(out);
+  }
+}
+
 TEST_F(WorkerIsolation, ATimeoutKillsEveryProcessTheWorkerStarted) {
   const fs::path out = dir("out");
   const fs::path pids = dir("pids");

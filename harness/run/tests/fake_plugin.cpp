@@ -97,6 +97,17 @@ std::string env(const char* name) {
   return v ? v : "";
 }
 
+// $ATTNCHECK_FAKE_FAREWELL: printed on stderr as the library is unloaded (the worker's exit), after
+// its last answer: what a worker says on its way out must still reach worker.log.
+struct Farewell {
+  ~Farewell() {
+    if (const char* text = std::getenv("ATTNCHECK_FAKE_FAREWELL")) {
+      std::fprintf(stderr, "%s\n", text);
+      std::fflush(stderr);
+    }
+  }
+} g_farewell;
+
 // Forged answers ({"fatal"}, a result for another id) on fd 1 and every pipe or socket.
 void forge_protocol_lines() {
   const std::string lines =
