@@ -154,6 +154,8 @@ def test_gpu_job_runs_one_process_with_a_pool_per_visible_gpu(fake_machine):
     assert "**Coverage audit** (tier quick)" in md
     assert "**Mutation score** 1/1" in md  # the stand-in fails every case of a mutant
     assert "kernel mode, tier quick, arch gfx942, backend hip, GPUs 3,5" in p.stdout
+    # the report's heatmaps were drawn from the merged tier beside the mutants, then read back
+    assert "heatmap(s) drawn into" in p.stdout and not (f["out"] / ".heatmaps").exists()
     # every mutant in one `attncheck mutants` run over both GPUs, killed by its first failures
     margv = json.loads((f["out"] / "mutants" / "argv.json").read_text())
     assert margv[0] == "mutants" and margv[margv.index("--gpus") + 1] == "3,5"
