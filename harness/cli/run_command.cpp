@@ -581,9 +581,9 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
     if (!missing.empty()) return 2;
   }
   // One verdict per golden file for the whole run: a file that fails, crashes or hangs its reader
-  // is read once, here; its cases (moved behind the `runnable` others) fail at once, naming it.
-  // A pool takes the verdicts while its workers start (before any case is sent); in process,
-  // before the run.
+  // is read once; its cases fail at once, naming it. A pool takes the verdicts while its workers
+  // start and never sends those cases; in process they come first, and the cases are moved
+  // behind the `runnable` others.
   GoldenCheck golden_check;
   try {
     if (a.in_process)
