@@ -20,6 +20,7 @@
 #pragma once
 #include <any>
 #include <functional>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -163,7 +164,7 @@ class TypedOp : public Op {
   // The only reader of a case's values: fields missing from `params` keep P{}'s defaults.
   P bind(const attncheck::Params& params) const {
     P p{};
-    for (const auto& f : fields().list()) {
+    for (const auto& f : field_list().list()) {
       const auto it = params.find(f.axis.name);
       if (it != params.end()) f.read(p, *it);
     }
@@ -173,7 +174,7 @@ class TypedOp : public Op {
   // The inverse of bind: every field's value.
   attncheck::Params to_params(const P& p) const {
     attncheck::Params out = attncheck::Params::object();
-    for (const auto& f : fields().list()) out[f.axis.name] = f.write(p);
+    for (const auto& f : field_list().list()) out[f.axis.name] = f.write(p);
     return out;
   }
   // The id of the case these parameters describe (inputs are seeded by it).
@@ -189,7 +190,7 @@ class TypedOp : public Op {
   // ---- Op ----
   std::vector<Axis> axes() const final {
     std::vector<Axis> out;
-    for (const auto& f : fields().list()) out.push_back(f.axis);
+    for (const auto& f : field_list().list()) out.push_back(f.axis);
     return out;
   }
   std::optional<std::string> invalid_reason(const attncheck::Params& params) const final {
@@ -219,6 +220,15 @@ class TypedOp : public Op {
                                            const Contract& contract) const final {
     return contract_checks(prob, typed(prob), expected, contract);
   }
+
+ private:
+  // fields(), built once: bind, to_params and axes() read it for every case loaded.
+  const Fields<P>& field_list() const {
+    std::call_once(fields_once_, [this] { fields_cache_.emplace(fields()); });
+    return *fields_cache_;
+  }
+  mutable std::once_flag fields_once_;
+  mutable std::optional<Fields<P>> fields_cache_;
 };
 
 // A contract-dependent typed op: it derives its budgets for any contract in contract_checks(P);
