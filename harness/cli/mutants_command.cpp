@@ -385,7 +385,7 @@ int cmd_mutants(const Paths& paths, const MutantsArgs& m) {
               << l.cases.size() << std::setw(10) << l.summary.compared << std::setw(9)
               << l.summary.failures << std::setw(9) << skipped << "\n";
   }
-  if (a.profile) print_profile(all, wall_s, parent_s, pool_use, plan.jobs);
+  if (a.profile) print_profile(all, wall_s, parent_s, pool_use, plan.jobs, plan.processes());
   std::cout << "wall time " << std::fixed << std::setprecision(1) << wall_s
             << " s\nresults: " << fs::absolute(a.out).string() << "/<library>\n";
   // Failing cases are what a mutant is for: the report judges them (mutation analysis). Only a

@@ -331,7 +331,7 @@ std::map<std::string, double> phase_seconds(const std::vector<Result>& results) 
 }
 
 void print_profile(const std::vector<Result>& results, double wall_s, double parent_s,
-                   const std::vector<PoolUse>& pools, int jobs) {
+                   const std::vector<PoolUse>& pools, int jobs, int processes) {
   const auto phases = phase_seconds(results);
   double sum = 0;
   for (const auto& [name, v] : phases) sum += v;
@@ -347,6 +347,16 @@ void print_profile(const std::vector<Result>& results, double wall_s, double par
     std::cout << "  " << std::left << std::setw(11) << name << std::right << std::setw(9)
               << std::setprecision(2) << v << std::setw(7) << std::setprecision(1)
               << (sum > 0 ? 100 * v / sum : 0) << "%\n";
+  }
+  // Held inside upload..download; near 100% of the wall in each process, the lock bounds it.
+  double locked_s = 0;
+  for (const auto& r : results) locked_s += r.timings.locked_ms / 1e3;
+  if (locked_s > 0) {
+    const int n = std::max(processes, 1);
+    std::cout << "  the launch lock held " << std::setprecision(2) << locked_s
+              << " s in all: " << std::setprecision(0)
+              << (wall_s > 0 ? 100 * locked_s / (n * wall_s) : 0) << "% of the wall in each of "
+              << n << " worker process(es)\n";
   }
   std::map<std::string, std::vector<const Result*>> per_op;
   for (const auto& r : results) per_op[r.op].push_back(&r);
@@ -910,7 +920,9 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
       std::cerr << "attncheck: --shrink: " << e.what() << "\n";
     }
   }
-  if (a.profile) print_profile(results, wall_s, parent_s, pool_use, a.in_process ? 0 : plan.jobs);
+  if (a.profile)
+    print_profile(results, wall_s, parent_s, pool_use, a.in_process ? 0 : plan.jobs,
+                  a.in_process ? 1 : plan.processes());
   std::cout << "wall time " << std::fixed << std::setprecision(1) << wall_s << " s\n";
 
   if (!a.out.empty()) {

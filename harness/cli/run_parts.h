@@ -86,9 +86,10 @@ void count_round_trip(std::vector<PoolUse>& use, const PoolPlan& plan,
 // Seconds per phase over every result.
 std::map<std::string, double> phase_seconds(const std::vector<Result>& results);
 
-// --profile: where the time went, per phase and per op, and the pools' balance.
+// --profile: where the time went, per phase and per op, the launch lock's share of each worker
+// process's wall, and the pools' balance.
 void print_profile(const std::vector<Result>& results, double wall_s, double parent_s,
-                   const std::vector<PoolUse>& pools, int jobs);
+                   const std::vector<PoolUse>& pools, int jobs, int processes);
 
 // What run.json says of a run besides its outcome.
 struct RunDescription {

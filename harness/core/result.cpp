@@ -210,6 +210,7 @@ nlohmann::json Result::to_json() const {
                       {"kernel_entry", kernel_entry},
                       {"expected_from", expected_from}};
   if (timings.launches) j["launches"] = timings.launches;
+  if (timings.locked_ms > 0) j["locked_ms"] = std::round(timings.locked_ms * 1e3) / 1e3;
   if (!bundle.empty()) j["bundle"] = bundle;
   if (!contract.empty()) j["contract"] = contract;
   if (device_error) j["device_error"] = true;
@@ -262,6 +263,7 @@ Result Result::from_json(const nlohmann::json& j) {
     }
     r.timings = timings_from_json(j.value("timings_ms", nlohmann::json::object()));
     r.timings.launches = j.value("launches", 0);
+    r.timings.locked_ms = j.value("locked_ms", 0.0);
     r.arch = j.value("arch", "");
     r.repro = j.value("repro", "");
     r.kernel_entry = j.value("kernel_entry", "");

@@ -55,6 +55,10 @@ struct Timings {
   double ipc_ms = 0;        // parent-side: the round trip minus the worker's time (queueing,
                             // JSON, pipes); 0 in-process
   int launches = 0;
+  // Not a phase: how long the case's launches held the process's launch lock (run/device.h),
+  // inside upload, kernel, relaunch and download. Against a pool's wall time it says whether
+  // the lock bounds a worker process.
+  double locked_ms = 0;
   double total_ms() const;  // the sum of the phases
 };
 // The phases' names as results.jsonl writes them ("generate", "golden", ...), in the order of a
@@ -104,7 +108,7 @@ struct Result {
   // The launch returned ATTNCHECK_ERROR or device I/O failed: the GPU context may be unusable
   // (sticky faults), so the worker process that ran it retires after reporting it.
   bool device_error = false;
-  std::optional<StressStats> stress;  // only with --stress
+  std::optional<StressStats> stress;        // only with --stress
   std::vector<RelationOutcome> invariance;  // the op's relations, after the checks passed
 
   bool failing() const { return is_failing(verdict); }

@@ -649,11 +649,17 @@ namespace {
 // fail is the one recorded even when other threads' launches fail after it.
 class LaunchSection {
  public:
-  explicit LaunchSection(const KernelLibrary& lib)
-      : lib_(lib), lock_(lib.exclusive()), exceptions_(std::uncaught_exceptions()) {}
+  // `held_ms` (may be null) gets the time the lock was held.
+  explicit LaunchSection(const KernelLibrary& lib, double* held_ms = nullptr)
+      : lib_(lib),
+        lock_(lib.exclusive()),
+        exceptions_(std::uncaught_exceptions()),
+        held_ms_(held_ms),
+        acquired_(std::chrono::steady_clock::now()) {}
   ~LaunchSection() {
     if (lock_.owns_lock() && (failed_ || std::uncaught_exceptions() > exceptions_))
       lib_.note_device_error();
+    if (lock_.owns_lock()) count_held();
   }
   LaunchSection(const LaunchSection&) = delete;
   LaunchSection& operator=(const LaunchSection&) = delete;
@@ -661,13 +667,22 @@ class LaunchSection {
   // The device calls are done; the host work after them runs unlocked.
   void release() {
     if (failed_) lib_.note_device_error();
+    count_held();
     lock_.unlock();
   }
 
  private:
+  void count_held() {
+    if (held_ms_)
+      *held_ms_ +=
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - acquired_)
+              .count();
+  }
   const KernelLibrary& lib_;
   std::unique_lock<std::recursive_mutex> lock_;
   int exceptions_;
+  double* held_ms_;
+  std::chrono::steady_clock::time_point acquired_;
   bool failed_ = false;
 };
 
@@ -892,7 +907,7 @@ DeviceOutcome DeviceRunner::run_unguarded(const Problem& p, const LaunchConditio
   char msg[kMsg] = {0};
   std::vector<std::span<const std::byte>> images;
   {
-    LaunchSection section(lib_);
+    LaunchSection section(lib_, &timings_.locked_ms);
     bufs.send();
     Marshalled m = marshal(p, bufs, arch_.rfind("gfx", 0) == 0);
     prepare_launch(when);
@@ -940,7 +955,7 @@ DeviceOutcome DeviceRunner::replay(const Problem& captured, const Problem& repla
     const auto* ext = lib_.extension();
     DeviceBuffers bufs(lib_, *blocks_, *pinned_);
     bufs.plan(captured);
-    LaunchSection section(lib_);
+    LaunchSection section(lib_, &timings_.locked_ms);
     bufs.send();
     Marshalled m = marshal(captured, bufs, arch_.rfind("gfx", 0) == 0);
     const std::string params = captured.kernel_params.dump();

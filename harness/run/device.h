@@ -114,6 +114,7 @@ struct LaunchTimings {
   double launch_ms = 0;    // the library's run(), every launch
   double download_ms = 0;  // device-to-host copies and releases
   double guards_ms = 0;    // guard bytes and bytes the kernel must not write
+  double locked_ms = 0;    // held the launch lock (inside the three above and the launches)
   int launches = 0;
 };
 

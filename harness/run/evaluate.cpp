@@ -604,6 +604,7 @@ void complete_timings(Timings& t, const DeviceRunner* device, double total_ms) {
     t.relaunch_ms += std::max(0.0, l.launch_ms - t.kernel_ms);
     t.download_ms += l.download_ms;
     t.guards_ms += l.guards_ms;
+    t.locked_ms += l.locked_ms;
     t.launches += l.launches;
   }
   t.other_ms = 0;

@@ -434,9 +434,9 @@ TEST_F(Cli, APoolSetsAsideTheCasesOfACorruptGoldenAsInProcess) {
   std::map<std::string, std::map<std::string, std::string>> got;  // mode -> id -> message
   for (const std::string mode : {"--jobs 2", "--jobs 2 --threads-per-worker 2", "--in-process"}) {
     const fs::path out = dir("out" + std::to_string(got.size()));
-    const Output o = sh(kBin + " --cases " + kData + "/cases --golden " + copy.string() +
-                        " run --tier smoke --kernels " + kFake + " " + mode + " --out " +
-                        out.string());
+    const Output o =
+        sh(kBin + " --cases " + kData + "/cases --golden " + copy.string() +
+           " run --tier smoke --kernels " + kFake + " " + mode + " --out " + out.string());
     EXPECT_EQ(o.status, 1) << mode << "\n" << o.text;
     std::istringstream lines(read(out / "results.jsonl"));
     auto& mine = got[mode];
@@ -639,8 +639,9 @@ TEST_F(Cli, PoolsPerGpuProfileAndDurations) {
          " --gpus 0,1 --jobs-per-gpu 2 --profile --out " + (d / "out").string());
   EXPECT_NE(o.status, 2) << o.text;
   // A GPU's cases run in threads of one worker process (the fake declares any_thread).
-  EXPECT_TRUE(has(o.text, "pools: GPU 0: 2, GPU 1: 2 case(s) at once (CUDA_VISIBLE_DEVICES) in 2 "
-                          "worker process(es) of 2 threads"))
+  EXPECT_TRUE(has(o.text,
+                  "pools: GPU 0: 2, GPU 1: 2 case(s) at once (CUDA_VISIBLE_DEVICES) in 2 "
+                  "worker process(es) of 2 threads"))
       << o.text;
   EXPECT_TRUE(has(o.text, "\nprofile: ")) << o.text;
   EXPECT_TRUE(has(o.text, "pools ended within")) << o.text;
@@ -658,8 +659,16 @@ TEST_F(Cli, PoolsPerGpuProfileAndDurations) {
     if (r.value("launches", 0) > 0) {
       ++launched;
       EXPECT_TRUE(r["timings_ms"].contains("kernel")) << r.dump();
+      // The launch lock's hold, inside the device phases and not one of them.
+      const auto& t = r["timings_ms"];
+      const double device_ms = t.value("upload", 0.0) + t.value("kernel", 0.0) +
+                               t.value("relaunch", 0.0) + t.value("download", 0.0);
+      EXPECT_GT(r.value("locked_ms", 0.0), 0.0) << r.dump();
+      EXPECT_LE(r.value("locked_ms", 0.0), device_ms + 1.0) << r.dump();  // + the case context
+      EXPECT_FALSE(t.contains("locked")) << r.dump();
     }
   EXPECT_GT(launched, 0);
+  EXPECT_TRUE(has(o.text, "% of the wall in each of 2 worker process(es)")) << o.text;
 
   std::ofstream(d / "durations.json") << R"({"cases": {"page_indices/x": -1}})";
   const Output bad = sh(at() + " run --kernels " + kFake + " --durations " +
