@@ -250,19 +250,15 @@ int cmd_mutants(const Paths& paths, const MutantsArgs& m) {
   auto options_of = [&](size_t t) { return options_for(task_of[t].lib); };
   std::vector<double> round_trip_ms;
   WorkerSpec spec;
-  spec.jobs = plan.processes();
-  spec.threads = plan.threads;
-  // As many waiting as running: a thread that finished finds its library's next case among the
-  // next ones in lane order (one per lane).
-  spec.queued_per_worker = plan.threads;
-  spec.slot_env = plan.slot_env();
-  spec.case_timeout_s = a.timeout_s;
   try {
-    spec.memory_limit = worker_memory_limit(a.worker_memory, plan.processes());
+    spec = pool_worker_spec(plan, a);
   } catch (const std::invalid_argument& e) {
     std::cerr << "attncheck: " << e.what() << "\n";
     return 2;
   }
+  // As many waiting as running: a thread that finished finds its library's next case among the
+  // next ones in lane order (one per lane).
+  spec.queued_per_worker = plan.threads;
   std::optional<OutputStream> worker_log;
   try {
     worker_log.emplace(fs::path(a.out) / "worker.log", OutputStream::Mode::append);

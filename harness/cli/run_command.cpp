@@ -446,6 +446,16 @@ nlohmann::json describe_run(const RunDescription& d, const std::optional<nlohman
                         {"timings_s", timings}};
 }
 
+WorkerSpec pool_worker_spec(const PoolPlan& plan, const RunArgs& a) {
+  WorkerSpec spec;
+  spec.jobs = plan.processes();
+  spec.threads = plan.threads;
+  spec.slot_env = plan.slot_env();
+  spec.case_timeout_s = a.timeout_s;
+  spec.memory_limit = worker_memory_limit(a.worker_memory, plan.processes());
+  return spec;
+}
+
 std::vector<std::string> worker_args(const Paths& paths, const RunArgs& a,
                                      const std::string& kernels, const std::string& repro_dir,
                                      const PoolPlan& plan,
@@ -639,7 +649,6 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
     return 2;
   }
   if (a.in_process) plan = PoolPlan{};
-  const auto slot_env = plan.slot_env();
   std::vector<PoolUse> pool_use = pool_uses(plan);
   double parent_s = 0;  // the parent's own time per result: parsing, writing, printing
   std::vector<Result> results(cases.size());
@@ -751,12 +760,8 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
     }
   } else {
     WorkerSpec spec;
-    spec.jobs = plan.processes();
-    spec.threads = plan.threads;
-    spec.slot_env = slot_env;
-    spec.case_timeout_s = a.timeout_s;
     try {
-      spec.memory_limit = worker_memory_limit(a.worker_memory, plan.processes());
+      spec = pool_worker_spec(plan, a);
     } catch (const std::invalid_argument& e) {
       std::cerr << "attncheck: " << e.what() << "\n";
       return 2;
@@ -795,7 +800,7 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
     cb.on_hello = announce;
     cb.on_round_trip = [&](size_t t, size_t slot, double ms) {
       round_trip_ms[order[t]] = ms;
-      count_round_trip(pool_use, plan, slot_env, slot, ms,
+      count_round_trip(pool_use, plan, spec.slot_env, slot, ms,
                        std::chrono::duration<double>(Clock::now() - t0).count());
     };
     cb.on_result = [&, order](size_t t, const nlohmann::json& j) {

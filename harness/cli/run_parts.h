@@ -12,6 +12,7 @@
 
 #include "cli/commands.h"
 #include "core/safe_output.h"
+#include "run/pool.h"
 #include "run/results.h"
 #include "run/scheduling.h"
 
@@ -56,6 +57,10 @@ GoldenCheck start_golden_check(const std::string& dir, const std::vector<Case>& 
 // --out, opened and locked until the handle closes: a second run into it is refused instead of
 // interleaving or replacing results. Throws std::runtime_error naming it.
 DirHandle lock_out_dir(const std::string& out);
+
+// The pool's WorkerSpec for `plan`: its processes and threads, each slot's environment, the case
+// timeout and the memory limit (--worker-memory: std::invalid_argument when malformed).
+WorkerSpec pool_worker_spec(const PoolPlan& plan, const RunArgs& a);
 
 // `attncheck worker`'s arguments for a run's pool (after the executable).
 std::vector<std::string> worker_args(const Paths& paths, const RunArgs& a,

@@ -415,10 +415,26 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
   const std::string worker_name =
       "the worker process (" + spec.exe + (spec.args.empty() ? "" : " " + spec.args[0]) + ")";
   auto work_left = [&] { return next < tasks.size() || !again.empty() || !isolated.empty(); };
-  // Tasks from `next` on that stop_dispatching took out of the run (on_not_run has them).
+  // What the worker printed since: to the log and its kept tail; its stderr closed at end of file.
+  auto read_stderr = [&](Worker& w) {
+    std::string chunk;
+    const bool open = drain(w.err, chunk);
+    if (!chunk.empty()) {
+      if (log.is_open()) log << chunk << std::flush;
+      w.err_tail += chunk;
+      if (w.err_tail.size() > kTailBytes) w.err_tail.erase(0, w.err_tail.size() - kTailBytes);
+    }
+    if (!open) close_fd(w.err);
+  };
+  // Tasks from `next` on that stop_dispatching or before_dispatch took out of the run.
   std::vector<char> not_started(tasks.size(), 0);
   auto skip_not_started = [&] {
     while (next < tasks.size() && not_started[next]) ++next;
+  };
+  // A waiting task taken out of the run: on_not_run has it.
+  auto not_run = [&](size_t idx) {
+    ++done;
+    if (cb.on_not_run) cb.on_not_run(idx);
   };
   // The waiting tasks that stop_dispatching now excludes go to on_not_run: asked again once a
   // task has ended since (`done` moved), as only an outcome can change the answer.
@@ -427,8 +443,7 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
     if (!cb.stop_dispatching || !cb.on_not_run) return;
     auto stopped = [&](size_t idx) {
       if (!cb.stop_dispatching(idx)) return false;
-      ++done;
-      cb.on_not_run(idx);
+      not_run(idx);
       return true;
     };
     std::erase_if(isolated, stopped);
@@ -637,8 +652,7 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
     for (size_t idx : cb.before_dispatch()) {
       if (idx >= tasks.size() || not_started[idx]) continue;
       not_started[idx] = 1;
-      ++done;
-      if (cb.on_not_run) cb.on_not_run(idx);
+      not_run(idx);
     }
     skip_not_started();
   }
@@ -705,16 +719,7 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
 
     for (auto& w : workers) {
       if (w.pid < 0) continue;
-      if (w.err >= 0) {
-        std::string chunk;
-        const bool open = drain(w.err, chunk);
-        if (!chunk.empty()) {
-          if (log.is_open()) log << chunk << std::flush;
-          w.err_tail += chunk;
-          if (w.err_tail.size() > kTailBytes) w.err_tail.erase(0, w.err_tail.size() - kTailBytes);
-        }
-        if (!open) close_fd(w.err);
-      }
+      if (w.err >= 0) read_stderr(w);
       if (w.out >= 0) {
         const bool open = drain(w.out, w.out_buf);
         bool killed = false;
@@ -809,10 +814,8 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
       Worker& w = *owners[k];
       const bool gone = exited_by(w.pid, Clock::now());
       if (fds[k].revents == 0 && !gone) continue;
-      std::string chunk;
-      const bool open = drain(w.err, chunk);
-      if (!chunk.empty()) log << chunk << std::flush;
-      if (!open || gone) close_fd(w.err);
+      read_stderr(w);
+      if (gone) close_fd(w.err);
     }
   }
   for (auto& w : workers) {
