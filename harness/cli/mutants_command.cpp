@@ -281,6 +281,9 @@ int cmd_mutants(const Paths& paths, const MutantsArgs& m) {
       std::cout << "  NO DEVICE: " << h.value("no_device", "") << "\n";
     std::cout << "  pools: " << describe_pools(plan) << "\n" << std::flush;
   };
+  cb.on_worker_started = [&](size_t slot, double start_s) {
+    count_worker_start(pool_use, plan, spec.slot_env, slot, start_s);
+  };
   cb.on_round_trip = [&](size_t t, size_t slot, double ms) {
     round_trip_ms[t] = ms;
     count_round_trip(pool_use, plan, spec.slot_env, slot, ms,

@@ -231,9 +231,10 @@ std::vector<PoolUse> pool_uses(const PoolPlan& plan) {
   return use;
 }
 
-void count_round_trip(std::vector<PoolUse>& use, const PoolPlan& plan,
-                      const std::vector<std::vector<std::string>>& slot_env, size_t slot, double ms,
-                      double ended_s) {
+namespace {
+// The pool of worker slot `slot`: its environment's first setting names its GPU.
+PoolUse& pool_of_slot(std::vector<PoolUse>& use, const PoolPlan& plan,
+                      const std::vector<std::vector<std::string>>& slot_env, size_t slot) {
   PoolUse* u = &use.front();
   if (!plan.pools.empty() && !slot_env.empty()) {
     const std::string& setting = slot_env[slot % slot_env.size()].front();  // VARIABLE=gpu
@@ -241,9 +242,26 @@ void count_round_trip(std::vector<PoolUse>& use, const PoolPlan& plan,
     for (auto& candidate : use)
       if (candidate.gpu == gpu) u = &candidate;
   }
-  ++u->cases;
-  u->busy_s += ms / 1e3;
-  u->finished_s = ended_s;
+  return *u;
+}
+}  // namespace
+
+void count_round_trip(std::vector<PoolUse>& use, const PoolPlan& plan,
+                      const std::vector<std::vector<std::string>>& slot_env, size_t slot, double ms,
+                      double ended_s) {
+  PoolUse& u = pool_of_slot(use, plan, slot_env, slot);
+  ++u.cases;
+  u.busy_s += ms / 1e3;
+  u.finished_s = ended_s;
+}
+
+void count_worker_start(std::vector<PoolUse>& use, const PoolPlan& plan,
+                        const std::vector<std::vector<std::string>>& slot_env, size_t slot,
+                        double start_s) {
+  PoolUse& u = pool_of_slot(use, plan, slot_env, slot);
+  ++u.starts;
+  u.start_s += start_s;
+  u.longest_start_s = std::max(u.longest_start_s, start_s);
 }
 
 PoolPlan pools_for(const RunArgs& a, bool kernel_mode) {
@@ -313,12 +331,15 @@ std::string describe_pools(const PoolPlan& plan) {
 
 nlohmann::json pools_json(const std::vector<PoolUse>& use) {
   nlohmann::json j = nlohmann::json::array();
-  for (const auto& u : use)
+  for (const auto& u : use) {
     j.push_back({{"gpu", u.gpu},
                  {"jobs", u.jobs},
                  {"cases", u.cases},
                  {"busy_s", std::round(u.busy_s * 1e3) / 1e3},
                  {"finished_s", std::round(u.finished_s * 1e3) / 1e3}});
+    j.back()["worker_starts"] = u.starts;
+    j.back()["worker_start_s"] = std::round(u.start_s * 1e3) / 1e3;
+  }
   return j;
 }
 
@@ -358,6 +379,19 @@ void print_profile(const std::vector<Result>& results, double wall_s, double par
               << (wall_s > 0 ? 100 * locked_s / (n * wall_s) : 0) << "% of the wall in each of "
               << n << " worker process(es)\n";
   }
+  // Workers started beyond the first ones replace retired ones (a device error, processes left
+  // running, a lost case): their starts cost their slots.
+  int starts = 0;
+  double start_s = 0, longest = 0;
+  for (const auto& p : pools) {
+    starts += p.starts;
+    start_s += p.start_s;
+    longest = std::max(longest, p.longest_start_s);
+  }
+  if (starts > 0)
+    std::cout << "  worker processes started: " << starts << " (" << std::max(0, starts - processes)
+              << " beyond the first " << processes << "), " << std::setprecision(2) << start_s
+              << " s from spawn to hello in all, the longest " << longest << " s\n";
   std::map<std::string, std::vector<const Result*>> per_op;
   for (const auto& r : results) per_op[r.op].push_back(&r);
   std::cout << "  op                            cases  seconds  ms/case  largest phases\n";
@@ -798,6 +832,9 @@ int cmd_run(const Paths& paths, const RunArgs& a) {
     lost_opt.repro_extra = path_flags(paths);
     PoolCallbacks cb;
     cb.on_hello = announce;
+    cb.on_worker_started = [&](size_t slot, double start_s) {
+      count_worker_start(pool_use, plan, spec.slot_env, slot, start_s);
+    };
     cb.on_round_trip = [&](size_t t, size_t slot, double ms) {
       round_trip_ms[order[t]] = ms;
       count_round_trip(pool_use, plan, spec.slot_env, slot, ms,

@@ -78,6 +78,9 @@ struct PoolUse {
   int64_t cases = 0;
   double busy_s = 0;
   double finished_s = 0;
+  int starts = 0;      // worker processes that said hello: the first ones and replacements
+  double start_s = 0;  // their seconds from spawn to hello, in all
+  double longest_start_s = 0;
 };
 nlohmann::json pools_json(const std::vector<PoolUse>& use);
 // One PoolUse per pool of the plan (one without GPUs), nothing used yet.
@@ -87,6 +90,10 @@ std::vector<PoolUse> pool_uses(const PoolPlan& plan);
 void count_round_trip(std::vector<PoolUse>& use, const PoolPlan& plan,
                       const std::vector<std::vector<std::string>>& slot_env, size_t slot, double ms,
                       double ended_s);
+// A worker of slot `slot` said hello `start_s` after its spawn: counted to its pool.
+void count_worker_start(std::vector<PoolUse>& use, const PoolPlan& plan,
+                        const std::vector<std::vector<std::string>>& slot_env, size_t slot,
+                        double start_s);
 
 // Seconds per phase over every result.
 std::map<std::string, double> phase_seconds(const std::vector<Result>& results);

@@ -49,9 +49,10 @@ struct Worker {
   int capacity = 1;            // cases at once, as its hello said (WorkerSpec::threads)
   bool isolating = false;      // runs a case alone: nothing else is sent until it is answered
   Clock::time_point deadline;  // of its start, or of its exit once retiring with nothing in flight
-  size_t slot = 0;             // its place in the pool (WorkerSpec::slot_env)
-  int serial = -1;             // spawn number ("{worker}" in the wrapper's arguments)
-  long pending = -1;           // one_case_per_worker: task whose result waits for the exit
+  Clock::time_point spawned_at;  // its fork (on_worker_started: the start's length)
+  size_t slot = 0;               // its place in the pool (WorkerSpec::slot_env)
+  int serial = -1;               // spawn number ("{worker}" in the wrapper's arguments)
+  long pending = -1;             // one_case_per_worker: task whose result waits for the exit
   nlohmann::json pending_result;
 };
 
@@ -141,7 +142,8 @@ Worker spawn(const WorkerSpec& spec, int serial, size_t slot) {
   w.err = perr[0];
   ::fcntl(w.out, F_SETFL, ::fcntl(w.out, F_GETFL) | O_NONBLOCK);
   ::fcntl(w.err, F_SETFL, ::fcntl(w.err, F_GETFL) | O_NONBLOCK);
-  w.deadline = Clock::now() + ms(spec.start_timeout_s);
+  w.spawned_at = Clock::now();
+  w.deadline = w.spawned_at + ms(spec.start_timeout_s);
   return w;
 }
 
@@ -227,7 +229,8 @@ std::string answer_mismatch(const nlohmann::json& j, uint64_t seq, const std::st
 }
 
 // A case is run again at most this often after requeue answers (a worker that keeps answering
-// so, forged or not, cannot keep a run going).
+// so, forged or not, cannot keep a run going). From its second requeue on it runs alone in a
+// worker, where a legitimate worker answers with a result: only a misbehaving one reaches this.
 constexpr int kMaxRequeues = 3;
 
 struct ProcStat {
@@ -558,6 +561,9 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
               : 1;
       // Not here: `workers` is being iterated.
       if (w.capacity < threads) grow_wanted = std::min(grow_wanted, w.capacity);
+      if (cb.on_worker_started)
+        cb.on_worker_started(w.slot,
+                             std::chrono::duration<double>(Clock::now() - w.spawned_at).count());
       if (cb.on_hello) cb.on_hello(hello);
       return true;
     }
@@ -602,7 +608,9 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
         log << "[attncheck] worker " << w.pid << ": " << tasks[idx].id
             << " runs again: " << j["requeue"].get<std::string>() << "\n"
             << std::flush;
-      (j.value("isolate", false) ? isolated : again).push_back(idx);
+      // Requeued a second time: alone in a worker from here on, where no other case's device
+      // error can break its launch, so that another case's faults never exhaust its requeues.
+      (j.value("isolate", false) || requeues[idx] >= 2 ? isolated : again).push_back(idx);
       return true;
     }
     if (cb.on_round_trip)

@@ -81,6 +81,10 @@ struct PoolCallbacks {
   // worker's time on the case plus the pipes and queueing), and the slot of the worker that ran
   // it (WorkerSpec::slot_env); called just before on_result.
   std::function<void(size_t index, size_t slot, double round_trip_ms)> on_round_trip;
+  // A worker said its hello: its slot (WorkerSpec::slot_env) and the seconds from its spawn to
+  // the hello (its GPU context and library load; a worker replacing one that retired costs
+  // its slot that long).
+  std::function<void(size_t slot, double start_s)> on_worker_started;
   // Task `index` produced no acceptable result: `what` says why (signal, exit status, timeout,
   // memory, a rejected line) and ends with the worker's last output lines.
   std::function<void(size_t index, const std::string& what)> on_lost;

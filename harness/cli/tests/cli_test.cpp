@@ -669,6 +669,9 @@ TEST_F(Cli, PoolsPerGpuProfileAndDurations) {
     }
   EXPECT_GT(launched, 0);
   EXPECT_TRUE(has(o.text, "% of the wall in each of 2 worker process(es)")) << o.text;
+  EXPECT_TRUE(has(o.text, "worker processes started: 2 (0 beyond the first 2), ")) << o.text;
+  EXPECT_EQ(run["pools"][0]["worker_starts"], 1) << run.dump();
+  EXPECT_EQ(run["pools"][1]["worker_starts"], 1) << run.dump();
 
   std::ofstream(d / "durations.json") << R"({"cases": {"page_indices/x": -1}})";
   const Output bad = sh(at() + " run --kernels " + kFake + " --durations " +

@@ -46,7 +46,9 @@
 // optionally only for launches whose kernel parameters contain every key/value of the JSON object
 // in $ATTNCHECK_FAKE_FAULT_WHEN. $ATTNCHECK_FAKE_ARCH sets the reported arch (default "fake-cpu");
 // $ATTNCHECK_FAKE_NO_DEVICE=1 makes the library report no device; $ATTNCHECK_FAKE_OMIT (comma-
-// separated entries) leaves entries out of its list. It lists entries as a real library does.
+// separated entries) leaves entries out of its list; $ATTNCHECK_FAKE_STICKY_ERROR=1 makes an
+// injected "error" break the process's context (every later launch fails, as on a GPU). It lists
+// entries as a real library does.
 //
 // The kernel rebuilds the op's Problem from the arguments it is handed: dtypes from DLPack, where
 // uint8 is an fp8 format ("fp8_format" parameter, else the op's default case) unless the op's
@@ -58,6 +60,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -239,7 +242,15 @@ int run_impl(const char* op_name, const char* params_json, const attncheck_arg* 
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   }
   if (fault == "forge") forge_protocol_lines();
+  // A real device fault breaks the process's GPU context: with $ATTNCHECK_FAKE_STICKY_ERROR every
+  // later launch of the process fails too, as other threads' launches do on a GPU.
+  static std::atomic<bool> context_broken{false};
+  if (context_broken.load()) {
+    put(msg, msg_len, "fake context broken by an earlier launch's error");
+    return ATTNCHECK_ERROR;
+  }
   if (fault == "error") {
+    if (std::getenv("ATTNCHECK_FAKE_STICKY_ERROR")) context_broken.store(true);
     put(msg, msg_len, "fake kernel error (injected)");
     return ATTNCHECK_ERROR;
   }
