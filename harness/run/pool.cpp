@@ -516,24 +516,38 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
     size_t can = 0;
     for (const auto& w : workers)
       can += w.ready ? static_cast<size_t>(w.capacity) : static_cast<size_t>(threads);
-    const size_t before = workers.size();
-    while (can < target && workers.size() < target) {
-      workers.push_back(vacant(workers.size()));
+    // Slots, not entries: a retiring worker and its replacement share one.
+    size_t slots = 0;
+    for (const auto& w : workers) slots = std::max(slots, w.slot + 1);
+    const size_t before = slots;
+    while (can < target && slots < target) {
+      workers.push_back(vacant(slots++));
       can += static_cast<size_t>(threads);
     }
-    if (log.is_open() && workers.size() > before)
+    if (log.is_open() && slots > before)
       log << "[attncheck] a worker runs " << capacity << " case(s) at once, not " << threads
-          << ": the pool opens " << workers.size() - before << " more worker process(es)\n"
+          << ": the pool opens " << slots - before << " more worker process(es)\n"
           << std::flush;
   };
 
   int grow_wanted = threads;  // < threads: a hello said so (the smallest capacity said)
 
+  // Slots whose retiring worker gets its replacement now (spawned after the loop over `workers`,
+  // which a spawn would invalidate): the replacement's start (a GPU context, the library's load)
+  // overlaps the retiring worker's last cases and exit instead of following them.
+  std::vector<size_t> replace_now;
   auto retire = [&](Worker& w) {
     if (w.retiring) return;
     w.retiring = true;
     w.deadline = Clock::now() + std::chrono::seconds(30);  // to exit
     close_fd(w.in);
+    if (work_left() || !w.flight.empty()) replace_now.push_back(w.slot);
+  };
+  // Whether another entry than `self` holds a live worker in `slot` (a replacement started
+  // early): then `self`, gone, is not refilled.
+  auto slot_held = [&](size_t slot, const Worker* self) {
+    return std::any_of(workers.begin(), workers.end(),
+                       [&](const Worker& o) { return &o != self && o.pid >= 0 && o.slot == slot; });
   };
 
   // One protocol line from `w`; false when the worker was killed for it.
@@ -674,8 +688,13 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
       grow(grow_wanted);
       grow_wanted = threads;
     }
+    // Entries whose worker is gone while a replacement holds their slot, then the replacements
+    // asked for since the last pass.
+    std::erase_if(workers, [&](const Worker& w) { return w.pid < 0 && slot_held(w.slot, &w); });
+    for (size_t slot : std::exchange(replace_now, {}))
+      if (work_left()) workers.push_back(spawn(spec, spawned++, slot));
     for (auto& w : workers) {
-      if (w.pid < 0 && work_left()) w = spawn(spec, spawned++, w.slot);
+      if (w.pid < 0 && work_left() && !slot_held(w.slot, &w)) w = spawn(spec, spawned++, w.slot);
       if (w.pid < 0 || !w.ready || w.retiring || w.isolating) continue;
       if (w.flight.empty() && !isolated.empty()) {
         w.isolating = true;

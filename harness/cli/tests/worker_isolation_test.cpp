@@ -241,8 +241,50 @@ TEST_F(ThreadedWorkers, OtherCasesFaultsNeverFailACase) {
     }
     EXPECT_GE(faulted, 20);
     EXPECT_GE(healthy, 40);
-    EXPECT_TRUE(has(read(out / "worker.log"), "runs again")) << "no case was sent again";
+    const std::string log = read(out / "worker.log");
+    EXPECT_TRUE(has(log, "runs again")) << "no case was sent again";
   }
+}
+
+// A worker that retires (here after a device error) has its replacement started at once, while
+// its other cases still run, not after them. Six cases, three at once in one worker: the run's
+// first launch fails on the device, every other launch takes 200 ms (one at a time: the launch
+// lock), so the first worker's two other cases run on for most of a second after it decided to
+// retire, while three cases wait for a worker.
+TEST_F(ThreadedWorkers, AReplacementStartsBesideTheWorkerItReplaces) {
+  const fs::path out = dir("out"), once = dir("once");
+  fs::create_directories(once);
+  const Output o =
+      sh("ATTNCHECK_FAKE_TIMELINE=1 ATTNCHECK_FAKE_FAULT=error "
+         "ATTNCHECK_FAKE_FAULT_ONCE=" +
+         (once / "faulted").string() + " ATTNCHECK_FAKE_SLOW_WHEN='{}' " + at() +
+         " run --kernels " + kFake + " --jobs 3 --threads-per-worker 3 --out " + out.string());
+  EXPECT_EQ(o.status, 1) << o.text;
+  int failed = 0;
+  for (const auto& r : records(out))
+    if (r["failing"] == true) {
+      ++failed;
+      EXPECT_TRUE(has(r["message"], "fake kernel error (injected)")) << r;
+    }
+  EXPECT_EQ(failed, 1);
+  EXPECT_EQ(records(out).size(), 6u);
+  // The worker log in order: the replacement was loaded before the first worker's last slow
+  // launch ended.
+  std::vector<std::string> events;
+  std::istringstream log(read(out / "worker.log"));
+  for (std::string line; std::getline(log, line);)
+    if (has(line, "fake library: ")) events.push_back(line.substr(line.find("fake library: ")));
+  const std::string loaded = "fake library: loaded by ";
+  ASSERT_FALSE(events.empty());
+  ASSERT_EQ(events[0].rfind(loaded, 0), 0u) << events[0];
+  const std::string first = events[0].substr(loaded.size());
+  size_t replacement = 0, last_slow = 0;
+  for (size_t k = 1; k < events.size(); ++k) {
+    if (replacement == 0 && events[k].rfind(loaded, 0) == 0) replacement = k;
+    if (events[k] == "fake library: a slow launch of " + first + " ends") last_slow = k;
+  }
+  EXPECT_GT(replacement, 0u) << read(out / "worker.log");
+  EXPECT_LT(replacement, last_slow) << read(out / "worker.log");
 }
 
 TEST_F(ThreadedWorkers, ForgedLinesFailOnlyTheirCase) {

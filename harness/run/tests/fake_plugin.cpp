@@ -56,6 +56,7 @@
 // what the op calls invalid (the ABI's case context) and what the reference rejects on those
 // bytes and parameters.
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -102,7 +103,15 @@ std::string env(const char* name) {
 
 // $ATTNCHECK_FAKE_FAREWELL: printed on stderr as the library is unloaded (the worker's exit), after
 // its last answer: what a worker says on its way out must still reach worker.log.
+// $ATTNCHECK_FAKE_TIMELINE=1: "fake library: loaded by <pid>" as the library is loaded, the order
+// in which workers start (with $ATTNCHECK_FAKE_SLOW_WHEN, below).
 struct Farewell {
+  Farewell() {
+    if (std::getenv("ATTNCHECK_FAKE_TIMELINE")) {
+      std::fprintf(stderr, "fake library: loaded by %d\n", static_cast<int>(::getpid()));
+      std::fflush(stderr);
+    }
+  }
   ~Farewell() {
     if (const char* text = std::getenv("ATTNCHECK_FAKE_FAREWELL")) {
       std::fprintf(stderr, "%s\n", text);
@@ -154,6 +163,13 @@ std::string fault_for(const nlohmann::json& params) {
     const auto w = nlohmann::json::parse(when);
     for (const auto& [k, v] : w.items())
       if (!params.contains(k) || params[k] != v) return "";
+  }
+  // $ATTNCHECK_FAKE_FAULT_ONCE=<file>: only the run's first such launch faults (the one that
+  // creates the file).
+  if (const std::string once = env("ATTNCHECK_FAKE_FAULT_ONCE"); !once.empty()) {
+    const int fd = ::open(once.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0600);
+    if (fd < 0) return "";
+    ::close(fd);
   }
   return f;
 }
@@ -261,6 +277,20 @@ int run_impl(const char* op_name, const char* params_json, const attncheck_arg* 
   if (fault == "refuse") {
     put(msg, msg_len, "fake kernel refuses (injected)");
     return ATTNCHECK_REFUSED;
+  }
+  // $ATTNCHECK_FAKE_SLOW_WHEN (a JSON object, as $ATTNCHECK_FAKE_FAULT_WHEN): launches whose kernel
+  // parameters contain it take 200 ms and then say so on stderr.
+  if (const std::string slow = env("ATTNCHECK_FAKE_SLOW_WHEN"); !slow.empty()) {
+    bool matches = true;
+    const auto when = nlohmann::json::parse(slow);
+    for (const auto& [k, v] : when.items())
+      matches = matches && params.contains(k) && params[k] == v;
+    if (matches) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      std::fprintf(stderr, "fake library: a slow launch of %d ends\n",
+                   static_cast<int>(::getpid()));
+      std::fflush(stderr);
+    }
   }
 
   const std::string fp8 = params.value("fp8_format", std::string());
