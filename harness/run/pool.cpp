@@ -690,7 +690,13 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
     }
     // Entries whose worker is gone while a replacement holds their slot, then the replacements
     // asked for since the last pass.
-    std::erase_if(workers, [&](const Worker& w) { return w.pid < 0 && slot_held(w.slot, &w); });
+    std::vector<size_t> live_slots;
+    for (const auto& w : workers)
+      if (w.pid >= 0) live_slots.push_back(w.slot);
+    std::erase_if(workers, [&](const Worker& w) {
+      return w.pid < 0 &&
+             std::find(live_slots.begin(), live_slots.end(), w.slot) != live_slots.end();
+    });
     for (size_t slot : std::exchange(replace_now, {}))
       if (work_left()) workers.push_back(spawn(spec, spawned++, slot));
     for (auto& w : workers) {
