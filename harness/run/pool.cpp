@@ -541,13 +541,7 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
     w.retiring = true;
     w.deadline = Clock::now() + std::chrono::seconds(30);  // to exit
     close_fd(w.in);
-    if (work_left() || !w.flight.empty()) replace_now.push_back(w.slot);
-  };
-  // Whether another entry than `self` holds a live worker in `slot` (a replacement started
-  // early): then `self`, gone, is not refilled.
-  auto slot_held = [&](size_t slot, const Worker* self) {
-    return std::any_of(workers.begin(), workers.end(),
-                       [&](const Worker& o) { return &o != self && o.pid >= 0 && o.slot == slot; });
+    replace_now.push_back(w.slot);  // spawned if work is left by then
   };
 
   // One protocol line from `w`; false when the worker was killed for it.
@@ -688,19 +682,26 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
       grow(grow_wanted);
       grow_wanted = threads;
     }
-    // Entries whose worker is gone while a replacement holds their slot, then the replacements
-    // asked for since the last pass.
-    std::vector<size_t> live_slots;
-    for (const auto& w : workers)
-      if (w.pid >= 0) live_slots.push_back(w.slot);
-    std::erase_if(workers, [&](const Worker& w) {
-      return w.pid < 0 &&
-             std::find(live_slots.begin(), live_slots.end(), w.slot) != live_slots.end();
-    });
+    // The replacements asked for since the last pass; then one entry per slot: an entry whose
+    // worker is gone is dropped when a live worker (a replacement) or an earlier gone entry holds
+    // its slot, so that below each slot is refilled once at most.
     for (size_t slot : std::exchange(replace_now, {}))
       if (work_left()) workers.push_back(spawn(spec, spawned++, slot));
+    std::vector<size_t> held;
+    for (const auto& w : workers)
+      if (w.pid >= 0) held.push_back(w.slot);
+    std::vector<size_t> dropped;  // indices, ascending
+    for (size_t k = 0; k < workers.size(); ++k) {
+      if (workers[k].pid >= 0) continue;
+      if (std::find(held.begin(), held.end(), workers[k].slot) != held.end())
+        dropped.push_back(k);
+      else
+        held.push_back(workers[k].slot);
+    }
+    for (auto k = dropped.rbegin(); k != dropped.rend(); ++k)
+      workers.erase(workers.begin() + static_cast<std::ptrdiff_t>(*k));
     for (auto& w : workers) {
-      if (w.pid < 0 && work_left() && !slot_held(w.slot, &w)) w = spawn(spec, spawned++, w.slot);
+      if (w.pid < 0 && work_left()) w = spawn(spec, spawned++, w.slot);
       if (w.pid < 0 || !w.ready || w.retiring || w.isolating) continue;
       if (w.flight.empty() && !isolated.empty()) {
         w.isolating = true;

@@ -152,18 +152,23 @@ std::string fault_of_file_name() {
   return fault;
 }
 
+// Whether the kernel parameters contain every key/value of the JSON object in `when` ("" matches
+// every launch).
+bool params_match(const nlohmann::json& params, const std::string& when) {
+  if (when.empty()) return true;
+  const auto w = nlohmann::json::parse(when);
+  for (const auto& [k, v] : w.items())
+    if (!params.contains(k) || params[k] != v) return false;
+  return true;
+}
+
 // The injected fault for this launch, or "".
 std::string fault_for(const nlohmann::json& params) {
   if (params.contains("fault") && params["fault"].is_string()) return params["fault"];
   if (const std::string named = fault_of_file_name(); !named.empty()) return named;
   const std::string f = env("ATTNCHECK_FAKE_FAULT");
   if (f.empty()) return "";
-  const std::string when = env("ATTNCHECK_FAKE_FAULT_WHEN");
-  if (!when.empty()) {
-    const auto w = nlohmann::json::parse(when);
-    for (const auto& [k, v] : w.items())
-      if (!params.contains(k) || params[k] != v) return "";
-  }
+  if (!params_match(params, env("ATTNCHECK_FAKE_FAULT_WHEN"))) return "";
   // $ATTNCHECK_FAKE_FAULT_ONCE=<file>: only the run's first such launch faults (the one that
   // creates the file).
   if (const std::string once = env("ATTNCHECK_FAKE_FAULT_ONCE"); !once.empty()) {
@@ -280,17 +285,11 @@ int run_impl(const char* op_name, const char* params_json, const attncheck_arg* 
   }
   // $ATTNCHECK_FAKE_SLOW_WHEN (a JSON object, as $ATTNCHECK_FAKE_FAULT_WHEN): launches whose kernel
   // parameters contain it take 200 ms and then say so on stderr.
-  if (const std::string slow = env("ATTNCHECK_FAKE_SLOW_WHEN"); !slow.empty()) {
-    bool matches = true;
-    const auto when = nlohmann::json::parse(slow);
-    for (const auto& [k, v] : when.items())
-      matches = matches && params.contains(k) && params[k] == v;
-    if (matches) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-      std::fprintf(stderr, "fake library: a slow launch of %d ends\n",
-                   static_cast<int>(::getpid()));
-      std::fflush(stderr);
-    }
+  if (const std::string slow = env("ATTNCHECK_FAKE_SLOW_WHEN");
+      !slow.empty() && params_match(params, slow)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    std::fprintf(stderr, "fake library: a slow launch of %d ends\n", static_cast<int>(::getpid()));
+    std::fflush(stderr);
   }
 
   const std::string fp8 = params.value("fp8_format", std::string());
