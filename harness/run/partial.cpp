@@ -92,15 +92,41 @@ PartialContract partial_from_json(const nlohmann::json& j) {
   return c;
 }
 
-const std::vector<std::string>& op_outputs(const Op& op) {
+namespace {
+
+// The problems of the op's default case and of the default case with one axis changed to each
+// of its allowed values: together they launch every entry of the ops (rope's `contract` picks
+// rope_inplace or rope_out_of_place). Unbuildable combinations are left out.
+std::vector<Problem> sample_problems(const Op& op) {
+  std::vector<Params> variants = {Params::object()};
+  for (const auto& axis : op.axes())
+    for (const auto& value : axis.allowed) variants.push_back({{axis.name, value}});
+  std::vector<Problem> out;
+  for (const auto& given : variants) {
+    try {
+      out.push_back(op.problem(op.make_case(given)));
+    } catch (const std::exception&) {  // a combination that describes no case
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+const std::vector<std::string>& op_outputs(const Op& op, const std::string& entry) {
   static std::mutex mutex;
-  static std::map<const Op*, std::vector<std::string>> known;
+  static std::map<std::pair<const Op*, std::string>, std::vector<std::string>> known;
   const std::lock_guard<std::mutex> lock(mutex);
-  if (const auto it = known.find(&op); it != known.end()) return it->second;
-  std::vector<std::string> names;
-  for (const auto& a : op.problem(op.make_case(Params::object())).args)
-    if (a.role != Role::input) names.push_back(a.name);
-  return known.emplace(&op, std::move(names)).first->second;
+  const auto key = std::make_pair(&op, entry);
+  if (const auto it = known.find(key); it != known.end()) return it->second;
+  std::vector<std::string> mine, any;  // the entry's problems' outputs; every problem's
+  for (const auto& p : sample_problems(op))
+    for (const auto& a : p.args) {
+      if (a.role == Role::input) continue;
+      auto& into = p.kernel == entry ? mine : any;
+      if (std::find(into.begin(), into.end(), a.name) == into.end()) into.push_back(a.name);
+    }
+  return known.emplace(key, mine.empty() ? any : mine).first->second;
 }
 
 const Op* op_of_entry(const std::string& entry) {
@@ -124,7 +150,7 @@ PartialContract parse_partial(const std::string& json, const Op& op, const std::
                                "\"unspecified\": {output: region}}: " +
                                e.what() + " (declared: " + json + ")");
   }
-  const auto& outputs = op_outputs(op);
+  const auto& outputs = op_outputs(op, entry);
   auto check_output = [&](const std::string& name) {
     if (std::find(outputs.begin(), outputs.end(), name) == outputs.end())
       throw PartialContractError(who + "naming output '" + name + "', which the op does not have" +

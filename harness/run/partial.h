@@ -40,8 +40,9 @@ struct PartialContractError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// The outputs (output and inout arguments) of the op's problems, from its default case; kept.
-const std::vector<std::string>& op_outputs(const Op& op);
+// The outputs (output and inout arguments) of the op's problems that launch `entry`, from its
+// default case and the default with one axis at each allowed value; kept.
+const std::vector<std::string>& op_outputs(const Op& op, const std::string& entry);
 // The op whose kernel_entries() list `entry`, or nullptr.
 const Op* op_of_entry(const std::string& entry);
 
