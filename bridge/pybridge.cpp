@@ -235,6 +235,7 @@ struct State {
   std::string ops;
   std::map<std::string, std::string> contracts;   // entry -> declared arithmetic contract
   std::map<std::string, std::string> properties;  // entry -> declared invariance properties
+  std::map<std::string, std::string> partials;    // entry -> declared partial contract (JSON)
   pid_t pid = 0;                                  // the process that loaded the adapter
 };
 
@@ -290,6 +291,27 @@ int run_code(const char* code) {
   PyObject* globals = PyModule_GetDict(main);  // borrowed
   Ref r(PyRun_String(code, Py_file_input, globals, globals));
   return r ? 0 : -1;
+}
+
+// [(entry, text)] from the _host function `method` into `into`; false (g.error set) when the
+// answer is not such a list.
+bool read_entry_texts(PyObject* host, PyObject* adapter, const char* method, const char* what,
+                      std::map<std::string, std::string>& into) {
+  Ref answer(PyObject_CallMethod(host, method, "O", adapter));
+  Ref items(answer ? PySequence_Fast(answer.get(), "not a sequence") : nullptr);
+  if (!items) {
+    g.error = who() + ": cannot read the entries' " + what + ": " + take_error();
+    return false;
+  }
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(items.get()); ++i) {
+    const char *entry = nullptr, *text = nullptr;
+    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(items.get(), i), "ss", &entry, &text)) {
+      g.error = who() + ": cannot read the entries' " + what + ": " + take_error();
+      return false;
+    }
+    into[entry] = text;
+  }
+  return true;
 }
 
 // Under the GIL: sys setup, attncheck_bridge, the adapter. Sets g.error on failure.
@@ -371,38 +393,14 @@ void load_adapter(bool started) {
   g.library = library;
   g.cuda = std::strcmp(device, "cuda") == 0;
   g.ops = ops;
-  // Each entry's declared contract (validated by attncheck_bridge when the entry registered).
-  Ref contracts(PyObject_CallMethod(host.get(), "entry_contracts", "O", adapter.get()));
-  Ref items(contracts ? PySequence_Fast(contracts.get(), "entry_contracts: not a sequence")
-                      : nullptr);
-  if (!items) {
-    g.error = who() + ": cannot read the entries' contracts: " + take_error();
+  // Each entry's declared contract, invariance properties and partial contract (their form
+  // validated by attncheck_bridge when the entry registered; the names the harness checks).
+  if (!read_entry_texts(host.get(), adapter.get(), "entry_contracts", "contracts", g.contracts) ||
+      !read_entry_texts(host.get(), adapter.get(), "entry_properties", "properties",
+                        g.properties) ||
+      !read_entry_texts(host.get(), adapter.get(), "entry_partials", "partial contracts",
+                        g.partials))
     return;
-  }
-  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(items.get()); ++i) {
-    const char *entry = nullptr, *contract = nullptr;
-    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(items.get(), i), "ss", &entry, &contract)) {
-      g.error = who() + ": cannot read the entries' contracts: " + take_error();
-      return;
-    }
-    g.contracts[entry] = contract;
-  }
-  // Each entry's invariance properties (validated by attncheck_bridge as well).
-  Ref declared(PyObject_CallMethod(host.get(), "entry_properties", "O", adapter.get()));
-  Ref listed(declared ? PySequence_Fast(declared.get(), "entry_properties: not a sequence")
-                      : nullptr);
-  if (!listed) {
-    g.error = who() + ": cannot read the entries' properties: " + take_error();
-    return;
-  }
-  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(listed.get()); ++i) {
-    const char *entry = nullptr, *names = nullptr;
-    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(listed.get(), i), "ss", &entry, &names)) {
-      g.error = who() + ": cannot read the entries' properties: " + take_error();
-      return;
-    }
-    g.properties[entry] = names;
-  }
   g.host = host.release();
   g.adapter = adapter.release();
 }
@@ -663,6 +661,13 @@ const char* properties(const char* op) {
   return it == g.properties.end() ? nullptr : it->second.c_str();
 }
 
+// The extension's `partial`: the entry's declared partial contract as JSON, NULL for none.
+const char* partial(const char* op) {
+  if (!op || !ready()) return nullptr;
+  const auto it = g.partials.find(op);
+  return it == g.partials.end() ? nullptr : it->second.c_str();
+}
+
 // The extension's `case_context`: the case whose launches follow, handed to attncheck_bridge
 // (its `invalid()` and `current_case()`), so that adapters ask the op instead of re-coding it.
 int case_context(const char* case_json, char* msg, size_t msg_len) {
@@ -732,7 +737,7 @@ const attncheck_plugin_ext_v1 g_extension = {sizeof(attncheck_plugin_ext_v1), nu
                                              graph_replay, graph_release, nullptr,
                                              // One thread: adapters keep per-call state in Python
                                              // (torch's current stream is per thread).
-                                             0, nullptr, nullptr};
+                                             0, nullptr, nullptr, partial};
 
 }  // namespace
 
@@ -744,7 +749,7 @@ AC_EXPORT const attncheck_plugin_v1* attncheck_plugin_v1_get(void) {
 }
 
 // The optional extension table (kernels_under_test/attncheck_abi.h): the entries' contracts, the
-// case context and the entries' invariance properties.
+// case context, the entries' invariance properties and partial contracts, graph capture.
 AC_EXPORT const attncheck_plugin_ext_v1* attncheck_plugin_ext_v1_get(void) {
   return &g_extension;
 }

@@ -152,6 +152,17 @@ typedef struct attncheck_plugin_ext_v1 {
      or a library whose `size` ends before these fields: ordinary memory. */
   int (*host_alloc)(size_t bytes, void** ptr, char* msg, size_t msg_len);
   void (*host_release)(void* ptr);
+  /* The partial contract of kernel entry `op` (docs/verification.md "Partial contracts"): a JSON
+     object {"not_produced": [output names], "unspecified": {"<output>": "<region>"}} (either key
+     may be absent). A not-produced output must be left untouched (a write there fails the case);
+     an unspecified region of an output is not compared, though writes must stay inside the
+     output's view. Outputs must be outputs of the op, regions ones the op defines for that output
+     (docs/abi.md lists them): any other name makes the entry's cases errors and `attncheck
+     kernels --check` fail. Every other output and region is judged in full; the contract is
+     named in every result. NULL (the function or its result), or a library whose `size` ends
+     before this field: the entry produces everything. Asked once per entry; the string must stay
+     valid while the library is loaded. */
+  const char* (*partial)(const char* op);
 } attncheck_plugin_ext_v1;
 
 /* Whether `ext` (may be NULL) holds a non-NULL `field`: a library built against an older, shorter

@@ -445,7 +445,8 @@ int background(uint32_t microseconds, char* msg, size_t msg_len) {
   return ATTNCHECK_OK;
 }
 
-// contract NULL: every entry computes under the default arithmetic contract (fp32-accumulate).
+// contract NULL: every entry computes under the default arithmetic contract (fp32-accumulate);
+// partial NULL: no entry declares a partial contract (docs/verification.md "Partial contracts").
 // properties: what each entry's registration declares (kernel_api.h); graph capture of the
 // entries registered graph-safe.
 const attncheck_plugin_ext_v1 kExtension = {
@@ -463,6 +464,8 @@ const attncheck_plugin_ext_v1 kExtension = {
     .any_thread = 1,
     .host_alloc = host_alloc,
     .host_release = host_release,
+    // Every entry of this library produces each of its op's outputs in full.
+    .partial = nullptr,
 };
 
 const attncheck_plugin_v1 kTable = {

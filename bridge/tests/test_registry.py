@@ -194,3 +194,46 @@ def test_shipped_adapters_declare_what_their_code_guarantees():
     ref = _host.load_adapter("numpy_reference")
     assert ref.properties_of("decode_attention") == ("batch-invariant", "split-invariant", "page-order-invariant")
     assert dict(_host.entry_properties(ref)) == {"decode_attention": "batch-invariant,split-invariant,page-order-invariant"}
+
+
+def test_partial_contracts_per_entry_validated_and_handed_to_the_plugin():
+    a = ab.Adapter(name="k")
+    a.add("full", lambda t, p: None)
+    a.add("sparse_mla", lambda t, p: None, partial={"not_produced": ["lse", "lse"]})
+
+    @a.entry("indexer_logits_decode", partial={"unspecified": {"logits": "past_context"}})
+    def logits(t, p):
+        pass
+
+    assert a.partial_of("full") == {"not_produced": [], "unspecified": {}}
+    assert a.partial_of("sparse_mla") == {"not_produced": ["lse"], "unspecified": {}}  # repeat dropped
+    assert a.partial_of("indexer_logits_decode") == {"not_produced": [], "unspecified": {"logits": "past_context"}}
+    assert a.partial_of("absent") is None
+    a.partial_of("sparse_mla")["not_produced"].append("out")  # a copy: the declaration stays
+    assert a.partial_of("sparse_mla")["not_produced"] == ["lse"]
+    # What the C++ side reads (the extension table's `partial`): entries declaring nothing left out.
+    assert _host.entry_partials(a) == [
+        ("sparse_mla", '{"not_produced":["lse"],"unspecified":{}}'),
+        ("indexer_logits_decode", '{"not_produced":[],"unspecified":{"logits":"past_context"}}'),
+    ]
+
+
+@pytest.mark.parametrize(
+    "partial, message",
+    [
+        ({"not_produce": ["lse"]}, "unknown key 'not_produce'; known: not_produced, unspecified"),
+        ({"not_produced": "lse"}, "not_produced must be a list of output names"),
+        ({"not_produced": [""]}, "not_produced holds '', not an output name"),
+        ({"not_produced": [" lse"]}, "not_produced holds ' lse'"),
+        ({"unspecified": ["logits"]}, "unspecified must map output name -> region name"),
+        ({"unspecified": {"logits": 3}}, "unspecified has region 3, not a name"),
+        ({"not_produced": ["logits"], "unspecified": {"logits": "past_context"}}, "both not produced and partly unspecified"),
+        (["lse"], "partial must be a dict"),
+    ],
+)
+def test_bad_partial_declarations_name_the_entry_and_what_is_wrong(partial, message):
+    a = ab.Adapter(name="k")
+    with pytest.raises(ValueError, match=r"adapter 'k', entry 'bad': partial") as e:
+        a.add("bad", lambda t, p: None, partial=partial)
+    assert message in str(e.value)
+    assert a.partial_of("bad") is None

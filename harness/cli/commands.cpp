@@ -19,6 +19,7 @@
 #include "run/cases.h"
 #include "run/coverage.h"
 #include "run/golden.h"
+#include "run/partial.h"
 #include "run/provenance.h"
 #include "run/results.h"
 #include "run/shrink.h"
@@ -456,6 +457,29 @@ int cmd_bench(const Paths& p, const BenchArgs& a) {
   return errors ? 1 : 0;
 }
 
+namespace {
+
+// The partial contracts the library's entries declare (docs/verification.md "Partial
+// contracts"), each checked against its op; how many are bad.
+int print_partial_contracts(const KernelLibrary& lib) {
+  int bad = 0;
+  for (const auto& entry : lib.entries()) {
+    const Op* op = op_of_entry(entry);
+    if (!op || lib.declared_partial(entry).empty()) continue;
+    try {
+      const std::string declared = entry_partial(lib, entry, *op).describe();
+      std::cout << "partial contract: " << entry << ": " << declared << "\n";
+    } catch (const PartialContractError& e) {
+      ++bad;
+      std::cout << "BAD partial contract: " << e.what() << "\n";
+    }
+  }
+  if (bad) std::cout << bad << " entries declare a partial contract their op cannot have\n";
+  return bad;
+}
+
+}  // namespace
+
 int cmd_kernels(const Paths&, const KernelsArgs& a) {
   std::unique_ptr<KernelLibrary> lib;
   try {
@@ -477,7 +501,8 @@ int cmd_kernels(const Paths&, const KernelsArgs& a) {
   }
   std::cout << (missing ? std::to_string(missing) + " entries the ops ask for are missing\n"
                         : "every entry the ops ask for is present\n");
-  return a.check && missing ? 1 : 0;
+  const int bad = print_partial_contracts(*lib);
+  return a.check && (missing || bad) ? 1 : 0;
 }
 
 int cmd_coverage(const Paths& p, const CoverageArgs& a) {

@@ -383,6 +383,7 @@ int cmd_mutants(const Paths& paths, const MutantsArgs& m) {
     std::cout << "  " << std::left << std::setw(40) << l.name << std::right << std::setw(6)
               << l.cases.size() << std::setw(10) << l.summary.compared << std::setw(9)
               << l.summary.failures << std::setw(9) << skipped << "\n";
+    l.summary.print_not_provided(std::cout);  // a Python adapter's ops it lacks, once
   }
   if (a.profile) print_profile(all, wall_s, parent_s, pool_use, plan.jobs, plan.processes());
   std::cout << "wall time " << std::fixed << std::setprecision(1) << wall_s

@@ -213,6 +213,8 @@ nlohmann::json Result::to_json() const {
   if (timings.locked_ms > 0) j["locked_ms"] = std::round(timings.locked_ms * 1e3) / 1e3;
   if (!bundle.empty()) j["bundle"] = bundle;
   if (!contract.empty()) j["contract"] = contract;
+  if (!partial.is_null()) j["partial"] = partial;
+  if (!not_provided_by.empty()) j["not_provided_by"] = not_provided_by;
   if (device_error) j["device_error"] = true;
   if (stress)
     j["stress"] = {
@@ -270,6 +272,10 @@ Result Result::from_json(const nlohmann::json& j) {
     r.expected_from = j.value("expected_from", "");
     r.bundle = j.value("bundle", "");
     r.contract = j.value("contract", "");
+    r.partial = j.value("partial", nlohmann::json());
+    if (!r.partial.is_null() && !r.partial.is_object())
+      throw std::invalid_argument("\"partial\" must be an object or null, got " + r.partial.dump());
+    r.not_provided_by = j.value("not_provided_by", "");
     r.device_error = j.value("device_error", false);
     if (j.contains("stress")) {
       const auto& st = j.at("stress");

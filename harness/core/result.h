@@ -105,6 +105,13 @@ struct Result {
   // default budgets failed and the declared ones were applied; "" for ops whose budgets no
   // contract changes, and when nothing was compared.
   std::string contract;
+  // The partial contract the kernel entry declared and the case was judged under
+  // (docs/verification.md "Partial contracts"): {"not_produced": [outputs], "unspecified":
+  // {output: region}}; null when the entry produces everything, or nothing was judged.
+  nlohmann::json partial;
+  // The Python adapter (`--kernels py:NAME`) that provides no entry for this case: NAME. Such a
+  // case is not run (verdict unsupported) and summed up once per op; "" otherwise.
+  std::string not_provided_by;
   // The launch returned ATTNCHECK_ERROR or device I/O failed: the GPU context may be unusable
   // (sticky faults), so the worker process that ran it retires after reporting it.
   bool device_error = false;

@@ -259,6 +259,11 @@ class IndexerMxfp4LogitsDecodeOp final : public TypedOp<LogitsParams> {
  public:
   using P = LogitsParams;
   std::string name() const override { return "indexer_mxfp4_logits_decode"; }
+  std::vector<OutputRegion> output_regions() const override { return logits_past_context_region(); }
+  bool in_region(const std::string& output, const std::string& region, const Problem& prob,
+                 const Index& idx) const override {
+    return output == "logits" && region == kPastContext && logits_past_context(prob, idx);
+  }
   Fields<P> fields() const override {
     Fields<P> f;
     f.add("heads", "h", &P::heads, "index heads")

@@ -167,6 +167,11 @@ class IndexerLogitsDecodeOp final : public TypedOp<LogitsDecodeParams> {
  public:
   using P = LogitsDecodeParams;
   std::string name() const override { return "indexer_logits_decode"; }
+  std::vector<OutputRegion> output_regions() const override { return logits_past_context_region(); }
+  bool in_region(const std::string& output, const std::string& region, const Problem& prob,
+                 const Index& idx) const override {
+    return output == "logits" && region == kPastContext && logits_past_context(prob, idx);
+  }
   Fields<P> fields() const override {
     Fields<P> f;
     f.add("heads", "h", &P::heads, "index heads: 8/16 per rank when sharded, 32 GLM-5, 64 DSv3.2")

@@ -137,4 +137,19 @@ Case Op::make_case(const Params& given, std::vector<std::string> tiers) const {
   return c;
 }
 
+bool logits_past_context(const Problem& p, const Index& idx) {
+  const Tensor& lens = p.arg("context_lens");
+  const int64_t requests = lens.size(0), rows = p.arg("logits").size(0);
+  if (requests <= 0 || idx.size() != 2) return false;
+  const int64_t next_n = std::max<int64_t>(rows / requests, 1);
+  const int64_t request = std::min(idx[0] / next_n, requests - 1);
+  return idx[1] >= lens.at<int32_t>({request});
+}
+
+std::vector<OutputRegion> logits_past_context_region() {
+  return {{"logits", kPastContext,
+           "the columns at or past each request's context length (context_lens), which a top-k "
+           "over the context never reads"}};
+}
+
 }  // namespace attncheck

@@ -41,6 +41,21 @@ struct Axis {
   FieldType type = FieldType::integer;  // typed ops (ops/typed_op.h) say; else from the default
 };
 
+// A named region of one output that a kernel entry may declare unspecified (its partial contract,
+// docs/verification.md "Partial contracts"): "logits" / "past_context".
+struct OutputRegion {
+  std::string output;
+  std::string region;
+  std::string meaning;  // in words, for messages and docs
+};
+
+// The region "past_context" of a paged decode's `logits` [requests x next_n rows, columns]: the
+// columns at or past each request's context length (`context_lens`), which a top-k over the
+// context never reads. Whether element `idx` of the problem's logits lies in it.
+inline constexpr const char* kPastContext = "past_context";
+bool logits_past_context(const Problem& p, const Index& idx);
+std::vector<OutputRegion> logits_past_context_region();
+
 class Op {
  public:
   virtual ~Op() = default;
@@ -94,6 +109,15 @@ class Op {
   virtual std::optional<GraphVariant> graph_variant(const Problem& p) const {
     (void)p;
     return std::nullopt;
+  }
+  // Partial contracts (docs/verification.md "Partial contracts"): the regions of its outputs a
+  // kernel entry may declare unspecified (none by default), and whether element `idx` of output
+  // `output` of problem `p` lies in region `region` (one of output_regions()).
+  virtual std::vector<OutputRegion> output_regions() const { return {}; }
+  virtual bool in_region(const std::string& output, const std::string& region, const Problem& p,
+                         const Index& idx) const {
+    (void)output, (void)region, (void)p, (void)idx;
+    return false;
   }
   // Why these (completed) parameters describe no case at all (a case-file error), or nothing.
   virtual std::optional<std::string> case_error(const Params& params) const {

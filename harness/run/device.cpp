@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "core/numeric.h"
+#include "run/partial.h"
 
 namespace attncheck {
 
@@ -535,6 +536,11 @@ std::vector<std::string> KernelLibrary::declared_properties(const std::string& e
   return out;
 }
 
+std::string KernelLibrary::declared_partial(const std::string& entry) const {
+  if (!ATTNCHECK_EXT_HAS(ext_, partial)) return "";
+  return declared(partials_, entry, [&] { return ext_->partial(entry.c_str()); });
+}
+
 std::string KernelLibrary::declared(std::map<std::string, std::string>& asked,
                                     const std::string& entry,
                                     const std::function<const char*()>& ask) const {
@@ -934,6 +940,7 @@ DeviceOutcome DeviceRunner::run_unguarded(const Problem& p, const LaunchConditio
     bufs.give_back_all();
   }
   check_read_back(p, bufs, images, out, timings_);
+  settle_launch(lib_, p, out);  // the entry's partial contract (run/partial.h)
   release_clock.emplace(timings_);
   return out;
 }
@@ -992,6 +999,7 @@ DeviceOutcome DeviceRunner::replay(const Problem& captured, const Problem& repla
     bufs.give_back_all();
     section.release();
     check_read_back(replayed, bufs, images, out, timings_);
+    settle_launch(lib_, replayed, out);
   } catch (const std::exception& e) {
     out.status = ATTNCHECK_ERROR;
     out.message = std::string("device I/O failed: ") + e.what();

@@ -51,6 +51,9 @@ class KernelLibrary {
   // The invariance properties the library declares for `entry` (extension table, `properties`),
   // as written; empty when it declares none.
   std::vector<std::string> declared_properties(const std::string& entry) const;
+  // The partial contract the library declares for `entry` (extension table, `partial`), as the
+  // JSON text it wrote; "" when it declares none (run/partial.h reads and checks it).
+  std::string declared_partial(const std::string& entry) const;
   // nullopt when there is no usable device; `why` gets the library's message.
   std::optional<DeviceInfo> device(std::string* why = nullptr) const;
   // Whether the library may be called from several threads, one call at a time (extension table,
@@ -85,7 +88,7 @@ class KernelLibrary {
   std::string declared(std::map<std::string, std::string>& asked, const std::string& entry,
                        const std::function<const char*()>& ask) const;
   mutable std::mutex declared_mutex_;
-  mutable std::map<std::string, std::string> contracts_, properties_;
+  mutable std::map<std::string, std::string> contracts_, properties_, partials_;
   static std::recursive_mutex& launch_mutex();
   static std::optional<std::thread::id> first_device_error_;  // guarded by launch_mutex()
 };

@@ -12,6 +12,7 @@
 #include "run/cases.h"
 #include "run/graph_replay.h"
 #include "run/invariance.h"
+#include "run/partial.h"
 
 namespace attncheck {
 
@@ -36,9 +37,9 @@ class PhaseClock {
   Clock::time_point t0_ = Clock::now();
 };
 
-std::string join(const std::vector<std::string>& parts) {
+std::string join(const std::vector<std::string>& parts, const std::string& sep = "; ") {
   std::string s;
-  for (const auto& p : parts) s += (s.empty() ? "" : "; ") + p;
+  for (const auto& p : parts) s += (s.empty() ? "" : sep) + p;
   return s;
 }
 
@@ -132,9 +133,15 @@ std::string failures_of(const std::vector<CheckResult>& checks) {
 class ContractJudge {
  public:
   // `declared`: the entry's contract; nullopt for ops whose budgets no contract changes.
+  // `partial`: the entry's partial contract; its not-produced outputs are never checked.
   ContractJudge(const Op& op, const Problem& p, const TensorMap& expected,
-                std::optional<Contract> declared, Timings& timings)
-      : op_(op), p_(p), expected_(expected), declared_(declared), timings_(timings) {}
+                std::optional<Contract> declared, const PartialContract& partial, Timings& timings)
+      : op_(op),
+        p_(p),
+        expected_(expected),
+        declared_(declared),
+        partial_(partial),
+        timings_(timings) {}
 
   bool applies() const { return declared_.has_value(); }
   const Contract& declared() const { return *declared_; }
@@ -144,8 +151,9 @@ class ContractJudge {
     for (const auto& [contract, checks] : derived_)
       if (contract == c) return checks;
     const PhaseClock clock(timings_.budgets_ms);
-    derived_.emplace_back(
-        c, c.is_default() ? op_.checks(p_, expected_) : op_.contract_checks(p_, expected_, c));
+    derived_.emplace_back(c, produced_checks(c.is_default() ? op_.checks(p_, expected_)
+                                                            : op_.contract_checks(p_, expected_, c),
+                                             partial_));
     return derived_.back().second;
   }
 
@@ -182,6 +190,7 @@ class ContractJudge {
   const Problem& p_;
   const TensorMap& expected_;
   std::optional<Contract> declared_;
+  const PartialContract& partial_;
   Timings& timings_;
   std::deque<std::pair<Contract, std::vector<OutputCheck>>> derived_;  // stable references
 };
@@ -419,15 +428,52 @@ void judge_refusal(Result& r, const Problem& p, const std::optional<GoldenCase>&
   }
 }
 
+// The adapter's name when `lib` is a Python adapter (`py:NAME` or `py:DIR/NAME.py`), else "".
+std::string adapter_name(const KernelLibrary& lib) {
+  const std::string& path = lib.path();
+  if (path.rfind("py:", 0) != 0) return "";
+  std::string name = path.substr(3);
+  if (const auto slash = name.find_last_of('/'); slash != std::string::npos)
+    name = name.substr(slash + 1);
+  if (name.size() > 3 && name.ends_with(".py")) name.resize(name.size() - 3);
+  return name;
+}
+
+// A Python adapter implements the ops it chooses (docs/bridge.md): a case of an entry it lacks
+// is not provided (unsupported, summed up once per op), never a failure. A native library that
+// lacks an entry fails the case instead: a build that dropped one must never pass. Whether the
+// case was marked so.
+bool not_provided(Result& r, const KernelLibrary& lib, const std::string& op,
+                  const std::string& entry) {
+  const std::string adapter = adapter_name(lib);
+  if (adapter.empty()) return false;
+  r.mode = Mode::none;
+  r.verdict = Verdict::unsupported;
+  r.not_provided_by = adapter;
+  r.message = "not provided by " + adapter + ": the adapter has no entry '" + entry + "' (op " +
+              op + "; entries: " + join(lib.entries()) + ")";
+  return true;
+}
+
 void evaluate_kernel(Result& r, const Op& op, const Case& c, const Problem& p,
                      const std::optional<GoldenCase>& golden, const EvalContext& ctx,
                      CaseArtifacts* artifacts) {
   const KernelLibrary& lib = ctx.device->library();
   if (!lib.has_entry(p.kernel)) {
+    if (not_provided(r, lib, c.op, p.kernel)) return;
     r.mode = Mode::none;
     r.verdict = Verdict::failed;
     r.message = "not run: the kernel library " + lib.library() + " has no entry '" + p.kernel +
                 "' (op " + c.op + ")";
+    return;
+  }
+  // The entry's partial contract; a declaration the op cannot have is the library's error.
+  PartialContract partial;
+  try {
+    partial = entry_partial(lib, p.kernel, op);
+  } catch (const PartialContractError& e) {
+    r.verdict = Verdict::error;
+    r.message = e.what();
     return;
   }
   // The entry's arithmetic contract; an unknown name is the library's error, whatever the op.
@@ -457,10 +503,17 @@ void evaluate_kernel(Result& r, const Op& op, const Case& c, const Problem& p,
     expected = op.reference(p);
     r.expected_from = "reference";
   }
+  if (!partial.empty()) {
+    settle_expected(partial, op, p, expected);
+    r.partial = partial.to_json();
+  }
   if (artifacts) artifacts->expected = expected;
   ContractJudge judge(op, p, expected,
-                      op.contract_dependent() ? declared : std::optional<Contract>(), r.timings);
+                      op.contract_dependent() ? declared : std::optional<Contract>(), partial,
+                      r.timings);
   judge_kernel(r, op, p, judge, *ctx.device, ctx.options, artifacts);
+  if (!partial.empty() && r.mode == Mode::kernel)
+    r.message += " [judged under the entry's partial contract: " + partial.describe() + "]";
 }
 
 void evaluate_reference(Result& r, const Op& op, const Case& c, const Problem& p,
@@ -626,6 +679,12 @@ Result evaluate(const Case& c, const EvalContext& ctx, CaseArtifacts* artifacts)
 
 namespace {
 
+bool none_provided(const Op& op, const KernelLibrary& lib) {
+  const auto entries = op.kernel_entries();
+  return std::none_of(entries.begin(), entries.end(),
+                      [&](const std::string& e) { return lib.has_entry(e); });
+}
+
 Result evaluate_timed(const Case& c, const EvalContext& ctx, CaseArtifacts* artifacts) {
   Result r = skeleton(c, ctx.options);
   const Op* op = find_op(c.op);
@@ -633,6 +692,11 @@ Result evaluate_timed(const Case& c, const EvalContext& ctx, CaseArtifacts* arti
     r.verdict = Verdict::error;
     r.message = "op '" + c.op + "' is not registered in this attncheck";
     return r;
+  }
+  if (ctx.device && none_provided(*op, ctx.device->library()) &&
+      not_provided(r, ctx.device->library(), c.op, join(op->kernel_entries(), "', '"))) {
+    r.kernel_entry = op->kernel_entries().front();
+    return r;  // no inputs made for a case no entry can run
   }
   try {
     const auto t0 = Clock::now();

@@ -16,6 +16,7 @@
 
 #include "core/hdf5io.h"
 #include "core/safe_output.h"
+#include "run/partial.h"
 #include "run/sha256.h"
 
 namespace attncheck {
@@ -117,6 +118,13 @@ void JsonlWriter::append(const std::string& line) {
 }
 
 void Summary::add(const Result& r) {
+  if (!r.not_provided_by.empty()) {
+    ++not_provided[r.not_provided_by][r.op];
+    return;
+  }
+  if (!r.partial.is_null() && r.mode == Mode::kernel)
+    ++partial[r.kernel_entry.empty() ? r.op : r.kernel_entry]
+             [partial_from_json(r.partial).describe()];
   ++per_op[r.op][r.verdict];
   if (r.mode == Mode::kernel) ++kernel_mode[r.op];
   if (r.mode != Mode::none) ++compared;
@@ -148,6 +156,24 @@ void Summary::print(std::ostream& out) const {
   out << std::left << std::setw(static_cast<int>(w)) << "total" << std::right;
   for (Verdict v : kColumns) out << std::setw(12) << total[v];
   out << std::setw(12) << total_kernel << "\n";
+  print_not_provided(out);
+  for (const auto& [entry, contracts] : partial)
+    for (const auto& [contract, n] : contracts)
+      out << "partial contract: " << entry << ": " << n << " case(s) judged with " << contract
+          << "\n";
+}
+
+void Summary::print_not_provided(std::ostream& out) const {
+  for (const auto& [adapter, ops] : not_provided) {
+    int64_t cases = 0;
+    std::string list;
+    for (const auto& [op, n] : ops) {
+      cases += n;
+      list += (list.empty() ? "" : ", ") + op + " " + std::to_string(n);
+    }
+    out << "not provided by " << adapter << ": " << ops.size() << " op(s), " << cases
+        << " case(s), not run (" << list << ")\n";
+  }
 }
 
 std::string junit_xml(const std::vector<nlohmann::json>& results, const std::string& suite_name) {
@@ -177,6 +203,8 @@ std::string junit_xml(const std::vector<nlohmann::json>& results, const std::str
       prop("mode", r->value("mode", ""));
       prop("arch", r->value("arch", ""));
       if (r->contains("contract")) prop("contract", r->value("contract", ""));
+      if (r->contains("partial") && !(*r)["partial"].is_null())
+        prop("partial", (*r)["partial"].dump());
       if (r->contains("params")) prop("params", (*r)["params"].dump());
       if (r->contains("checks"))
         for (const auto& c : (*r)["checks"]) {

@@ -42,8 +42,15 @@ struct Summary {
   std::map<std::string, int64_t> kernel_mode;                // op -> cases in kernel mode
   int64_t compared = 0;                                      // cases that compared anything
   int64_t failures = 0;                                      // Result::failing()
+  // Cases judged under a declared partial contract: entry -> the contract in words -> cases.
+  std::map<std::string, std::map<std::string, int64_t>> partial;
+  // Cases a Python adapter does not provide (not run, not in per_op): adapter -> op -> cases.
+  std::map<std::string, std::map<std::string, int64_t>> not_provided;
   void add(const Result& r);
-  void print(std::ostream& out) const;  // the table, one row per op and a total
+  // The table, one row per op and a total; then the ops not provided, once per adapter, and the
+  // partial contracts cases were judged under, per entry.
+  void print(std::ostream& out) const;
+  void print_not_provided(std::ostream& out) const;
 };
 
 // JUnit XML: one testsuite per op, one testcase per result (classname = op, name = id); check

@@ -29,6 +29,17 @@ attncheck checks the op's relations (requests permuted or alone, another split c
 pages) bitwise for the declared ones and within the op's budgets for the others; declare only
 what the upstream kernel guarantees.
 
+An entry's *partial contract* (docs/verification.md "Partial contracts") declares what it leaves
+out: outputs it does not produce and named regions of an output it leaves unspecified (the op
+defines which regions each output can have)::
+
+    @ADAPTER.entry("sparse_mla", partial={"not_produced": ["lse"]})
+    @ADAPTER.entry("indexer_logits_decode", partial={"unspecified": {"logits": "past_context"}})
+
+attncheck then judges everything else at full strictness, checks that a not-produced output is
+left untouched and that writes to an unspecified region stay inside the output's view, and names
+the contract in every result. A name the op does not have is an error at load.
+
 An entry writes its outputs *in place* through the views it is handed, returns nothing, and
 signals what it cannot do with exceptions:
 
@@ -75,6 +86,8 @@ __all__ = [
     "contract_name",
     "PROPERTIES",
     "property_names",
+    "partial_contract",
+    "PARTIAL_KEYS",
     "current_case",
     "invalid",
     "refuse_if_invalid",
@@ -139,6 +152,45 @@ def property_names(properties) -> tuple:
         if p not in out:
             out.append(p)
     return tuple(out)
+
+
+PARTIAL_KEYS = ("not_produced", "unspecified")
+"""The keys of a partial contract declaration."""
+
+
+def partial_contract(partial) -> dict:
+    """``partial`` (None, or a dict with "not_produced": output names and/or "unspecified":
+    output name -> region name) checked for form and returned canonical: ``{"not_produced":
+    [names in declaration order, no repeats], "unspecified": {output: region}}`` (both keys always
+    present, empty when nothing is declared). ValueError saying what is wrong. Whether the op has
+    those outputs and regions is checked by attncheck when it loads the library (the op knows)."""
+    out = {"not_produced": [], "unspecified": {}}
+    if partial is None:
+        return out
+    if not isinstance(partial, dict):
+        raise ValueError(f"partial must be a dict with keys {', '.join(PARTIAL_KEYS)}, got {partial!r}")
+    unknown = [k for k in partial if k not in PARTIAL_KEYS]
+    if unknown:
+        raise ValueError(f"partial: unknown key {unknown[0]!r}; known: {', '.join(PARTIAL_KEYS)}")
+    names = partial.get("not_produced", ())
+    if isinstance(names, str) or not isinstance(names, (list, tuple)):
+        raise ValueError(f"partial: not_produced must be a list of output names, got {names!r}")
+    for n in names:
+        if not isinstance(n, str) or not n.strip() or n != n.strip():
+            raise ValueError(f"partial: not_produced holds {n!r}, not an output name")
+        if n not in out["not_produced"]:
+            out["not_produced"].append(n)
+    regions = partial.get("unspecified", {})
+    if not isinstance(regions, dict):
+        raise ValueError(f"partial: unspecified must map output name -> region name, got {regions!r}")
+    for o, r in regions.items():
+        for what, v in (("output", o), ("region", r)):
+            if not isinstance(v, str) or not v.strip() or v != v.strip():
+                raise ValueError(f"partial: unspecified has {what} {v!r}, not a name")
+        if o in out["not_produced"]:
+            raise ValueError(f"partial: output {o!r} is both not produced and partly unspecified")
+        out["unspecified"][o] = r
+    return out
 
 
 def contract_name(name) -> str:
@@ -293,11 +345,12 @@ class Adapter:
         self._entries: dict[str, object] = {}
         self._contracts: dict[str, str] = {}
         self._properties: dict[str, tuple] = {}
+        self._partials: dict[str, dict] = {}
         self._exports: dict[str, Export] = {}
         self._graph_capturable: set[str] = set()
 
     def entry(self, name: str, contract: str | None = None, properties=(),
-              export: Export | None = None, graph_capturable: bool = False):
+              export: Export | None = None, graph_capturable: bool = False, partial=None):
         """Decorator registering ``fn(tensors, params)`` as kernel entry ``name`` (the name the
         harness passes as ``op``: "page_indices", "rope_inplace", "rope_out_of_place", ...),
         declaring arithmetic contract ``contract`` (one of ``CONTRACTS``; None: the adapter's),
@@ -307,7 +360,11 @@ class Adapter:
         ``graph_capturable=True`` declares that one call may be captured into a
         ``torch.cuda.CUDAGraph`` and replayed after the arguments' contents changed (no host read
         of argument contents, no host synchronization): the graph-replay step (docs/bridge.md
-        "Graph replay") then judges the replay. Only a "cuda" adapter's entries can be."""
+        "Graph replay") then judges the replay. Only a "cuda" adapter's entries can be.
+
+        ``partial`` declares the entry's partial contract (``partial_contract``): outputs it does
+        not produce (``{"not_produced": ["lse"]}``) and regions of an output it leaves
+        unspecified (``{"unspecified": {"logits": "past_context"}}``); docs/bridge.md."""
         if export is not None and not isinstance(export, Export):
             raise TypeError(f"entry {name!r}: export must be an attncheck_bridge.Export")
         if not isinstance(name, str) or not name or "," in name or any(c.isspace() for c in name):
@@ -328,6 +385,7 @@ class Adapter:
                 raise ValueError(f"adapter {self.name!r}, entry {name!r}: {e}") from None
         try:
             properties = property_names(properties)
+            partial = partial_contract(partial)
         except ValueError as e:
             raise ValueError(f"adapter {self.name!r}, entry {name!r}: {e}") from None
 
@@ -339,6 +397,7 @@ class Adapter:
             self._entries[name] = fn
             self._contracts[name] = contract
             self._properties[name] = properties
+            self._partials[name] = partial
             if export is not None:
                 self._exports[name] = export
             if graph_capturable:
@@ -348,9 +407,9 @@ class Adapter:
         return register
 
     def add(self, name: str, fn, contract: str | None = None, properties=(),
-            graph_capturable: bool = False):
+            graph_capturable: bool = False, partial=None):
         """Non-decorator form of entry()."""
-        return self.entry(name, contract, properties, graph_capturable=graph_capturable)(fn)
+        return self.entry(name, contract, properties, graph_capturable=graph_capturable, partial=partial)(fn)
 
     def graph_capturable(self, name: str) -> bool:
         """Whether entry ``name`` declared itself graph-capturable (entry(graph_capturable=True))."""
@@ -359,6 +418,14 @@ class Adapter:
     def properties_of(self, name: str) -> tuple | None:
         """The invariance properties entry ``name`` declares, None if no such entry."""
         return self._properties.get(name)
+
+    def partial_of(self, name: str) -> dict | None:
+        """The partial contract entry ``name`` declares, canonical (``partial_contract``: both
+        keys present, empty when it declares nothing; a copy), None if no such entry."""
+        p = self._partials.get(name)
+        if p is None:
+            return None
+        return {"not_produced": list(p["not_produced"]), "unspecified": dict(p["unspecified"])}
 
     @property
     def properties(self) -> dict:

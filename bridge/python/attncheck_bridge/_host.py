@@ -111,6 +111,18 @@ def entry_properties(adapter: Adapter):
     return [(e, ",".join(p)) for e, p in adapter.properties.items() if p]
 
 
+def entry_partials(adapter: Adapter):
+    """[(entry, JSON of its partial contract)] for the C++ side (the extension table's
+    ``partial``): ``{"not_produced": [...], "unspecified": {output: region}}``; entries that
+    declare nothing are left out. attncheck checks the names against the op at load."""
+    out = []
+    for e in adapter.ops():
+        p = adapter.partial_of(e)
+        if p["not_produced"] or p["unspecified"]:
+            out.append((e, json.dumps(p, separators=(",", ":"))))
+    return out
+
+
 # --------------------------------------------------------------------------------------------
 # Device
 

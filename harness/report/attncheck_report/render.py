@@ -119,6 +119,31 @@ def _case_row(report: Report, c) -> dict:
     }
 
 
+def _partial_context(report) -> list:
+    """Cases judged under a declared partial contract (docs/verification.md "Partial
+    contracts"): [{op, arch, contract (in words), cases, failing}], by op and contract."""
+    groups: dict = {}
+    for c in report.cases:
+        if c.partial and c.mode == "kernel":
+            g = groups.setdefault((c.op, c.arch, c.partial_text), {"cases": 0, "failing": 0})
+            g["cases"] += 1
+            g["failing"] += int(c.failing)
+    return [{"op": op, "arch": arch, "contract": text, **g}
+            for (op, arch, text), g in sorted(groups.items())]
+
+
+def _not_provided_context(report) -> list:
+    """Ops a Python adapter does not provide (not run, not failures): [{adapter, ops: [(op,
+    cases)], cases}], once per adapter."""
+    by_adapter: dict = {}
+    for c in report.cases:
+        if c.not_provided_by:
+            ops = by_adapter.setdefault(c.not_provided_by, {})
+            ops[c.op] = ops.get(c.op, 0) + 1
+    return [{"adapter": a, "ops": sorted(ops.items()), "cases": sum(ops.values())}
+            for a, ops in sorted(by_adapter.items())]
+
+
 def _invariance_context(report) -> dict:
     """The relations the cases ran (docs/verification.md "Invariance"): how many, bitwise or within
     budget, and each violation with its case."""
@@ -269,6 +294,8 @@ def html_context(report: Report, heatmap_cache: Path | None = None) -> dict:
         "failures_shrunk": any(r["shrunk"] for r in failure_rows),
         "known_bugs": [_case_row(report, c) for c in report.cases if c.verdict == "known_bug"],
         "contracted": [_case_row(report, c) for c in report.cases if c.under_declared_contract],
+        "partial": _partial_context(report),
+        "not_provided": _not_provided_context(report),
         "invariance": _invariance_context(report),
         "unexpected": [_case_row(report, c) for c in report.cases
                        if c.verdict == "unexpected_pass"],
@@ -445,6 +472,15 @@ def write_markdown(report: Report, path: Path, top: int = 10) -> None:
                      " contract** (the default budgets fail): "
                      + ", ".join(f"`{c.id}` ({c.contract})" for c in contracted[:top])
                      + (" …" if len(contracted) > top else ""))
+        lines.append("")
+
+    for g in _partial_context(report):
+        lines.append(f"**Partial contract** `{g['op']}` ({g['arch']}): {g['cases']} case(s) judged"
+                     f" with {g['contract']}, {g['failing']} failing")
+    for g in _not_provided_context(report):
+        lines.append(f"**Not provided by {g['adapter']}**: {len(g['ops'])} op(s), {g['cases']}"
+                     " case(s), not run: " + ", ".join(f"{op} {n}" for op, n in g["ops"]))
+    if _partial_context(report) or _not_provided_context(report):
         lines.append("")
 
     inv = _invariance_context(report)

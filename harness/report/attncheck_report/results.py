@@ -112,9 +112,25 @@ class CaseResult:
     # The op's metamorphic relations (docs/verification.md "Invariance"): dicts with "relation",
     # "mode" ("bitwise" | "budget"), "passed" and "message"; empty when none ran.
     invariance: list = field(default_factory=list)
+    # The partial contract the kernel entry declared and the case was judged under
+    # (docs/verification.md "Partial contracts"): {"not_produced": [...], "unspecified":
+    # {output: region}}; None when the entry produces everything.
+    partial: Optional[dict] = None
+    # The Python adapter that provides no entry for the case (not run); "" otherwise.
+    not_provided_by: str = ""
     # `attncheck run --shrink`: the simplest case found that fails the same check (id, params,
     # case_file_entry, repro, check, evaluations, stopped); None when the failure was not shrunk.
     shrunk: Optional[dict] = None
+
+    @property
+    def partial_text(self) -> str:
+        """The partial contract in words ("'lse' not produced; 'logits' past_context
+        unspecified"), "" when none."""
+        if not self.partial:
+            return ""
+        parts = [f"'{o}' not produced" for o in self.partial.get("not_produced", [])]
+        parts += [f"'{o}' {r} unspecified" for o, r in self.partial.get("unspecified", {}).items()]
+        return "; ".join(parts)
 
     @property
     def under_declared_contract(self) -> bool:
@@ -298,6 +314,17 @@ def _parse_case(raw: Any, run: Run, where: str) -> CaseResult:
     contract = raw.get("contract", "")
     if not isinstance(contract, str):
         raise ResultsError(f"{where}: 'contract' must be a string, got {contract!r}")
+    partial = raw.get("partial")
+    if partial is not None and not (
+            isinstance(partial, dict)
+            and isinstance(partial.get("not_produced", []), list)
+            and all(isinstance(o, str) for o in partial.get("not_produced", []))
+            and isinstance(partial.get("unspecified", {}), dict)
+            and all(isinstance(r, str) for r in partial.get("unspecified", {}).values())):
+        raise ResultsError(f"{where}: 'partial' must be null or {{not_produced: [names], unspecified: {{output: region}}}}, got {partial!r}")
+    not_provided_by = raw.get("not_provided_by", "")
+    if not isinstance(not_provided_by, str):
+        raise ResultsError(f"{where}: 'not_provided_by' must be a string, got {not_provided_by!r}")
     invariance = raw.get("invariance") or []
     if not isinstance(invariance, list) or not all(
             isinstance(o, dict) and isinstance(o.get("relation"), str) and isinstance(o.get("passed"), bool)
@@ -326,6 +353,8 @@ def _parse_case(raw: Any, run: Run, where: str) -> CaseResult:
         run=run,
         contract=contract,
         invariance=invariance,
+        partial=partial,
+        not_provided_by=not_provided_by,
         shrunk=shrunk,
     )
     # The record names its bundle; when the run directory moved since (a CI artifact, merged

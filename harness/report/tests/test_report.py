@@ -321,6 +321,37 @@ def test_contract_is_shown_beside_the_budget_and_contract_passes_are_named(tmp_p
     assert "· contract" not in (tmp_path / "po" / "report.html").read_text()
 
 
+def test_partial_contracts_and_not_provided_ops_are_shown(tmp_path):
+    """Cases judged under a declared partial contract are counted per op with the contract in
+    words; ops a Python adapter does not provide are listed once; a malformed record is an error
+    naming the field (docs/verification.md "Partial contracts")."""
+    records = passing_records()
+    records[0]["partial"] = {"not_produced": ["lse"], "unspecified": {}}
+    records[1]["partial"] = {"not_produced": [], "unspecified": {"logits": "past_context"}}
+    records[1]["verdict"], records[1]["failing"] = "failed", True
+    absent = dict(records[2], verdict="unsupported", failing=False, mode="none",
+                  not_provided_by="vllm_triton", checks=[])
+    records[2] = absent
+    d = synthetic.write_results(tmp_path / "r", records)
+    assert run_report(d, "--out", tmp_path / "o").returncode == 0
+    _, _, md = report_text(tmp_path / "o")
+    assert (f"**Partial contract** `{records[0]['op']}` (gfx942): 1 case(s) judged with 'lse' not"
+            " produced, 0 failing") in md
+    assert "judged with 'logits' past_context unspecified, 1 failing" in md
+    assert f"**Not provided by vllm_triton**: 1 op(s), 1 case(s), not run: {absent['op']} 1" in md
+    html = (tmp_path / "o" / "report.html").read_text()
+    assert 'id="partial"' in html and "&#39;lse&#39; not produced" in html
+    assert "Not provided by vllm_triton" in html
+    plain = synthetic.write_results(tmp_path / "p", passing_records())
+    assert run_report(plain, "--out", tmp_path / "po").returncode == 0
+    _, _, md_plain = report_text(tmp_path / "po")
+    assert "Partial contract" not in md_plain and "Not provided" not in md_plain
+    records[0]["partial"] = {"not_produced": "lse"}
+    bad = synthetic.write_results(tmp_path / "b", records)
+    proc = run_report(bad, "--out", tmp_path / "bo")
+    assert proc.returncode != 0 and "'partial' must be null or" in proc.stderr
+
+
 def test_invariance_relations_are_counted_and_violations_named(tmp_path):
     """The relations each case ran (docs/verification.md "Invariance"): the summary counts them,
     bitwise and within budget, and names every violation with its case; a malformed record is an

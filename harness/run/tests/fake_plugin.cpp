@@ -40,6 +40,11 @@
 // unset, the library declares none (the default).
 // $ATTNCHECK_FAKE_PROPERTIES, when set, is the invariance property list every entry declares
 // through the extension table's `properties` (passed through unchecked).
+// $ATTNCHECK_FAKE_PARTIAL, when set, is the partial contract every entry declares through the
+// extension table's `partial` (passed through unchecked), and the kernel keeps it: it leaves a
+// not-produced output and the elements of an unspecified region (the op's in_region) unwritten.
+// With $ATTNCHECK_FAKE_PARTIAL_WRITES=1 it writes them all the same (a kernel that breaks its
+// declaration).
 //
 // A fault is selected by the kernel parameter "fault", by the library's file name
 // (libattncheck_kernels_mutant_<fault>.so: a copy of this library), or by $ATTNCHECK_FAKE_FAULT,
@@ -230,6 +235,24 @@ const Problem& template_problem(const Op& op) {
   if (it == made.end()) it = made.emplace(op.name(), op.make(op.make_case(Params::object()))).first;
   return it->second;
 }
+// $ATTNCHECK_FAKE_PARTIAL as JSON (null when unset or not JSON: the harness reports the
+// declaration itself).
+nlohmann::json declared_partial() {
+  const std::string text = env("ATTNCHECK_FAKE_PARTIAL");
+  if (text.empty()) return nullptr;
+  const auto j = nlohmann::json::parse(text, nullptr, false);
+  return j.is_object() ? j : nlohmann::json();
+}
+
+// Whether the kernel leaves output `name` unwritten: declared not produced, and kept so.
+bool leaves_unwritten(const nlohmann::json& partial, const std::string& name) {
+  if (!partial.contains("not_produced") || !partial["not_produced"].is_array() ||
+      env("ATTNCHECK_FAKE_PARTIAL_WRITES") == "1")
+    return false;
+  for (const auto& n : partial["not_produced"])
+    if (n == name) return true;
+  return false;
+}
 
 int run_impl(const char* op_name, const char* params_json, const attncheck_arg* args, int n_args,
              char* msg, size_t msg_len) {
@@ -378,15 +401,21 @@ int run_impl(const char* op_name, const char* params_json, const attncheck_arg* 
   }
   const Tensor* first_out = nullptr;
   std::string first_out_name;
+  const nlohmann::json keeps = declared_partial();
   for (const auto& [name, value] : expected) {
-    if (!p.has_arg(name)) continue;
+    if (!p.has_arg(name) || leaves_unwritten(keeps, name)) continue;
     const Tensor& out = p.arg(name);
+    std::string region;  // the unspecified region of this output it leaves unwritten
+    if (keeps.contains("unspecified") && keeps["unspecified"].contains(name) &&
+        keeps["unspecified"][name].is_string() && env("ATTNCHECK_FAKE_PARTIAL_WRITES") != "1")
+      region = keeps["unspecified"][name].get<std::string>();
     // Same dtype, or same-size integer/fp8 codes (uint8 vs fp8): copy bits; else round the value.
     auto wide_float = [](DType t) { return is_floating(t) && !is_fp8(t); };
     const bool bitwise =
         value.dtype() == out.dtype() || (value.element_size() == out.element_size() &&
                                          !wide_float(value.dtype()) && !wide_float(out.dtype()));
     out.for_each_index([&](const Index& idx, int64_t) {
+      if (!region.empty() && op->in_region(name, region, p, idx)) return;
       if (bitwise)
         out.set_bits(idx, value.get_bits(idx));
       else
@@ -600,6 +629,15 @@ const char* properties(const char* op) {
   return list.empty() ? nullptr : list.c_str();
 }
 
+// The declared partial contract: $ATTNCHECK_FAKE_PARTIAL for every entry.
+const char* partial(const char* op) {
+  (void)op;
+  static std::string text;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  text = env("ATTNCHECK_FAKE_PARTIAL");
+  return text.empty() ? nullptr : text.c_str();
+}
+
 // The case context (the ABI's case_context): the fake rebuilds a problem from the wire, and the
 // op's typed parameters of that problem come from the case's axis values.
 int case_context(const char* case_json, char* msg, size_t msg_len) {
@@ -735,7 +773,8 @@ const attncheck_plugin_ext_v1 kExtension = {sizeof(attncheck_plugin_ext_v1),
                                             copy_within_device,
                                             1,  // any_thread: its state is under g_mutex
                                             host_alloc,
-                                            host_release};
+                                            host_release,
+                                            partial};
 // The table as a library built against a shorter header reports it: `size` ends at `field_offset`
 // and the fields from there on do not exist (zeroed here).
 attncheck_plugin_ext_v1 built_before(size_t field_offset) {
