@@ -150,3 +150,77 @@ def test_export_descriptions_are_checked():
     adapter = ab.Adapter("x")
     with pytest.raises(TypeError):
         adapter.entry("e", export={"module": "m"})(lambda t, p: None)
+
+
+# ------------------------------------------------------------------------------------------------
+# Writes go through attncheck_bridge.safe_output (issue 38 item 1): no symlink followed, no FIFO
+# opened, no device written, replacement atomic; checked before the bundle is even read.
+
+
+def _main_refuses(tmp_path, out, capsys):
+    rc = export_pytest.main([str(tmp_path / "no-bundle.h5"), "numpy_reference", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    return err
+
+
+def test_a_symlink_at_out_is_refused_and_its_target_untouched(tmp_path, capsys):
+    decoy = tmp_path / "decoy"
+    decoy.write_text("precious\n")
+    out = tmp_path / "out.py"
+    out.symlink_to(decoy)
+    assert "a symbolic link" in _main_refuses(tmp_path, out, capsys)
+    assert decoy.read_text() == "precious\n" and out.is_symlink()
+
+
+def test_a_fifo_at_out_is_refused_without_blocking(tmp_path, capsys):
+    out = tmp_path / "test_x.py"
+    os.mkfifo(out)
+    assert "a FIFO" in _main_refuses(tmp_path, out, capsys)
+
+
+def test_a_device_at_out_is_refused(tmp_path, capsys):
+    assert "a character device" in _main_refuses(tmp_path, "/dev/null", capsys)
+
+
+def test_a_symlink_at_the_npz_beside_out_is_refused(tmp_path, capsys):
+    decoy = tmp_path / "decoy"
+    decoy.write_text("precious\n")
+    (tmp_path / "test_x.npz").symlink_to(decoy)
+    assert "test_x.npz: refusing to write: it is a symbolic link" in _main_refuses(tmp_path, tmp_path / "test_x.py", capsys)
+    assert decoy.read_text() == "precious\n"
+
+
+def test_safe_writes_replace_atomically_and_leave_no_temporary(tmp_path):
+    from attncheck_bridge import safe_output
+
+    target = tmp_path / "sub" / "t.py"
+    safe_output.write_text_safely(target, "one\n")
+    hard = tmp_path / "other-name"
+    os.link(target, hard)  # a second name of the old file must keep the old contents
+    safe_output.write_text_safely(target, "two\n")
+    assert target.read_text() == "two\n" and hard.read_text() == "one\n"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["t.py"]
+    with pytest.raises(safe_output.UnsafeOutput, match="a directory"):
+        safe_output.write_text_safely(tmp_path / "sub", "x")
+
+
+@needs_bin
+def test_a_symlink_at_the_default_repro_path_is_refused(tmp_path):
+    decoy = tmp_path / "decoy"
+    decoy.write_text("precious\n")
+    (tmp_path / "repro").mkdir()
+    name = "test_" + PAGE_CASE.replace("/", "_") + ".py"
+    (tmp_path / "repro" / name).symlink_to(decoy)
+    proc = subprocess.run([BIN, "repro", PAGE_CASE, "--kernels", "py:numpy_reference", "--export", "pytest"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 2 and "a symbolic link" in proc.stderr, proc.stdout + proc.stderr
+    assert decoy.read_text() == "precious\n"
+
+
+def test_the_exporter_needs_no_h5py():
+    """The GPU hosts kernel developers use have torch and pytest, not h5py."""
+    code = ("import sys; sys.modules['h5py'] = None; "
+            "import attncheck_bridge.export_pytest, attncheck_bridge.hdf5_reader; print('ok')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env())
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr

@@ -3,7 +3,10 @@ a repro bundle (docs/bridge.md "Exporting a finding").
 
     python3 -m attncheck_bridge.export_pytest BUNDLE ADAPTER OUT
 
-The file needs numpy, the upstream package (the entry's ``Export``: module, function, how the
+The exporter reads the bundle through the HDF5 library attncheck is linked with
+(attncheck_bridge.hdf5_reader: no h5py) and writes through attncheck_bridge.safe_output (symbolic
+links, FIFOs and devices refused at OUT and at the .npz beside it; atomic replacement). The file
+needs numpy, the upstream package (the entry's ``Export``: module, function, how the
 arguments are passed) and, for a torch export, torch. It holds the case's inputs (every
 argument's storage rebuilt from the bundle's view contents and layouts, zlib-compressed and
 base64-encoded; past EMBED_LIMIT bytes they go to OUT with the suffix .npz instead), the call into
@@ -14,6 +17,7 @@ attncheck derived it, checked the way attncheck checks them.
 import base64
 import importlib
 import importlib.util
+import io
 import json
 import pprint
 import re
@@ -21,8 +25,10 @@ import sys
 import zlib
 from pathlib import Path
 
-import h5py
 import numpy as np
+
+from attncheck_bridge import hdf5_reader
+from attncheck_bridge.safe_output import check_replaceable, write_bytes_safely, write_text_safely
 
 EMBED_LIMIT = 1 << 20  # encoded bytes embedded in the file; more go to a .npz beside it
 
@@ -45,37 +51,32 @@ def _adapter(spec: str):
     return importlib.import_module(spec)
 
 
-def _json_attr(f, name):
-    v = f.attrs[name]
-    return json.loads(v.decode() if isinstance(v, bytes) else v)
-
-
-def _str_attr(obj, name):
-    v = obj.attrs[name]
-    return v.decode() if isinstance(v, bytes) else str(v)
+def _json_attr(node, name):
+    return json.loads(node.attr(name))
 
 
 def _read_bundle(path):
     """Storages (bytes, rebuilt from the views), argument layouts, expected outputs, budgets."""
-    with h5py.File(path, "r") as f:
-        meta = {k: _str_attr(f, k) for k in ("id", "op", "kernel", "verdict", "message", "repro")}
+    with hdf5_reader.File(path) as f:
+        meta = {k: f.attr(k) for k in ("id", "op", "kernel", "verdict", "message", "repro")}
         meta["params"] = _json_attr(f, "params")
         meta["kernel_params"] = _json_attr(f, "kernel_params")
         checks = _json_attr(f, "checks")
-        if _str_attr(f, "expect_refusal"):
+        if f.attr("expect_refusal"):
             raise ExportError("an invalid configuration (the kernel must refuse it): nothing to check")
         args, storages = {}, {}
-        for name in f["inputs"]:
-            ds = f["inputs"][name]
-            layout = json.loads(_str_attr(ds, "layout"))
+        inputs = f.child("inputs")
+        for name in inputs.names():
+            ds = inputs.child(name)
+            layout = json.loads(ds.attr("layout"))
             if "sparse" in layout:
                 raise ExportError(f"argument '{name}' is a large-offset (sparse) storage: "
                                   "not exportable as a self-contained test")
-            dtype = _str_attr(ds, "dtype")
+            dtype = ds.attr("dtype")
             es = _ITEMSIZE[dtype]
             k = int(layout.get("storage", len(storages) + 1000))
             buf = storages.setdefault(k, bytearray(int(layout["storage_bytes"])))
-            raw = np.ascontiguousarray(ds[()])
+            raw = np.ascontiguousarray(ds.read())
             if raw.size:  # the view's contents back at their places in the storage
                 flat = np.frombuffer(buf, dtype=raw.dtype, count=len(buf) // es)
                 np.lib.stride_tricks.as_strided(
@@ -83,11 +84,12 @@ def _read_bundle(path):
                     strides=tuple(s * es for s in layout["strides"]), writeable=True)[...] = raw
             args[name] = {"dtype": dtype, "shape": layout["shape"], "strides": layout["strides"],
                           "offset": layout["offset"], "storage": k,
-                          "role": _str_attr(ds, "role").split(" ")[0]}
+                          "role": ds.attr("role").split(" ")[0]}
         expected = {}
-        for name in f["expected"]:
-            ds = f["expected"][name]
-            expected[name] = (_str_attr(ds, "dtype"), np.ascontiguousarray(ds[()]))
+        exp = f.child("expected")
+        for name in exp.names():
+            ds = exp.child(name)
+            expected[name] = (ds.attr("dtype"), np.ascontiguousarray(ds.read()))
     budgets = {c["name"]: c["budget"] for c in checks}
     return meta, args, {k: bytes(v) for k, v in storages.items()}, expected, budgets
 
@@ -126,6 +128,8 @@ def _test_name(case_id):
 
 
 def generate(bundle, adapter_spec, out):
+    for target in (Path(out), Path(out).with_suffix(".npz")):
+        check_replaceable(target)  # before the bundle is read or the adapter imported
     meta, args, storages, expected, budgets = _read_bundle(bundle)
     mod = _adapter(adapter_spec)
     adapter = getattr(mod, "ADAPTER", None)
@@ -144,7 +148,9 @@ def generate(bundle, adapter_spec, out):
     encoded = {k: _encode(v.tobytes()) for k, v in data.items()}
     sidecar = sum(len(x) for lines in encoded.values() for x in lines) > EMBED_LIMIT
     if sidecar:
-        np.savez_compressed(out.with_suffix(".npz"), **data)
+        packed = io.BytesIO()
+        np.savez_compressed(packed, **data)
+        write_bytes_safely(out.with_suffix(".npz"), packed.getvalue())
         blobs = "DATA_FILE = Path(__file__).with_suffix('.npz')  # the inputs and expected outputs\n"
     else:
         blobs = "DATA_FILE = None\nBLOBS = {\n" + "".join(
@@ -163,7 +169,7 @@ def generate(bundle, adapter_spec, out):
         function=desc["function"], call_args=call_args, test_name=_test_name(meta["id"]),
         framework=desc["framework"], device=desc["device"])
     compile(text, str(out), "exec")
-    out.write_text(text)
+    write_text_safely(out, text)
     return sidecar
 
 
@@ -376,7 +382,7 @@ def main(argv=None):
         return 2
     try:
         sidecar = generate(*argv)
-    except (ExportError, OSError, KeyError) as e:
+    except (ExportError, hdf5_reader.Hdf5Error, OSError, KeyError) as e:
         print(f"attncheck: --export pytest: {e}", file=sys.stderr)
         return 2
     out = Path(argv[2])
