@@ -27,27 +27,28 @@ Where vLLM comes from (``_load``), first match wins:
 - ``ATTNCHECK_VLLM_SRC=<dir>``, exclusively (a bisect must never fall back to another vLLM):
   a full checkout (``<dir>/vllm/__init__.py`` exists) is imported normally with ``<dir>`` first on
   ``sys.path``; if that import fails (vLLM's dependencies or compiled extensions missing), or the
-  directory is a *partial tree* holding only some files at their repository paths (as the seed
-  proof of docs/adapters/vllm.md uses), the needed file is executed unmodified with every other ``vllm.*``
-  module stood in (``_StandInFinder``);
+  directory is a *partial tree* holding only some files at their repository paths, the kernel file
+  is loaded from the tree by attncheck_bridge.upstream: the pure-Python ``vllm.*`` modules it imports
+  are executed from the tree too, and only what cannot load is stood in (a compiled extension, a
+  file the tree lacks, a module whose execution fails), each named on stderr;
 - an installed ``vllm``;
 - ``ATTNCHECK_VLLM_FILE=<path of triton_reshape_and_cache_flash.py>`` (kv_cache_write only): that
-  one file, with the same stand-ins.
+  one file, every ``vllm.*`` module stood in.
 
-Stand-ins (file-wise loading only): ``vllm`` and every ``vllm.*`` module not executed from the tree
-is a permissive module whose attributes are stand-in classes: they can be imported, subclassed,
-subscripted (``Builder[Metadata]``), called (returning stand-in objects), used in annotations and as
-decorators, so module-level code runs; using one as a value (truth, number, length, iteration)
-raises ``StandInUsed`` naming it. Real answers, the only ones the entries' functions rely on:
+Stand-ins are permissive (import, subclass, subscript, call, decorate) so module-level code runs;
+using one as a value raises ``StandInUsed``, an Unsupported naming the stood-in module and why it
+is one. Platform probes answer for this device (attncheck_bridge.upstream.VLLM_PROBES):
 
 - ``vllm.platforms.current_platform``: ``is_rocm()`` (``torch.version.hip`` is set), ``is_cuda()``,
   ``is_cuda_alike()``, ``is_xpu()``/``is_cpu()``/``is_tpu()`` (False: the adapter runs on a torch GPU),
   ``is_fp8_fnuz()`` (ROCm on gfx94x), ``fp8_dtype()`` (e4m3fnuz there, e4m3fn elsewhere),
-  ``device_type`` ("cuda"); other attributes are stand-ins;
+  ``get_device_capability()``/``has_device_capability()`` (torch's), ``device_type`` ("cuda");
+  other attributes are stand-ins;
 - ``vllm.platforms.rocm``: ``_ON_GFX9``, ``_ON_GFX942``, ``_ON_GFX950`` from the device's
   ``gcnArchName`` (False off ROCm);
 - ``vllm.triton_utils``: ``tl``, ``triton`` (the installed Triton), ``HAS_TRITON``;
-- ``vllm.logger.init_logger``: a ``logging`` logger with vLLM's ``*_once`` methods.
+- ``vllm.logger.init_logger``: a ``logging`` logger with vLLM's ``*_once`` methods (vLLM's own
+  configures the process's logging at import).
 
 rocm_aiter_fa.py defines the gather only ``if current_platform.is_rocm()``. Off ROCm the adapter
 executes that file a second time with ``is_rocm()`` answering True for that file's own import of
@@ -55,20 +56,13 @@ executes that file a second time with ``is_rocm()`` answering True for that file
 Triton kernel itself is portable, and this is how its NVIDIA runs are made (the load message says so).
 """
 
-import abc
-import builtins
 import importlib
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import inspect
-import logging
 import os
 import sys
-import types
 
 import attncheck_bridge as ab
-from attncheck_bridge import Refuse, Unsupported
+from attncheck_bridge import Refuse, Unsupported, upstream
 
 # Copies and fp8 quantization are exact ops: no arithmetic contract applies to kv_cache_write,
 # kv_gather and the indexer entries. decode_attention declares its own (at the entry).
@@ -106,7 +100,10 @@ _KERNELS = {
 }
 
 _loaded = {}  # entry -> (function, module, description)
-_filewise = {"on": False, "why": ""}  # file-wise loading with stand-ins is in force
+_tree = {"tree": None, "why": ""}  # the upstream.Tree in force; why the checkout import failed
+
+# Kept for callers and tests that name them here; they live in attncheck_bridge.upstream.
+StandInUsed = upstream.StandInUsed
 
 
 def source(entry="kv_cache_write"):
@@ -125,6 +122,37 @@ def _purge_vllm():
         del sys.modules[name]
 
 
+def _vllm_tree(root):
+    """The loader over ``root`` (None: single files, every vllm module stood in), installed."""
+    t = _tree["tree"]
+    if t is None or t.root != root:
+        if t is not None:
+            t.uninstall()
+        t = upstream.Tree("vllm_triton", ("vllm",), root, probes=upstream.VLLM_PROBES).install()
+        _tree["tree"] = t
+    return t
+
+
+def _checkout_import(src, candidates, errors):
+    """A full checkout's normal import (vLLM built there); None when it fails (then loaded from
+    the tree file-wise)."""
+    if src not in sys.path:
+        sys.path.insert(0, src)
+    for modname, _, fn in candidates:
+        try:
+            mod = importlib.import_module(modname)
+        except Exception as e:  # noqa: BLE001 - dependencies missing: load from the tree
+            errors.append(f"{modname}: {type(e).__name__}: {e}")
+            continue
+        if not os.path.abspath(mod.__file__).startswith(src + os.sep):
+            errors.append(f"{modname} came from {mod.__file__}, not from {src}")
+            continue
+        return mod, fn
+    _tree["why"] = "; ".join(errors)
+    _purge_vllm()
+    return None
+
+
 def _load(entry):
     """(function, module, description) of ``entry``; Unsupported with the reason when vLLM cannot
     give it."""
@@ -137,27 +165,18 @@ def _load(entry):
         src = os.path.abspath(src)
         if not os.path.isdir(src):
             raise Unsupported(f"ATTNCHECK_VLLM_SRC={src} is not a directory")
-        if os.path.isfile(os.path.join(src, "vllm", "__init__.py")) and not _filewise["on"]:
-            if src not in sys.path:
-                sys.path.insert(0, src)
-            for modname, _, fn in candidates:
-                try:
-                    mod = importlib.import_module(modname)
-                except Exception as e:  # noqa: BLE001 - dependencies missing: load file-wise
-                    errors.append(f"{modname}: {type(e).__name__}: {e}")
-                    continue
-                if not os.path.abspath(mod.__file__).startswith(src + os.sep):
-                    errors.append(f"{modname} came from {mod.__file__}, not from {src}")
-                    continue
-                return _remember(entry, mod, fn, f"{modname} ({mod.__file__}, checkout import)")
-            _filewise["why"] = "; ".join(errors)
-            _purge_vllm()
+        if os.path.isfile(os.path.join(src, "vllm", "__init__.py")) and _tree["tree"] is None:
+            got = _checkout_import(src, candidates, errors)
+            if got is not None:
+                mod, fn = got
+                return _remember(entry, mod, fn, f"{mod.__name__} ({mod.__file__}, checkout import)")
         for modname, relpath, fn in candidates:
             path = os.path.join(src, relpath)
             if os.path.isfile(path):
-                mod = _exec_file(modname, path)
-                why = f"; checkout import failed: {_filewise['why']}" if _filewise["why"] else ""
-                return _remember(entry, mod, fn, f"{path} (file-wise, vLLM stand-ins{why})")
+                mod = _vllm_tree(src).load(modname)
+                why = f"; checkout import failed: {_tree['why']}" if _tree["why"] else ""
+                return _remember(entry, mod, fn, f"{path} (from the tree, its pure-Python imports "
+                                 f"executed, stand-ins named on stderr{why})")
         raise Unsupported(
             f"ATTNCHECK_VLLM_SRC={src} holds none of "
             + ", ".join(r for _, r, _ in candidates)
@@ -174,8 +193,7 @@ def _load(entry):
     if path and entry == "kv_cache_write":
         if not os.path.isfile(path):
             raise Unsupported(f"ATTNCHECK_VLLM_FILE={path} is not a file")
-        _purge_vllm()
-        mod = _exec_file("vllm_triton_reshape_and_cache_flash", path)
+        mod = _vllm_tree(None).exec_file("vllm_triton_reshape_and_cache_flash", path)
         return _remember(entry, mod, candidates[0][2], f"{path} (standalone, vLLM stand-ins)")
     raise Unsupported(
         "vLLM not found: set ATTNCHECK_VLLM_SRC to a checkout or a partial tree"
@@ -187,8 +205,11 @@ def _load(entry):
 def _remember(entry, mod, fn_name, description):
     fn = getattr(mod, fn_name, None)
     if fn is None and _guarded_by_rocm(mod):
-        mod = _exec_file("_attncheck_rocm_view_" + mod.__name__.replace(".", "_"), mod.__file__,
-                         rocm_view=True)
+        # Off ROCm the file is executed a second time with is_rocm() answering True for its own
+        # import of current_platform (the Triton kernel itself is portable).
+        tree = _tree["tree"] or upstream.Tree("vllm_triton", ("vllm",), None)
+        mod = tree.exec_file("_attncheck_rocm_view_" + mod.__name__.replace(".", "_"), mod.__file__,
+                             import_hook=upstream.rocm_view_import)
         fn = getattr(mod, fn_name, None)
         description += "; ROCm-guarded definitions loaded with is_rocm() answering True"
     if fn is None:
@@ -204,332 +225,6 @@ def _guarded_by_rocm(mod):
             return "current_platform.is_rocm()" in f.read()
     except (OSError, TypeError):
         return False
-
-
-def _exec_file(modname, path, rocm_view=False):
-    """Executes the unmodified file ``path`` as module ``modname``. A ``vllm.*`` module name loads
-    file-wise: every other vllm module is stood in. ``rocm_view``: the file's own import of
-    ``current_platform`` answers is_rocm() True."""
-    if modname.startswith("vllm.") or (not _filewise["on"] and "vllm" not in sys.modules):
-        _StandInFinder.install()
-    existing = sys.modules.get(modname)
-    if existing is not None and getattr(existing, "__file__", None) == path:
-        return existing  # indexer_k_cache and indexer_gather share one file
-    loader = _FileLoader(modname, path, rocm_view)
-    spec = importlib.util.spec_from_file_location(modname, path, loader=loader)
-    mod = importlib.util.module_from_spec(spec)
-    parent, _, _ = modname.rpartition(".")
-    if parent.startswith("vllm"):
-        importlib.import_module(parent)  # the stand-in packages above it
-    sys.modules[modname] = mod
-    try:
-        loader.exec_module(mod)
-    except Exception as e:
-        del sys.modules[modname]
-        raise Unsupported(f"{path}: executing it failed: {type(e).__name__}: {e}") from e
-    return mod
-
-
-class _FileLoader(importlib.machinery.SourceFileLoader):
-    def __init__(self, fullname, path, rocm_view):
-        super().__init__(fullname, path)
-        self.rocm_view = rocm_view
-
-    def exec_module(self, module):
-        if self.rocm_view:
-            # exec() takes builtins from the module's globals: the file's imports, and those of
-            # the functions it defines, go through _rocm_view_import.
-            module.__dict__["__builtins__"] = dict(builtins.__dict__, __import__=_rocm_view_import)
-        super().exec_module(module)
-
-
-def _rocm_view_import(name, globals=None, locals=None, fromlist=(), level=0):
-    mod = builtins.__import__(name, globals, locals, fromlist, level)
-    if level == 0 and name == "vllm.platforms" and fromlist and "current_platform" in fromlist:
-        return _ModuleView(mod, current_platform=_RocmView(mod.current_platform))
-    return mod
-
-
-class _RocmView:
-    """A platform answering is_rocm() True and everything else as ``platform`` does."""
-
-    def __init__(self, platform):
-        self._platform = platform
-
-    def is_rocm(self):
-        return True
-
-    def __getattr__(self, name):
-        return getattr(self._platform, name)
-
-
-class _ModuleView(types.ModuleType):
-    def __init__(self, mod, **overrides):
-        super().__init__(mod.__name__)
-        self.__dict__.update(overrides)
-        self._mod = mod
-
-    def __getattr__(self, name):
-        return getattr(self._mod, name)
-
-
-# ------------------------------------------------------------------------------------------------
-# Stand-ins for the vllm.* modules a file-wise load does not execute.
-
-
-class StandInUsed(RuntimeError):
-    """A stood-in vLLM name was used as a value (the partial tree lacks it)."""
-
-
-def _used(name, what):
-    raise StandInUsed(
-        f"{name} is a stand-in (vLLM loaded file-wise: the tree's other modules are not executed) "
-        f"and was used as a {what}; docs/adapters/vllm.md lists the real answers"
-    )
-
-
-class _StandInMeta(abc.ABCMeta):
-    """Metaclass of stand-in classes. Only the stand-ins themselves (``_standin_root``) are
-    permissive; classes an upstream file derives from them behave normally."""
-
-    def _root(cls):
-        return "_standin_root" in cls.__dict__
-
-    def __getattr__(cls, attr):
-        if attr.startswith("__") or not cls._root():
-            raise AttributeError(attr)
-        return _standin_class(f"{cls._standin_name}.{attr}")
-
-    def __getitem__(cls, item):
-        return cls
-
-    def __call__(cls, *args, **kwargs):
-        if cls._root():
-            return _StandInObject(f"{cls._standin_name}(...)")
-        return super().__call__(*args, **kwargs)
-
-    def __bool__(cls):
-        return _used(cls._standin_name, "truth value") if cls._root() else True
-
-    def __int__(cls):
-        if cls._root():
-            _used(cls._standin_name, "number")
-        raise TypeError(f"class {cls.__name__} is not a number")
-
-    __index__ = __float__ = __int__
-
-    def __iter__(cls):
-        if cls._root():
-            _used(cls._standin_name, "sequence")
-        raise TypeError(f"class {cls.__name__} is not iterable")
-
-    def __len__(cls):
-        if cls._root():
-            _used(cls._standin_name, "sequence")
-        raise TypeError(f"class {cls.__name__} has no len()")
-
-
-def _standin_class(name):
-    return _StandInMeta(name.rpartition(".")[2] or name, (), {
-        "_standin_root": True, "_standin_name": name, "__module__": "vllm_stand_in"})
-
-
-class _StandInObject:
-    """What calling a stand-in returns: permissive in every use but as a value."""
-
-    __slots__ = ("_standin_name",)
-
-    def __init__(self, name):
-        object.__setattr__(self, "_standin_name", name)
-
-    def __getattr__(self, attr):
-        if attr.startswith("__"):
-            raise AttributeError(attr)
-        return _standin_class(f"{self._standin_name}.{attr}")
-
-    def __call__(self, *args, **kwargs):
-        return _StandInObject(f"{self._standin_name}(...)")
-
-    def __getitem__(self, key):
-        return self
-
-    def __mro_entries__(self, bases):
-        return (_standin_class(self._standin_name),)
-
-    def __or__(self, other):
-        return self
-
-    __ror__ = __or__
-
-    def __repr__(self):
-        return f"<vLLM stand-in {self._standin_name}>"
-
-    def __bool__(self):
-        return _used(self._standin_name, "truth value")
-
-    def __int__(self):
-        return _used(self._standin_name, "number")
-
-    __index__ = __float__ = __int__
-
-    def __iter__(self):
-        return _used(self._standin_name, "sequence")
-
-    __len__ = __iter__
-
-
-class _StandInModule(types.ModuleType):
-    def __getattr__(self, attr):
-        if attr.startswith("__"):
-            raise AttributeError(attr)
-        value = _standin_class(f"{self.__name__}.{attr}")
-        setattr(self, attr, value)
-        return value
-
-
-def _torch():
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch
-
-
-def _gcn_arch():
-    torch = _torch()
-    if torch is None or getattr(torch.version, "hip", None) is None:
-        return ""
-    return str(torch.cuda.get_device_properties(0).gcnArchName)
-
-
-class _Platform:
-    """vllm.platforms.current_platform's answers for a process whose GPU torch drives."""
-
-    device_type = "cuda"
-
-    def is_rocm(self):
-        torch = _torch()
-        return torch is not None and getattr(torch.version, "hip", None) is not None
-
-    def is_cuda(self):
-        torch = _torch()
-        return torch is not None and getattr(torch.version, "cuda", None) is not None and not self.is_rocm()
-
-    def is_cuda_alike(self):
-        return self.is_cuda() or self.is_rocm()
-
-    def is_xpu(self):
-        return False
-
-    def is_cpu(self):
-        return False
-
-    def is_tpu(self):
-        return False
-
-    def is_fp8_fnuz(self):
-        return self.is_rocm() and _gcn_arch().startswith("gfx94")
-
-    def fp8_dtype(self):
-        torch = _torch()
-        if torch is None:
-            raise RuntimeError("current_platform.fp8_dtype() needs torch")
-        return torch.float8_e4m3fnuz if self.is_fp8_fnuz() else torch.float8_e4m3fn
-
-    def __getattr__(self, attr):
-        if attr.startswith("__"):
-            raise AttributeError(attr)
-        return _standin_class(f"vllm.platforms.current_platform.{attr}")
-
-
-def _module_platforms(name):
-    m = _StandInModule(name)
-    m.current_platform = _Platform()
-    return m
-
-
-def _module_platforms_rocm(name):
-    m = _StandInModule(name)
-    arch = _gcn_arch()
-    m._ON_GFX9 = arch.startswith(("gfx90a", "gfx942", "gfx950"))
-    m._ON_GFX942 = arch.startswith("gfx942")
-    m._ON_GFX950 = arch.startswith("gfx950")
-    return m
-
-
-def _module_triton_utils(name):
-    import triton
-    import triton.language as tl
-
-    m = _StandInModule(name)
-    m.triton, m.tl, m.HAS_TRITON = triton, tl, True
-    return m
-
-
-class _OnceLogger(logging.LoggerAdapter):
-    """vLLM's logger methods that log a message once per process."""
-
-    _seen = set()
-
-    def process(self, msg, kwargs):
-        kwargs.pop("scope", None)
-        return msg, kwargs
-
-    def _once(self, level, msg, *args, **kwargs):
-        key = (level, msg, args)
-        if key not in self._seen:
-            self._seen.add(key)
-            self.log(level, msg, *args, **kwargs)
-
-    def debug_once(self, msg, *args, **kwargs):
-        self._once(logging.DEBUG, msg, *args, **kwargs)
-
-    def info_once(self, msg, *args, **kwargs):
-        self._once(logging.INFO, msg, *args, **kwargs)
-
-    def warning_once(self, msg, *args, **kwargs):
-        self._once(logging.WARNING, msg, *args, **kwargs)
-
-
-def _module_logger(name):
-    m = _StandInModule(name)
-    m.init_logger = lambda logger_name: _OnceLogger(logging.getLogger(logger_name), {})
-    return m
-
-
-_REAL_ANSWERS = {
-    "vllm.platforms": _module_platforms,
-    "vllm.platforms.rocm": _module_platforms_rocm,
-    "vllm.triton_utils": _module_triton_utils,
-    "vllm.logger": _module_logger,
-}
-
-
-class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Serves ``vllm`` and ``vllm.*`` (first on sys.meta_path) while file-wise loading is in
-    force: a module with real answers where _REAL_ANSWERS has one, a permissive stand-in else."""
-
-    @classmethod
-    def install(cls):
-        if not _filewise["on"]:
-            _purge_vllm()
-            _filewise["on"] = True
-        if not any(isinstance(f, cls) for f in sys.meta_path):
-            sys.meta_path.insert(0, cls())
-
-    def find_spec(self, fullname, path=None, target=None):
-        if not _filewise["on"] or not (fullname == "vllm" or fullname.startswith("vllm.")):
-            return None
-        return importlib.util.spec_from_loader(fullname, self, is_package=True)
-
-    def create_module(self, spec):
-        make = _REAL_ANSWERS.get(spec.name, _StandInModule)
-        m = make(spec.name)
-        m.__path__ = []
-        return m
-
-    def exec_module(self, module):
-        pass
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,0 +1,479 @@
+"""One loader for upstream source trees (vLLM, AITER) whose package import fails on a bare GPU host
+(no compiled extensions): the kernel file and the pure-Python modules it imports are executed,
+unmodified, from the tree; stand-ins take the place only of what cannot load (docs/bridge.md
+"Loading upstream trees").
+
+``Tree(project, roots, root, probes)`` is a meta-path finder for the top-level packages ``roots``:
+
+- a module whose file is in the tree is executed from it; if executing it fails (a compiled
+  extension or a missing third-party package somewhere below it), it becomes a stand-in that
+  records why;
+- a package's ``__init__.py`` is not executed (both projects load their compiled extensions and
+  re-export eagerly there); a name taken from a package is its submodule, or a stand-in;
+- a module with no file in the tree (absent from a slim tree, or a compiled extension ``*.so``) is
+  a stand-in saying so;
+- ``probes`` (name -> factory) are the platform probes that must answer for this process's device
+  (vllm.platforms, aiter.dtypes, ...): modules built here, with real answers.
+
+Stand-ins are permissive so that module-level code runs (import, subclass, subscript, call,
+decorate); using one as a *value* (truth, number, arithmetic, iteration, length) raises
+``StandInUsed``, an ``Unsupported`` naming the stood-in module and why it is one: an entry whose
+kernel needs a stand-in's value is reported unsupported, naming the module, never judged on it.
+
+The kernel module itself is loaded strictly (``Tree.load``): any failure executing it is an
+``Unsupported`` naming the file and the error.
+"""
+
+import builtins
+import logging
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import types
+
+from attncheck_bridge import Unsupported
+
+
+class StandInUsed(Unsupported):
+    """A stood-in upstream name was used as a value."""
+
+
+def _used(name, why, what):
+    raise StandInUsed(f"{name} is a stand-in ({why}) and was used as a {what}")
+
+
+def _raiser(what):
+    def method(self, *args):
+        return _used(self._standin_name, self._standin_why, what)
+
+    return method
+
+
+_VALUE_USES = {
+    "__bool__": "truth value", "__int__": "number", "__index__": "number", "__float__": "number",
+    "__iter__": "sequence", "__len__": "sequence", "__add__": "number", "__radd__": "number",
+    "__sub__": "number", "__rsub__": "number", "__mul__": "number", "__rmul__": "number",
+    "__truediv__": "number", "__floordiv__": "number", "__mod__": "number", "__neg__": "number",
+    "__lt__": "number", "__le__": "number", "__gt__": "number", "__ge__": "number",
+}
+
+
+class _StandInMeta(type):
+    """Metaclass of stand-in classes. Only the stand-ins themselves (``_standin_root``) are
+    permissive; classes an upstream file derives from them behave normally."""
+
+    def _root(cls):
+        return "_standin_root" in cls.__dict__
+
+    def __getattr__(cls, attr):
+        if attr.startswith("__") or not cls._root():
+            raise AttributeError(attr)
+        return standin_class(f"{cls._standin_name}.{attr}", cls._standin_why)
+
+    def __getitem__(cls, item):
+        return cls
+
+    def __call__(cls, *args, **kwargs):
+        if cls._root():
+            return _StandInObject(f"{cls._standin_name}(...)", cls._standin_why)
+        return super().__call__(*args, **kwargs)
+
+    def __or__(cls, other):
+        return cls
+
+    __ror__ = __or__
+
+
+def _meta_raiser(what):
+    def method(cls, *args):
+        if cls._root():
+            return _used(cls._standin_name, cls._standin_why, what)
+        raise TypeError(f"class {cls.__name__} used as a {what}")
+
+    return method
+
+
+for _dunder, _what in _VALUE_USES.items():
+    if _dunder != "__bool__":
+        setattr(_StandInMeta, _dunder, _meta_raiser(_what))
+_StandInMeta.__bool__ = lambda cls: _used(cls._standin_name, cls._standin_why, "truth value") if cls._root() else True
+
+
+def standin_class(name, why):
+    return _StandInMeta(name.rpartition(".")[2] or name, (), {
+        "_standin_root": True, "_standin_name": name, "_standin_why": why, "__module__": "upstream_stand_in"})
+
+
+class _StandInObject:
+    """What calling a stand-in returns: permissive in every use but as a value."""
+
+    __slots__ = ("_standin_name", "_standin_why")
+
+    def __init__(self, name, why):
+        object.__setattr__(self, "_standin_name", name)
+        object.__setattr__(self, "_standin_why", why)
+
+    def __getattr__(self, attr):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return standin_class(f"{self._standin_name}.{attr}", self._standin_why)
+
+    def __call__(self, *args, **kwargs):
+        return _StandInObject(f"{self._standin_name}(...)", self._standin_why)
+
+    def __getitem__(self, key):
+        return self
+
+    def __mro_entries__(self, bases):
+        return (standin_class(self._standin_name, self._standin_why),)
+
+    def __or__(self, other):
+        return self
+
+    __ror__ = __or__
+
+    def __repr__(self):
+        return f"<stand-in {self._standin_name}>"
+
+
+for _dunder, _what in _VALUE_USES.items():
+    setattr(_StandInObject, _dunder, _raiser(_what))
+
+
+class StandInModule(types.ModuleType):
+    """A module that could not be loaded; ``__attncheck_standin__`` says why."""
+
+    def __init__(self, name, why):
+        super().__init__(name)
+        self.__attncheck_standin__ = why
+
+    def __getattr__(self, attr):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        value = standin_class(f"{self.__name__}.{attr}", f"module {self.__name__}: {self.__attncheck_standin__}")
+        setattr(self, attr, value)
+        return value
+
+
+class _Package(types.ModuleType):
+    """A package of the tree, its __init__.py not executed: names are its submodules (or stand-ins)."""
+
+    def __getattr__(self, attr):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return importlib.import_module(f"{self.__name__}.{attr}")
+
+
+class _FileLoader(importlib.machinery.SourceFileLoader):
+    """Executes a tree file; a failure makes the module a stand-in, except for the modules the
+    tree loads strictly (the kernel files). ``import_hook`` replaces the file's __import__."""
+
+    def __init__(self, tree, fullname, path, import_hook=None):
+        super().__init__(fullname, path)
+        self.tree, self.import_hook = tree, import_hook
+
+    def exec_module(self, module):
+        if self.import_hook is not None:
+            # exec() takes builtins from the module's globals: the file's imports, and those of the
+            # functions it defines, go through the hook.
+            module.__dict__["__builtins__"] = dict(builtins.__dict__, __import__=self.import_hook)
+        try:
+            super().exec_module(module)
+        except Exception as e:
+            if module.__name__ in self.tree.strict:
+                raise
+            why = f"executing {self.path} failed: {type(e).__name__}: {e}"
+            keep = {k: module.__dict__[k] for k in ("__name__", "__spec__", "__loader__", "__file__")
+                    if k in module.__dict__}
+            module.__dict__.clear()
+            module.__dict__.update(keep)
+            module.__class__ = StandInModule
+            module.__attncheck_standin__ = why
+            self.tree.note(module.__name__, why)
+
+
+class Tree(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """The finder for ``roots`` (top-level package names) over ``root`` (a directory, or None: every
+    module is a stand-in but the files loaded with ``exec_file``)."""
+
+    def __init__(self, project, roots, root, probes=None, say=None):
+        self.project, self.roots, self.root = project, tuple(roots), root
+        self.probes = dict(probes or {})
+        self.strict = set()
+        self.stood_in = {}  # module -> why
+        self._say = say or (lambda msg: print(f"{project}: {msg}", file=sys.stderr))
+
+    # -- installing ---------------------------------------------------------------------------
+    def install(self):
+        """First on sys.meta_path; every module of ``roots`` imported before is forgotten."""
+        self.purge()
+        for f in [f for f in sys.meta_path if isinstance(f, Tree) and set(f.roots) & set(self.roots)]:
+            sys.meta_path.remove(f)
+        sys.meta_path.insert(0, self)
+        return self
+
+    def uninstall(self):
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        self.purge()
+
+    def purge(self):
+        for name in [m for m in sys.modules if m.split(".")[0] in self.roots]:
+            del sys.modules[name]
+
+    def note(self, name, why):
+        if name not in self.stood_in:
+            self.stood_in[name] = why
+            self._say(f"stand-in {name}: {why}")
+
+    # -- the finder ---------------------------------------------------------------------------
+    def _path(self, fullname):
+        return os.path.join(self.root, *fullname.split(".")) if self.root else None
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.split(".")[0] not in self.roots:
+            return None
+        rel = self._path(fullname)
+        if fullname in self.probes:
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=bool(rel and os.path.isdir(rel)))
+        if rel and os.path.isdir(rel):
+            spec = importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+            spec.submodule_search_locations = [rel]
+            return spec
+        if rel and os.path.isfile(rel + ".py"):
+            return importlib.util.spec_from_file_location(
+                fullname, rel + ".py", loader=_FileLoader(self, fullname, rel + ".py"))
+        return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+
+    def _why_missing(self, fullname):
+        rel = self._path(fullname)
+        if rel is None:
+            return f"only single files of {self.project} are loaded"
+        parent = os.path.dirname(rel)
+        base = os.path.basename(rel)
+        if os.path.isdir(parent) and any(n.startswith(base + ".") and n.endswith((".so", ".pyd"))
+                                         for n in os.listdir(parent)):
+            return "a compiled extension"
+        return f"not in the tree {self.root}"
+
+    def create_module(self, spec):
+        name = spec.name
+        if name in self.probes:
+            mod = self.probes[name](name)
+            self.note(name, getattr(mod, "__attncheck_standin__", "platform probe, answered for this device"))
+        elif spec.submodule_search_locations and spec.submodule_search_locations != [] and \
+                self.root and os.path.isdir(spec.submodule_search_locations[0]):
+            mod = _Package(name)
+        else:
+            why = self._why_missing(name)
+            mod = StandInModule(name, why)
+            self.note(name, why)
+        mod.__path__ = list(spec.submodule_search_locations or [])
+        return mod
+
+    def exec_module(self, module):
+        pass
+
+    # -- loading the kernel modules -----------------------------------------------------------
+    def load(self, modname):
+        """Module ``modname`` executed strictly from the tree; Unsupported naming the file and the
+        error when it is missing or fails."""
+        rel = self._path(modname)
+        if not (rel and os.path.isfile(rel + ".py")):
+            raise Unsupported(f"{self.project} tree {self.root} lacks {modname.replace('.', '/')}.py")
+        self.strict.add(modname)
+        try:
+            return importlib.import_module(modname)
+        except Exception as e:  # noqa: BLE001 - any failure declines the entry, naming it
+            sys.modules.pop(modname, None)
+            raise Unsupported(f"{rel}.py failed to load: {type(e).__name__}: {e}") from e
+
+    def exec_file(self, modname, path, import_hook=None):
+        """The file ``path`` executed strictly as module ``modname`` (its imports through this
+        tree); ``import_hook`` replaces the file's own __import__."""
+        existing = sys.modules.get(modname)
+        if existing is not None and getattr(existing, "__file__", None) == path and import_hook is None:
+            return existing
+        self.strict.add(modname)
+        loader = _FileLoader(self, modname, path, import_hook)
+        spec = importlib.util.spec_from_file_location(modname, path, loader=loader)
+        mod = importlib.util.module_from_spec(spec)
+        parent = modname.rpartition(".")[0]
+        if parent.split(".")[0] in self.roots:
+            importlib.import_module(parent)
+        sys.modules[modname] = mod
+        try:
+            loader.exec_module(mod)
+        except Exception as e:
+            del sys.modules[modname]
+            raise Unsupported(f"{path}: executing it failed: {type(e).__name__}: {e}") from e
+        return mod
+
+
+class ModuleView(types.ModuleType):
+    """``mod`` with some attributes answered differently (a view one file's imports see)."""
+
+    def __init__(self, mod, **overrides):
+        super().__init__(mod.__name__)
+        self.__dict__.update(overrides)
+        self._mod = mod
+
+    def __getattr__(self, name):
+        return getattr(self._mod, name)
+
+
+def probe_module(name, why, **attrs):
+    """A platform probe's module with real answers ``attrs``; its other names are stand-ins."""
+    mod = StandInModule(name, why)
+    for k, v in attrs.items():
+        setattr(mod, k, v)
+    return mod
+
+
+# ------------------------------------------------------------------------------------------------
+# vLLM's platform probes (docs/adapters/vllm.md "Stand-ins"): the answers its kernel files ask for.
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
+def gcn_arch():
+    torch = _torch()
+    if torch is None or getattr(torch.version, "hip", None) is None:
+        return ""
+    return str(torch.cuda.get_device_properties(0).gcnArchName)
+
+
+class VllmPlatform:
+    """vllm.platforms.current_platform's answers for a process whose GPU torch drives."""
+
+    device_type = "cuda"
+
+    def is_rocm(self):
+        torch = _torch()
+        return torch is not None and getattr(torch.version, "hip", None) is not None
+
+    def is_cuda(self):
+        torch = _torch()
+        return torch is not None and getattr(torch.version, "cuda", None) is not None and not self.is_rocm()
+
+    def is_cuda_alike(self):
+        return self.is_cuda() or self.is_rocm()
+
+    def is_xpu(self):
+        return False
+
+    def is_cpu(self):
+        return False
+
+    def is_tpu(self):
+        return False
+
+    def is_fp8_fnuz(self):
+        return self.is_rocm() and gcn_arch().startswith("gfx94")
+
+    def fp8_dtype(self):
+        torch = _torch()
+        if torch is None:
+            raise RuntimeError("current_platform.fp8_dtype() needs torch")
+        return torch.float8_e4m3fnuz if self.is_fp8_fnuz() else torch.float8_e4m3fn
+
+    def get_device_capability(self, device_id=0):
+        major, minor = _torch().cuda.get_device_capability(device_id)
+        return types.SimpleNamespace(major=major, minor=minor, to_int=lambda: major * 10 + minor)
+
+    def has_device_capability(self, capability, device_id=0):
+        major, minor = _torch().cuda.get_device_capability(device_id)
+        want = capability if isinstance(capability, int) else capability[0] * 10 + capability[1]
+        return major * 10 + minor >= want
+
+    def __getattr__(self, attr):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return standin_class(f"vllm.platforms.current_platform.{attr}", "platform probe: no answer for it")
+
+
+def _vllm_platforms(name):
+    return probe_module(name, "platform probe: current_platform answers for this device", current_platform=VllmPlatform())
+
+
+def _vllm_platforms_rocm(name):
+    arch = gcn_arch()
+    return probe_module(name, "platform probe: _ON_GFX* from the device's gcnArchName",
+                        _ON_GFX9=arch.startswith(("gfx90a", "gfx942", "gfx950")),
+                        _ON_GFX942=arch.startswith("gfx942"), _ON_GFX950=arch.startswith("gfx950"))
+
+
+def _vllm_triton_utils(name):
+    import triton
+    import triton.language as tl
+
+    return probe_module(name, "probe of Triton: the installed triton", triton=triton, tl=tl, HAS_TRITON=True)
+
+
+class _OnceLogger(logging.LoggerAdapter):
+    """vLLM's logger methods that log a message once per process."""
+
+    _seen = set()
+
+    def process(self, msg, kwargs):
+        kwargs.pop("scope", None)
+        return msg, kwargs
+
+    def _once(self, level, msg, *args, **kwargs):
+        key = (level, msg, args)
+        if key not in self._seen:
+            self._seen.add(key)
+            self.log(level, msg, *args, **kwargs)
+
+    def debug_once(self, msg, *args, **kwargs):
+        self._once(logging.DEBUG, msg, *args, **kwargs)
+
+    def info_once(self, msg, *args, **kwargs):
+        self._once(logging.INFO, msg, *args, **kwargs)
+
+    def warning_once(self, msg, *args, **kwargs):
+        self._once(logging.WARNING, msg, *args, **kwargs)
+
+
+def _vllm_logger(name):
+    return probe_module(name, "vLLM's logger configures the process's logging at import: a plain logging logger",
+                        init_logger=lambda logger_name: _OnceLogger(logging.getLogger(logger_name), {}))
+
+
+VLLM_PROBES = {
+    "vllm.platforms": _vllm_platforms,
+    "vllm.platforms.rocm": _vllm_platforms_rocm,
+    "vllm.triton_utils": _vllm_triton_utils,
+    "vllm.logger": _vllm_logger,
+}
+
+
+class _RocmView:
+    """A platform answering is_rocm() True and everything else as ``platform`` does."""
+
+    def __init__(self, platform):
+        self._platform = platform
+
+    def is_rocm(self):
+        return True
+
+    def __getattr__(self, name):
+        return getattr(self._platform, name)
+
+
+def rocm_view_import(name, globals=None, locals=None, fromlist=(), level=0):
+    """An __import__ under which ``from vllm.platforms import current_platform`` answers is_rocm()
+    True (one file's view; nothing else sees it)."""
+    mod = builtins.__import__(name, globals, locals, fromlist, level)
+    if level == 0 and name == "vllm.platforms" and fromlist and "current_platform" in fromlist:
+        return ModuleView(mod, current_platform=_RocmView(mod.current_platform))
+    return mod
