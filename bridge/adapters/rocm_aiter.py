@@ -31,8 +31,8 @@ with AITER's reason, what AITER cannot serve; outputs that AITER returns in tens
 LSE, the prefill logits) or that vLLM un-pads (fewer than 16 MLA heads) are copied into the
 harness's views, and nothing else is copied.
 
-With ATTNCHECK_AITER_SRC set (and the torch backend), ADAPTER is bridge/adapters/aiter_triton.py's:
-AITER's Triton kernels executed from that source tree, on any torch GPU.
+With ATTNCHECK_AITER_SRC set (and the torch backend), ADAPTER holds AITER's Triton kernels executed
+from that source tree, on any torch GPU (attncheck_bridge.aiter_triton_entries, as py:aiter_triton).
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ import numpy as np
 
 import attncheck_bridge as ab
 from attncheck_bridge import Refuse, Unsupported
+from attncheck_bridge import adapter_checks as checks
 
 AITER_COMMIT = "e4048607a535ace3a2b51ded31b1c8c2d45c0879"
 ARCHS = ("gfx942", "gfx950")
@@ -61,8 +62,6 @@ def platform_fp8(arch):
     """aiter.dtypes.fp8: float8_e4m3fnuz on gfx942 (MI300), float8_e4m3fn on gfx950 (MI355)."""
     return "e4m3fnuz" if arch == "gfx942" else "e4m3fn"
 
-
-FP8_MAX = {"e4m3fn": 448.0, "e4m3fnuz": 240.0}
 
 # ------------------------------------------------------------------------------------------------
 # Plans: what to call, with what. Nothing here touches a device.
@@ -232,27 +231,17 @@ class Plan:
 
 
 _need = ab.arg
-
-
-def _contiguous_1d(x):
-    return x.ndim == 1 and x.is_contiguous()
-
-
-def _rows_of(x, width):
-    """A 2-D view whose rows are ``width`` apart with a unit column stride (rows may be any count)."""
-    return x.ndim == 2 and (x.shape[1] <= 1 or x.strides[1] == 1) and (x.shape[0] <= 1 or x.strides[0] == width)
+# The argument checks both AITER adapters share (attncheck_bridge.adapter_checks).
+_contiguous_1d, _rows_of, _fp8_format = checks.contiguous_1d, checks.rows_of, checks.fp8_format
+_mla_common, _indexer_cache, _packed_pages = checks.mla_common, checks.indexer_cache, checks.packed_pages
+indexer_logits_prefill_args = checks.indexer_logits_prefill_args
+indexer_logits_decode_args = checks.indexer_logits_decode_args
+HEAD_DIM, TOKEN_BYTES, FP8_MAX = checks.HEAD_DIM, checks.TOKEN_BYTES, checks.FP8_MAX
 
 
 def _arch_supported(arch):
     if arch not in ARCHS:
         raise Unsupported(f"arch {arch}: this adapter maps AITER's gfx942 (MI300) and gfx950 (MI355) kernels only")
-
-
-def _fp8_format(p, what):
-    fmt = p.get("fp8_format")
-    if fmt not in ("e4m3fn", "e4m3fnuz"):
-        raise Refuse(f"fp8_format must be e4m3fn or e4m3fnuz for {what}, got {fmt!r}")
-    return fmt
 
 
 def _platform_format(fmt, arch, who):
@@ -293,51 +282,6 @@ def _mla_path(arch, kv_kind, heads, qlen):
         f"no split-KV kernel for {heads} heads at qlen {qlen} on gfx942 (mla_asm.csv: 16 heads up to qlen 8, "
         "32/64/128 heads) and no persistent bf16 kernel with an LSE"
     )
-
-
-def _mla_common(t, p):
-    """The argument checks docs/ops/mla_decode.md and sparse_mla.md share ("Refusals"; the head
-    count is the op's answer, asked in plan()); returns the facts the plans need (AITER's declines
-    come after the metadata checks, in _mla_declines)."""
-    q, kv, out, lse, bt = (_need(t, n) for n in ("q", "kv_cache", "out", "lse", "block_table"))
-    ab.expect_ndim(q, 3)
-    T, N, Lk = q.shape
-    ab.expect_dtype(q, "bf16", "f16")
-    if q.ndim == 3 and q.shape[2] > 1 and q.strides[2] != 1:
-        raise Refuse("'q' must have a unit stride in its last dim")
-    ab.expect_ndim(out, 3)
-    ab.expect_dtype(out, q.dtype_name)
-    ab.expect_ndim(lse, 2)
-    ab.expect_dtype(lse, "f32")
-    Lv = out.shape[2]
-    if out.shape[:2] != (T, N) or lse.shape != (T, N):
-        raise Refuse(f"out {out.shape} / lse {lse.shape} are not [T={T}, N={N}, Lv] / [T, N]")
-    if Lk % 16 or Lv % 16 or Lv > Lk or Lk > 576 or Lv > 512:
-        raise Refuse(f"Lk={Lk}, Lv={Lv}: both multiples of 16, Lv <= Lk, Lk <= 576, Lv <= 512")
-    if int(p.get("lv", Lv)) != Lv:
-        raise Refuse(f"lv={p.get('lv')} but out holds {Lv}")
-    ab.expect_ndim(kv, 3)
-    if kv.shape[2] != Lk or not kv.is_contiguous():
-        raise Refuse(f"kv_cache {kv.shape} strides {kv.strides}: must be a contiguous [num_blocks, P, {Lk}]")
-    if kv.ptr % 16:
-        raise Refuse("kv_cache must be 16-byte aligned")
-    P = kv.shape[1]
-    if int(p.get("kernel_block_size", -1)) != P:
-        raise Refuse(f"kernel_block_size {p.get('kernel_block_size')} is not the cache block size {P}")
-    kv_scale = float(p.get("kv_scale", 1.0))
-    fmt = None
-    if kv.dtype_name == "u8":
-        fmt = _fp8_format(p, "an fp8 cache")
-    elif kv.dtype_name == q.dtype_name:
-        if kv_scale != 1.0:
-            raise Refuse(f"kv_scale must be 1 for a 16-bit cache, got {kv_scale}")
-    else:
-        raise Refuse(f"kv_cache must be {q.dtype_name} or uint8 (fp8), got {kv.dtype_name}")
-    ab.expect_dtype(bt, "i32")
-    ab.expect_ndim(bt, 2)
-    if "scale" not in p:
-        raise Refuse("missing parameter scale (the softmax scale is never recomputed)")
-    return dict(T=T, N=N, Lk=Lk, Lv=Lv, P=P, fmt=fmt, kv_scale=kv_scale, nb=kv.shape[0], scale=float(p["scale"]))
 
 
 def _mla_declines(t, f, arch, *, qlen, sparse):
@@ -749,26 +693,6 @@ def plan_indexer_qk_rope(t, p, host, arch):
 
 # --- indexer -------------------------------------------------------------------------------------
 
-HEAD_DIM, TOKEN_BYTES = 128, 132
-
-
-def _indexer_cache(c):
-    ab.expect_dtype(c, "u8")
-    ab.expect_ndim(c, 3)
-    nb, bs, tb = c.shape
-    if tb != TOKEN_BYTES or c.strides[2] != 1 or c.strides[1] != TOKEN_BYTES:
-        raise Refuse(f"'{c.name}' {c.shape} strides {c.strides}: pages of block_size x {TOKEN_BYTES} contiguous bytes")
-    if nb > 1 and c.strides[0] < bs * TOKEN_BYTES:
-        raise Refuse(f"page stride {c.strides[0]} is below {bs * TOKEN_BYTES}")
-    return nb, bs
-
-
-def _packed_pages(c, who):
-    nb, bs, _ = c.shape
-    if nb > 1 and c.strides[0] != bs * TOKEN_BYTES:
-        raise Unsupported(f"page stride {c.strides[0]} != {bs * TOKEN_BYTES}: {who} addresses pages as block * block_size * {TOKEN_BYTES}")
-
-
 def plan_indexer_k_cache(t, p, host, arch):
     k, slots, cache = (_need(t, n) for n in ("k", "slot_mapping", "kv_cache"))
     fmt = _fp8_format(p, "the indexer cache")
@@ -823,24 +747,6 @@ def plan_indexer_gather(t, p, host, arch):
     return Plan([call], "cp_gather_indexer_k_quant_cache")
 
 
-def indexer_logits_prefill_args(t, p):
-    """The prefill logits' arguments as docs/ops/indexer.md defines them, checked once for both
-    AITER adapters (this one and aiter_triton); Refuse otherwise. Returns the fp8 format, the
-    tensors (q, k_fp8, k_scale, weights, cu_seqlen_ks, cu_seqlen_ke, logits) and the head count."""
-    q, kf, ks, w, ks_, ke, logits = (_need(t, n) for n in ("q", "k_fp8", "k_scale", "weights", "cu_seqlen_ks", "cu_seqlen_ke", "logits"))
-    fmt = _fp8_format(p, "the indexer logits")
-    for x in (q, kf):
-        ab.expect_dtype(x, "u8")
-    ab.expect_ndim(q, 3)
-    M, H, D = q.shape
-    N = kf.shape[0]
-    if D != HEAD_DIM or kf.shape != (N, D) or ks.shape != (N,) or w.shape != (M, H) or logits.shape != (M, N):
-        raise Refuse(f"q {q.shape}, k_fp8 {kf.shape}, k_scale {ks.shape}, weights {w.shape}, logits {logits.shape} disagree")
-    if N > 1 and kf.strides[0] % 4:
-        raise Refuse("k_fp8 rows must be 4-byte aligned")
-    return fmt, (q, kf, ks, w, ks_, ke, logits), H
-
-
 def plan_indexer_logits_prefill(t, p, host, arch):
     fmt, (q, kf, ks, w, ks_, ke, logits), H = indexer_logits_prefill_args(t, p)
     _arch_supported(arch)
@@ -851,23 +757,6 @@ def plan_indexer_logits_prefill(t, p, host, arch):
                 (arg("q").as_dtype(fmt), arg("k_fp8").as_dtype(fmt), arg("k_scale"), arg("weights"), arg("cu_seqlen_ks"), arg("cu_seqlen_ke")),
                 result="mqa_logits")
     return Plan([call, Copy(arg("logits"), work("mqa_logits"))], "fp8_mqa_logits")
-
-
-def indexer_logits_decode_args(t, p):
-    """The paged decode logits' arguments as docs/ops/indexer.md defines them, checked once for
-    both AITER adapters; Refuse otherwise. Returns the fp8 format, the tensors (q, kv_cache,
-    weights, context_lens, block_table, logits), q's [B, next_n, H, D], the ChunkQ asked for (at
-    most H) and the cache's (blocks, block size)."""
-    q, cache, w, lens, table, logits = (_need(t, n) for n in ("q", "kv_cache", "weights", "context_lens", "block_table", "logits"))
-    fmt = _fp8_format(p, "the indexer logits")
-    ab.expect_dtype(q, "u8")
-    ab.expect_ndim(q, 4)
-    B, nn, H, D = q.shape
-    chunk = min(int(p.get("chunk_q", 64)), H)
-    nb, bs = _indexer_cache(cache)
-    if D != HEAD_DIM or w.shape != (B * nn, H) or lens.shape != (B,) or table.shape[0] != B or logits.ndim != 2 or logits.shape[0] != B * nn:
-        raise Refuse(f"q {q.shape}, weights {w.shape}, context_lens {lens.shape}, block_table {table.shape}, logits {logits.shape} disagree")
-    return fmt, (q, cache, w, lens, table, logits), (B, nn, H, D), chunk, (nb, bs)
 
 
 def plan_indexer_logits_decode(t, p, host, arch):
@@ -1187,8 +1076,9 @@ for _op in PLANS:
     ADAPTER.add(_op, _entry(_op))
 
 # With an AITER source tree named (ATTNCHECK_AITER_SRC), this adapter is AITER's Triton kernels run
-# from that tree (bridge/adapters/aiter_triton.py): on any torch GPU, no aiter package needed.
+# from that tree (attncheck_bridge.aiter_triton_entries, the entries py:aiter_triton has too): on
+# any torch GPU, no aiter package needed.
 if os.environ.get("ATTNCHECK_AITER_SRC") and BACKEND == "torch":
-    import aiter_triton
+    from attncheck_bridge import aiter_triton_entries
 
-    ADAPTER = aiter_triton.ADAPTER
+    ADAPTER = aiter_triton_entries.adapter()

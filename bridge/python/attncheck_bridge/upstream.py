@@ -201,7 +201,7 @@ class Tree(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def __init__(self, project, roots, root, probes=None, say=None):
         self.project, self.roots, self.root = project, tuple(roots), root
-        self.probes = dict(probes or {})
+        self.probes = probes if probes is not None else {}
         self.strict = set()
         self.stood_in = {}  # module -> why
         self._say = say or (lambda msg: print(f"{project}: {msg}", file=sys.stderr))
@@ -477,3 +477,197 @@ def rocm_view_import(name, globals=None, locals=None, fromlist=(), level=0):
     if level == 0 and name == "vllm.platforms" and fromlist and "current_platform" in fromlist:
         return ModuleView(mod, current_platform=_RocmView(mod.current_platform))
     return mod
+
+
+# ------------------------------------------------------------------------------------------------
+# AITER (ROCm/aiter) from ATTNCHECK_AITER_SRC (docs/adapters/aiter.md "AITER's Triton kernels").
+# The package is never imported as a whole: aiter/__init__.py loads (and may JIT-build) the HIP
+# extension. Its platform probes answer for this device; off ROCm its Gluon modules are AMD-only.
+
+AMD_LAUNCH_OPTIONS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
+AITER_ROOTS = ("aiter", "op_tests")
+
+
+def _say_aiter(msg):
+    print(f"aiter_triton: {msg}", file=sys.stderr)
+
+
+def on_rocm():
+    return getattr(_torch().version, "hip", None) is not None
+
+
+def device_arch():
+    """gcnArchName's gfx part under ROCm, ``sm_XY`` on NVIDIA."""
+    torch = _torch()
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    if on_rocm():
+        return props.gcnArchName.split(":")[0]
+    return f"sm_{props.major}{props.minor}"
+
+
+def platform_fp8():
+    """aiter.dtypes.fp8's choice: e4m3fnuz on gfx942 (MI300), e4m3fn elsewhere."""
+    return "e4m3fnuz" if device_arch() == "gfx942" else "e4m3fn"
+
+
+class AmdOnlyUsed(StandInUsed):
+    pass
+
+
+class _AmdOnly:
+    """An attribute of a stood-in AMD-only module: importable, unusable (calling or launching it
+    raises: a silent stand-in launch would leave outputs unwritten)."""
+
+    def __init__(self, name):
+        self._name = name
+
+    def _fail(self, *a, **k):
+        raise AmdOnlyUsed(f"{self._name} is an AMD-only Gluon kernel (stood in off ROCm)")
+
+    __call__ = __getitem__ = _fail
+
+    def __getattr__(self, attr):
+        return _AmdOnly(f"{self._name}.{attr}")
+
+
+def _aiter_dtypes(name):
+    torch = _torch()
+    fp8 = torch.float8_e4m3fnuz if platform_fp8() == "e4m3fnuz" else torch.float8_e4m3fn
+    return probe_module(name, "fp8 = the platform's fp8 (aiter/utility/dtypes.py picks it per gfx arch)",
+                        fp8=fp8, bf16=torch.bfloat16, fp16=torch.float16, fp32=torch.float32,
+                        i32=torch.int32, i8=torch.int8, u8=torch.uint8)
+
+
+def _aiter_chip_info(name):
+    def get_cu_num():
+        torch = _torch()
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+    return probe_module(name, "get_gfx() = the device's arch, get_cu_num() = its multiprocessor count "
+                        "(AITER runs rocminfo)", get_gfx=device_arch, get_gfx_runtime=device_arch, get_cu_num=get_cu_num)
+
+
+def _gluon_module(name):
+    mod = types.ModuleType(name)
+    mod.__attncheck_standin__ = "AMD-only Gluon kernels, stood in off ROCm"
+    mod.__getattr__ = lambda attr: _AmdOnly(f"{name}.{attr}")
+    return mod
+
+
+class _AiterProbes(dict):
+    """The AITER probes: two modules by name, and off ROCm every Gluon module."""
+
+    def __init__(self):
+        super().__init__({"aiter.dtypes": _aiter_dtypes, "aiter.jit.utils.chip_info": _aiter_chip_info})
+
+    @staticmethod
+    def _gluon(name):
+        return name.startswith(("aiter.ops.triton.gluon.", "aiter.ops.triton._gluon_kernels.")) and not on_rocm()
+
+    def __contains__(self, name):
+        return super().__contains__(name) or self._gluon(name)
+
+    def __getitem__(self, name):
+        return _gluon_module if not super().__contains__(name) and self._gluon(name) else super().__getitem__(name)
+
+
+_aiter = {"tree": None, "loaded": {}}
+
+
+def aiter_root():
+    """The tree ATTNCHECK_AITER_SRC names; Unsupported naming the problem when there is none."""
+    src = os.environ.get("ATTNCHECK_AITER_SRC")
+    if not src:
+        raise Unsupported("ATTNCHECK_AITER_SRC is not set: point it at an AITER checkout or a tree holding its files")
+    src = os.path.abspath(src)
+    if not os.path.isdir(os.path.join(src, "aiter")):
+        raise Unsupported(f"ATTNCHECK_AITER_SRC={src} holds no aiter/ folder")
+    return src
+
+
+def _aiter_tree(root):
+    t = _aiter["tree"]
+    if t is None or t.root != root:
+        if t is not None:
+            t.uninstall()
+        t = Tree("aiter_triton", AITER_ROOTS, root, probes=_AiterProbes(), say=_say_aiter).install()
+        _aiter["tree"], _aiter["loaded"] = t, {}
+        if "pytest" not in sys.modules and importlib.util.find_spec("pytest") is None:
+            sys.modules["pytest"] = _PytestStandIn("pytest")
+            _say_aiter("stand-in pytest: the op_tests files only decorate with it")
+    return t
+
+
+class _PytestStandIn(types.ModuleType):
+    """pytest.mark.<anything>(...) as a no-op decorator, for module-level code of op_tests files."""
+
+    def __getattr__(self, attr):
+        return _Decorator()
+
+
+class _Decorator:
+    def __getattr__(self, attr):
+        return _Decorator()
+
+    def __call__(self, *args, **kwargs):
+        if len(args) == 1 and callable(args[0]) and not kwargs:
+            return args[0]
+        return _Decorator()
+
+
+def _drop_amd_options(kernel, where):
+    """Makes ``kernel[grid](...)`` drop the AMD backend's options (off ROCm only). Triton's
+    ``kernel[grid]`` calls ``self.run``, so the instance gets a ``run`` of its own; the object stays
+    the JITFunction it was, so kernels that call it as a device function compile unchanged."""
+    original = kernel.run
+    told = []
+
+    def run(*args, **kwargs):
+        gone = [k for k in AMD_LAUNCH_OPTIONS if k in kwargs]
+        for k in gone:
+            del kwargs[k]
+        if gone and not told:
+            told.append(True)
+            _say_aiter(f"{where}: AMD launch options {', '.join(gone)} dropped (unknown to Triton's NVIDIA backend)")
+        return original(*args, **kwargs)
+
+    kernel.run = run
+
+
+def _shim_launch_options(mod):
+    if on_rocm():
+        return
+    from triton.runtime.jit import KernelInterface
+
+    for name, value in list(vars(mod).items()):
+        if isinstance(value, KernelInterface) and "run" not in vars(value):
+            _drop_amd_options(value, f"{mod.__name__}.{name}")
+
+
+def aiter_load(modname, fn_name):
+    """``fn_name`` of AITER module ``modname`` from ATTNCHECK_AITER_SRC; Unsupported with one line
+    naming the file and the error when the tree lacks it or it fails to load."""
+    root = aiter_root()
+    tree = _aiter_tree(root)
+    key = (modname, fn_name)
+    if key in _aiter["loaded"]:
+        return _aiter["loaded"][key]
+    path = os.path.join(root, *modname.split(".")) + ".py"
+    if not os.path.isfile(path):
+        raise Unsupported(f"ATTNCHECK_AITER_SRC={root} lacks {os.path.relpath(path, root)}")
+    mod = tree.load(modname)
+    if modname.startswith("aiter."):
+        _shim_launch_options(mod)
+    fn = getattr(mod, fn_name, None)
+    if fn is None:
+        raise Unsupported(f"{os.path.relpath(path, root)} defines no {fn_name}")
+    _aiter["loaded"][key] = fn
+    _say_aiter(f"{fn_name} <- {path}")
+    return fn
+
+
+def aiter_reset():
+    """Forgets the AITER tree and everything loaded from it (tests)."""
+    if _aiter["tree"] is not None:
+        _aiter["tree"].uninstall()
+    _aiter["tree"], _aiter["loaded"] = None, {}
