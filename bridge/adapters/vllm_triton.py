@@ -56,13 +56,14 @@ executes that file a second time with ``is_rocm()`` answering True for that file
 Triton kernel itself is portable, and this is how its NVIDIA runs are made (the load message says so).
 """
 
-import importlib
 import inspect
 import os
 import sys
 
 import attncheck_bridge as ab
 from attncheck_bridge import Refuse, Unsupported, upstream
+from attncheck_bridge import adapter_checks as checks
+from attncheck_bridge.adapter_checks import VLLM_INDEXER_HEAD_DIM as _HEAD_DIM
 
 # Copies and fp8 quantization are exact ops: no arithmetic contract applies to kv_cache_write,
 # kv_gather and the indexer entries. decode_attention declares its own (at the entry).
@@ -100,9 +101,8 @@ _KERNELS = {
 }
 
 _loaded = {}  # entry -> (function, module, description)
-_tree = {"tree": None, "why": ""}  # the upstream.Tree in force; why the checkout import failed
 
-# Kept for callers and tests that name them here; they live in attncheck_bridge.upstream.
+# Kept for callers and tests that name it here; it lives in attncheck_bridge.upstream.
 StandInUsed = upstream.StandInUsed
 
 
@@ -112,164 +112,18 @@ def source(entry="kv_cache_write"):
     return got[2] if got else None
 
 
-def _say(entry, description):
-    # The bridge points sys.stdout at stderr; say it on stderr in any case (worker logs).
-    print(f"vllm_triton: {entry} <- {description}", file=sys.stderr)
-
-
-def _purge_vllm():
-    for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
-        del sys.modules[name]
-
-
-def _vllm_tree(root):
-    """The loader over ``root`` (None: single files, every vllm module stood in), installed."""
-    t = _tree["tree"]
-    if t is None or t.root != root:
-        if t is not None:
-            t.uninstall()
-        t = upstream.Tree("vllm_triton", ("vllm",), root, probes=upstream.VLLM_PROBES).install()
-        _tree["tree"] = t
-    return t
-
-
-def _checkout_import(src, candidates, errors):
-    """A full checkout's normal import (vLLM built there); None when it fails (then loaded from
-    the tree file-wise)."""
-    if src not in sys.path:
-        sys.path.insert(0, src)
-    for modname, _, fn in candidates:
-        try:
-            mod = importlib.import_module(modname)
-        except Exception as e:  # noqa: BLE001 - dependencies missing: load from the tree
-            errors.append(f"{modname}: {type(e).__name__}: {e}")
-            continue
-        if not os.path.abspath(mod.__file__).startswith(src + os.sep):
-            errors.append(f"{modname} came from {mod.__file__}, not from {src}")
-            continue
-        return mod, fn
-    _tree["why"] = "; ".join(errors)
-    _purge_vllm()
-    return None
-
-
 def _load(entry):
-    """(function, module, description) of ``entry``; Unsupported with the reason when vLLM cannot
-    give it."""
-    if entry in _loaded:
-        return _loaded[entry]
-    candidates = _KERNELS[entry]
-    src = os.environ.get("ATTNCHECK_VLLM_SRC")
-    errors = []
-    if src:
-        src = os.path.abspath(src)
-        if not os.path.isdir(src):
-            raise Unsupported(f"ATTNCHECK_VLLM_SRC={src} is not a directory")
-        if os.path.isfile(os.path.join(src, "vllm", "__init__.py")) and _tree["tree"] is None:
-            got = _checkout_import(src, candidates, errors)
-            if got is not None:
-                mod, fn = got
-                return _remember(entry, mod, fn, f"{mod.__name__} ({mod.__file__}, checkout import)")
-        for modname, relpath, fn in candidates:
-            path = os.path.join(src, relpath)
-            if os.path.isfile(path):
-                mod = _vllm_tree(src).load(modname)
-                why = f"; checkout import failed: {_tree['why']}" if _tree["why"] else ""
-                return _remember(entry, mod, fn, f"{path} (from the tree, its pure-Python imports "
-                                 f"executed, stand-ins named on stderr{why})")
-        raise Unsupported(
-            f"ATTNCHECK_VLLM_SRC={src} holds none of "
-            + ", ".join(r for _, r, _ in candidates)
-            + (f" ({'; '.join(errors)})" if errors else "")
-        )
-    for modname, _, fn in candidates:
-        try:
-            mod = importlib.import_module(modname)
-        except Exception as e:  # noqa: BLE001 - any import failure: try the next module path
-            errors.append(f"{modname}: {type(e).__name__}: {e}")
-            continue
-        return _remember(entry, mod, fn, f"{modname} ({mod.__file__}, installed vllm)")
-    path = os.environ.get("ATTNCHECK_VLLM_FILE")
-    if path and entry == "kv_cache_write":
-        if not os.path.isfile(path):
-            raise Unsupported(f"ATTNCHECK_VLLM_FILE={path} is not a file")
-        mod = _vllm_tree(None).exec_file("vllm_triton_reshape_and_cache_flash", path)
-        return _remember(entry, mod, candidates[0][2], f"{path} (standalone, vLLM stand-ins)")
-    raise Unsupported(
-        "vLLM not found: set ATTNCHECK_VLLM_SRC to a checkout or a partial tree"
-        + (" or ATTNCHECK_VLLM_FILE to triton_reshape_and_cache_flash.py" if entry == "kv_cache_write" else "")
-        + " (" + "; ".join(errors) + ")"
-    )
-
-
-def _remember(entry, mod, fn_name, description):
-    fn = getattr(mod, fn_name, None)
-    if fn is None and _guarded_by_rocm(mod):
-        # Off ROCm the file is executed a second time with is_rocm() answering True for its own
-        # import of current_platform (the Triton kernel itself is portable).
-        tree = _tree["tree"] or upstream.Tree("vllm_triton", ("vllm",), None)
-        mod = tree.exec_file("_attncheck_rocm_view_" + mod.__name__.replace(".", "_"), mod.__file__,
-                             import_hook=upstream.rocm_view_import)
-        fn = getattr(mod, fn_name, None)
-        description += "; ROCm-guarded definitions loaded with is_rocm() answering True"
-    if fn is None:
-        raise Unsupported(f"{description} defines no {fn_name}")
-    _loaded[entry] = (fn, mod, description)
-    _say(entry, description)
+    """(function, module, description) of ``entry`` (attncheck_bridge.upstream.vllm_load: the
+    sources above); Unsupported with the reason when vLLM cannot give it."""
+    if entry not in _loaded:
+        _loaded[entry] = upstream.vllm_load(_KERNELS[entry], single_file=entry == "kv_cache_write")
+        # The bridge points sys.stdout at stderr; say it on stderr in any case (worker logs).
+        print(f"vllm_triton: {entry} <- {_loaded[entry][2]}", file=sys.stderr)
     return _loaded[entry]
-
-
-def _guarded_by_rocm(mod):
-    try:
-        with open(mod.__file__) as f:
-            return "current_platform.is_rocm()" in f.read()
-    except (OSError, TypeError):
-        return False
 
 
 # ------------------------------------------------------------------------------------------------
 # Shared argument checks.
-
-
-_arg = ab.arg
-
-
-def _param(p, name):
-    if name not in p:
-        raise Refuse(f"missing parameter '{name}'")
-    return p[name]
-
-
-def _platform_fp8():
-    """vLLM's fp8 cache dtype: e4m3fnuz on gfx94x (MI300), e4m3fn everywhere else."""
-    import torch
-
-    if torch.version.hip is not None:
-        if torch.cuda.get_device_properties(0).gcnArchName.startswith("gfx94"):
-            return torch.float8_e4m3fnuz
-    return torch.float8_e4m3fn
-
-
-def _fp8_format(p, required):
-    fmt = p.get("fp8_format")
-    if required and fmt not in ("e4m3fn", "e4m3fnuz"):
-        raise Refuse(f"fp8_format must be e4m3fn or e4m3fnuz, got {fmt!r}")
-    return fmt
-
-
-def _expect_platform_fp8(fmt):
-    """Unsupported unless ``fmt`` is the fp8 type vLLM's kernels use on this platform."""
-    import torch
-
-    want = _platform_fp8()
-    have = torch.float8_e4m3fnuz if fmt == "e4m3fnuz" else torch.float8_e4m3fn
-    if have != want:
-        raise Unsupported(f"fp8_format {fmt}: vLLM's fp8 dtype on this platform is {want}")
-
-
-def _rows_contiguous(x):
-    """x's elements are one contiguous run in row-major order (sizes-1 dims aside)."""
-    return x.numel <= 1 or x.is_contiguous()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -289,7 +143,7 @@ def kv_cache_write(t, p):
     ks, vs, kv_dtype = a.k_scale, a.v_scale, a.kv_dtype
     if a.layout == "SHUFFLE":
         raise Unsupported("SHUFFLE caches: triton_reshape_and_cache_flash writes NHD caches only")
-    fmt = _fp8_format(p, required=True) if kv_dtype == "fp8" else None
+    fmt = checks.vllm_fp8_format(p, required=True) if kv_dtype == "fp8" else None
     for c in (kc, vc):
         ab.expect_ndim(c, 4)
     if kc.shape != vc.shape:
@@ -322,7 +176,7 @@ def kv_cache_write(t, p):
     import torch
 
     if fmt is not None:
-        _expect_platform_fp8(fmt)
+        checks.vllm_expect_platform_fp8(fmt)
     key_t, value_t = torch.from_dlpack(key), torch.from_dlpack(value)
     kc_t = ab.as_torch(kc, fmt) if fmt else torch.from_dlpack(kc)
     vc_t = ab.as_torch(vc, fmt) if fmt else torch.from_dlpack(vc)
@@ -359,64 +213,6 @@ def kv_cache_write_pertoken_quant(t, p):
 #   into the scores and the output.
 # The entry serves both paths, so it declares both deviations.
 DECODE_CONTRACT = "qk-products-in-input-type+p-in-input-type"
-
-
-def _decode_checks(t, p):
-    """The argument checks of docs/ops/decode_attention.md ("Refusals"); returns the pieces the
-    call needs. Which configurations are invalid (heads not a multiple of kv_heads, is_mla with
-    Lv >= Lk) the op answers: decode_attention asks it first."""
-    names = ("q", "k_buffer", "v_buffer", "req_to_token", "b_seq_len", "o", "lse")
-    q, kb, vb, table, lens, o, lse = (_arg(t, n) for n in names)
-    S = int(_param(p, "num_kv_splits"))
-    P = int(_param(p, "page_size"))
-    sm_scale = float(_param(p, "sm_scale"))
-    cap = float(p.get("logit_cap", 0.0))
-    k_scale, v_scale = float(p.get("k_scale", 1.0)), float(p.get("v_scale", 1.0))
-    is_mla = bool(p.get("is_mla", False))
-
-    ab.expect_dtype(q, "bf16", "f16")
-    if o.dtype_name != q.dtype_name:
-        raise Refuse(f"'o' is {o.dtype_name} but 'q' is {q.dtype_name}")
-    fp8 = kb.dtype_name == "u8"
-    fmt = _fp8_format(p, required=True) if fp8 else None
-    for c in (kb, vb):
-        if c.dtype_name != ("u8" if fp8 else q.dtype_name):
-            raise Refuse(f"'{c.name}' is {c.dtype_name}: the caches must be {q.dtype_name} or fp8 (u8)")
-    if not fp8 and (k_scale != 1.0 or v_scale != 1.0):
-        raise Refuse(f"k_scale {k_scale} / v_scale {v_scale} must be 1 on a 16-bit cache")
-    ab.expect_dtype(lse, "f32")
-    ab.expect_dtype(table, "i32")
-    ab.expect_dtype(lens, "i32")
-    for x, n in ((q, 3), (o, 3), (lse, 2), (table, 2), (lens, 1)):
-        ab.expect_ndim(x, n)
-    ab.expect_ndim(kb, 3, 4)
-    if vb.ndim != kb.ndim:
-        raise Refuse(f"'v_buffer' has {vb.ndim} dims, 'k_buffer' {kb.ndim}")
-    for x in (q, o, kb, vb):
-        if x.strides[-1] != 1:
-            raise Refuse(f"'{x.name}' needs a unit last stride, got strides {x.strides}")
-    B, Hq, Lk = q.shape
-    Hkv, Lv = kb.shape[-2], vb.shape[-1]
-    if kb.shape[-1] != Lk:
-        raise Refuse(f"'k_buffer' head dim {kb.shape[-1]} is not q's {Lk}")
-    if vb.shape[:-1] != kb.shape[:-1]:
-        raise Refuse(f"'v_buffer' {vb.shape} and 'k_buffer' {kb.shape} differ before the head dim")
-    cache_p = kb.shape[1] if kb.ndim == 4 else 1
-    if P != cache_p:
-        raise Refuse(f"page_size {P} is not the cache's {cache_p}")
-    if o.shape != (B, Hq, Lv) or lse.shape != (B, Hq):
-        raise Refuse(f"'o' {o.shape} / 'lse' {lse.shape} are not [B={B}, Hq={Hq}, Lv={Lv}] / [B, Hq]")
-    if table.shape[0] != B or lens.shape != (B,):
-        raise Refuse(f"'req_to_token' {table.shape} / 'b_seq_len' {lens.shape} do not have B={B} rows")
-    if not 1 <= S <= 65535:
-        raise Refuse(f"num_kv_splits must be in [1, 65535], got {S}")
-    if is_mla:
-        if vb.ptr != kb.ptr or vb.strides != kb.strides:
-            raise Refuse("is_mla needs v_buffer == k_buffer[..., :Lv] (same pointer and strides)")
-        if v_scale != k_scale:
-            raise Refuse(f"is_mla needs v_scale == k_scale, got {v_scale} / {k_scale}")
-    return dict(q=q, kb=kb, vb=vb, table=table, lens=lens, o=o, lse=lse, S=S, P=P, B=B, Hq=Hq, Lv=Lv,
-                sm_scale=sm_scale, cap=cap, k_scale=k_scale, v_scale=v_scale, is_mla=is_mla, fmt=fmt)
 
 
 # Invariance (docs/verification.md "Invariance"): decode_attention_fwd launches one program per
@@ -473,7 +269,7 @@ def decode_attention(t, p):
     views), fp8 caches when the revision takes no k_scale/v_scale, an fp8 format other than the
     platform's, and is_mla when the revision has no is_mla."""
     ab.refuse_if_invalid()
-    c = _decode_checks(t, p)
+    c = checks.decode_attention_args(t, p)
     q, kb, vb, table, lens, o, lse = (c[n] for n in ("q", "kb", "vb", "table", "lens", "o", "lse"))
     if table.strides[1] != 1:
         raise Unsupported(f"'req_to_token' strides {table.strides}: the kernel reads b * stride(0) + column")
@@ -500,7 +296,7 @@ def decode_attention(t, p):
     import torch
 
     if fp8:
-        _expect_platform_fp8(c["fmt"])
+        checks.vllm_expect_platform_fp8(c["fmt"])
     q_t, o_t, lse_t = torch.from_dlpack(q), torch.from_dlpack(o), torch.from_dlpack(lse)
     k_t = ab.as_torch(kb, c["fmt"]) if fp8 else torch.from_dlpack(kb)
     v_t = ab.as_torch(vb, c["fmt"]) if fp8 else torch.from_dlpack(vb)
@@ -525,52 +321,6 @@ def decode_attention(t, p):
 # kv_gather (docs/ops/kv_gather.md)
 
 
-def _kv_gather_checks(t, p):
-    names = ("key_cache", "value_cache", "block_tables", "cu_seqlens_kv", "token_to_batch",
-             "seq_starts", "k_scale", "v_scale", "key", "value")
-    kc, vc, bt, cu, t2b, starts, ks, vs, key, value = (_arg(t, n) for n in names)
-    layout = p.get("kv_cache_layout")
-    if layout not in ("NHD", "SHUFFLE"):
-        raise Refuse(f"kv_cache_layout must be NHD or SHUFFLE, got {layout!r}")
-    dequant = bool(_param(p, "dequant"))
-    total = int(_param(p, "total_tokens"))
-    ab.expect_dtype(key, "bf16", "f16")
-    if value.dtype_name != key.dtype_name:
-        raise Refuse(f"'key' is {key.dtype_name} but 'value' is {value.dtype_name}")
-    fmt = _fp8_format(p, required=dequant)
-    for c in (kc, vc):
-        want = "u8" if dequant else key.dtype_name
-        if c.dtype_name != want:
-            raise Refuse(f"'{c.name}' is {c.dtype_name}, expected {want} (dequant={dequant})")
-        ab.expect_ndim(c, 4 if layout == "NHD" else 5)
-    for x in (bt, cu, t2b, starts):
-        ab.expect_dtype(x, "i32")
-    ab.expect_ndim(bt, 2)
-    for x in (ks, vs):
-        ab.expect_dtype(x, "f32")
-    for x in (key, value):
-        ab.expect_ndim(x, 3)
-    Hkv, D = key.shape[1], key.shape[2]
-    if layout == "NHD":
-        nb, P = kc.shape[0], kc.shape[1]
-        for c in (kc, vc):
-            if c.shape != (nb, P, Hkv, D):
-                raise Refuse(f"'{c.name}' {c.shape} is not [nb, P, Hkv={Hkv}, D={D}]")
-    else:
-        x = 16 // (1 if dequant else 2)
-        nb, P = kc.shape[0], kc.shape[3]
-        if kc.shape != (nb, Hkv, D // x, P, x) or vc.shape != (nb, Hkv, P // x, D, x):
-            raise Refuse(
-                f"SHUFFLE caches {kc.shape} / {vc.shape} are not [nb, Hkv, D/x, P, x] / "
-                f"[nb, Hkv, P/x, D, x] with x = {x}"
-            )
-    if value.shape != key.shape or key.shape[0] < total:
-        raise Refuse(f"'key' {key.shape} / 'value' {value.shape} cannot hold [{total}, Hkv, D]")
-    return dict(kc=kc, vc=vc, bt=bt, cu=cu, t2b=t2b, starts=starts, ks=ks, vs=vs, key=key,
-                value=value, layout=layout, dequant=dequant, total=total, fmt=fmt, nb=nb, P=P,
-                Hkv=Hkv, D=D)
-
-
 @ADAPTER.entry("kv_gather")
 def kv_gather(t, p):
     """cp_mha_gather_cache(key_cache, value_cache, key, value, block_tables, k_scales, v_scales,
@@ -589,7 +339,7 @@ def kv_gather(t, p):
     backend does not list (the kernel tiles a head with tl.arange(0, head_size)); and an fp8 format
     other than the platform's."""
     ab.refuse_if_invalid()
-    c = _kv_gather_checks(t, p)
+    c = checks.kv_gather_args(t, p)
     bt, key, value = c["bt"], c["key"], c["value"]
     Hkv, D, P, nb = c["Hkv"], c["D"], c["P"], c["nb"]
     if bt.strides[1] != 1 or (bt.shape[0] > 1 and bt.strides[0] != bt.shape[1]):
@@ -601,7 +351,7 @@ def kv_gather(t, p):
         if x.shape[0] > 1 and x.strides[0] != 1:
             raise Unsupported(f"'{x.name}' must be contiguous (the kernel reads it at base + index)")
     for x in (key, value):
-        if not _rows_contiguous(x):
+        if not checks.rows_contiguous(x):
             raise Unsupported(f"'{x.name}' strides {x.strides}: the kernel writes token t at t * Hkv * D")
     if c["layout"] == "NHD":
         for x in (c["kc"], c["vc"]):
@@ -623,7 +373,7 @@ def kv_gather(t, p):
     import torch
 
     if c["dequant"]:
-        _expect_platform_fp8(c["fmt"])
+        checks.vllm_expect_platform_fp8(c["fmt"])
     as_cache = (lambda x: ab.as_torch(x, c["fmt"])) if c["dequant"] else torch.from_dlpack
     kc_t, vc_t = as_cache(c["kc"]), as_cache(c["vc"])
     ks_t, vs_t = torch.from_dlpack(c["ks"]), torch.from_dlpack(c["vs"])
@@ -662,25 +412,6 @@ def _backend_head_sizes(mod):
 # ------------------------------------------------------------------------------------------------
 # indexer_k_cache, indexer_gather (docs/ops/indexer.md)
 
-_HEAD_DIM, _TOKEN_BYTES = 128, 132  # fp8 values, then one fp32 scale
-
-
-def _indexer_cache_checks(cache):
-    """The cache's dtype, rank and row width; its block size and page stride rules are the op's
-    (asked by the entries before this)."""
-    ab.expect_dtype(cache, "u8")
-    ab.expect_ndim(cache, 3)
-    nb, bs, width = cache.shape
-    if width != _TOKEN_BYTES:
-        raise Refuse(f"'kv_cache' rows are {width} bytes, expected {_TOKEN_BYTES} (128 fp8 + fp32 scale)")
-    if cache.strides[1:] != (_TOKEN_BYTES, 1) or (nb > 1 and cache.strides[0] < bs * _TOKEN_BYTES):
-        raise Unsupported(
-            f"'kv_cache' strides {cache.strides}: the function views each page as one run of "
-            f"block_size x {_TOKEN_BYTES} bytes"
-        )
-    return nb, bs
-
-
 @ADAPTER.entry("indexer_k_cache")
 def indexer_k_cache(t, p):
     """indexer_k_quant_and_cache_triton(k, kv_cache, slot_mapping, quant_block_size=128,
@@ -692,9 +423,9 @@ def indexer_k_cache(t, p):
     quant_max other than the kernel's divisor (448 for e4m3fn, 224 for e4m3fnuz: 240 is AITER's HIP
     writer), and an fp8 format other than the platform's."""
     ab.refuse_if_invalid()
-    k, slots, cache = _arg(t, "k"), _arg(t, "slot_mapping"), _arg(t, "kv_cache")
-    fmt = _fp8_format(p, required=True)
-    qmax = float(_param(p, "quant_max"))
+    k, slots, cache = ab.arg(t, "k"), ab.arg(t, "slot_mapping"), ab.arg(t, "kv_cache")
+    fmt = checks.vllm_fp8_format(p, required=True)
+    qmax = float(checks.param(p, "quant_max"))
     fp8_max = 448.0 if fmt == "e4m3fn" else 240.0
     if not 0 < qmax <= fp8_max:
         raise Refuse(f"quant_max {qmax} outside (0, {fp8_max}]")
@@ -704,7 +435,7 @@ def indexer_k_cache(t, p):
     ab.expect_ndim(slots, 1)
     if k.shape[1] != _HEAD_DIM or k.shape[0] < slots.shape[0]:
         raise Refuse(f"'k' {k.shape} is not [>= {slots.shape[0]}, {_HEAD_DIM}]")
-    _indexer_cache_checks(cache)
+    checks.indexer_cache_rows(cache)
     if k.strides != (_HEAD_DIM, 1) and k.shape[0] > 1:
         raise Unsupported(f"'k' strides {k.strides}: the kernel reads token t at k + t * {_HEAD_DIM}")
     if slots.shape[0] > 1 and slots.strides[0] != 1:
@@ -716,7 +447,7 @@ def indexer_k_cache(t, p):
     fn = _load("indexer_k_cache")[0]
     import torch
 
-    _expect_platform_fp8(fmt)
+    checks.vllm_expect_platform_fp8(fmt)
     if slots.shape[0] == 0:
         return
     fn(torch.from_dlpack(k), torch.from_dlpack(cache), torch.from_dlpack(slots), _HEAD_DIM, "ue8m0")
@@ -733,9 +464,9 @@ def indexer_gather(t, p):
     non-contiguous cu_seq_lens / k_scale, and k_fp8 rows that are not contiguous (written at
     t * 128)."""
     ab.refuse_if_invalid()
-    cache, table, cu = _arg(t, "kv_cache"), _arg(t, "block_table"), _arg(t, "cu_seq_lens")
-    k_fp8, k_scale = _arg(t, "k_fp8"), _arg(t, "k_scale")
-    _indexer_cache_checks(cache)
+    cache, table, cu = ab.arg(t, "kv_cache"), ab.arg(t, "block_table"), ab.arg(t, "cu_seq_lens")
+    k_fp8, k_scale = ab.arg(t, "k_fp8"), ab.arg(t, "k_scale")
+    checks.indexer_cache_rows(cache)
     ab.expect_dtype(table, "i32")
     ab.expect_ndim(table, 2)
     ab.expect_dtype(cu, "i32")
@@ -759,7 +490,7 @@ def indexer_gather(t, p):
     fn = _load("indexer_gather")[0]
     import torch
 
-    fp8 = _platform_fp8()
+    fp8 = checks.vllm_platform_fp8()
     cu_t = torch.from_dlpack(cu)
     rows = (cu_t[1:] - cu_t[:-1]).to(torch.int64)
     token_to_seq = torch.repeat_interleave(torch.arange(R, dtype=torch.int32, device=cu_t.device), rows)

@@ -13,6 +13,7 @@ import pytest
 
 import attncheck_bridge as ab
 import vllm_triton
+from attncheck_bridge import upstream
 
 T_ = ab.Tensor.from_numpy
 
@@ -29,10 +30,11 @@ def fresh(monkeypatch):
     for var in ("ATTNCHECK_VLLM_SRC", "ATTNCHECK_VLLM_FILE"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(vllm_triton, "_loaded", {})
-    monkeypatch.setattr(vllm_triton, "_tree", {"tree": None, "why": ""})
+    upstream.vllm_reset()
     for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
         del sys.modules[name]
     yield
+    upstream.vllm_reset()
     sys.meta_path[:] = saved_meta
     sys.path[:] = saved_path
     for name in [m for m in sys.modules if m not in saved_modules]:
@@ -870,6 +872,6 @@ def test_the_writers_pure_python_imports_run_from_the_tree(fresh, monkeypatch, f
     monkeypatch.setenv("ATTNCHECK_VLLM_SRC", str(tmp_path))
     fn, _, where = vllm_triton._load("kv_cache_write")
     assert fn() == (-448.0, 448.0) and "from the tree" in where
-    stood_in = vllm_triton._tree["tree"].stood_in
+    stood_in = upstream._vllm["tree"].stood_in
     assert "not in the tree" in stood_in["vllm.distributed.parallel_state"]
     assert "vllm.model_executor.layers.quantization.utils.quant_utils" not in stood_in

@@ -205,3 +205,162 @@ def sparse_common(t, p):
     if bool(((slots >= f["nb"] * P) | ((slots < 0) & (slots != -1))).any()):
         raise ValueError("a converted slot lies outside the cache (a block table entry names a missing block)")
     return f, r, tok.masked_fill(~ok, -1), slots
+
+
+# ------------------------------------------------------------------------------------------------
+# vLLM's Triton functions (py:vllm_triton): what their interfaces take.
+
+
+def vllm_platform_fp8():
+    """vLLM's fp8 cache dtype: e4m3fnuz on gfx94x (MI300), e4m3fn everywhere else."""
+    import torch
+
+    if torch.version.hip is not None:
+        if torch.cuda.get_device_properties(0).gcnArchName.startswith("gfx94"):
+            return torch.float8_e4m3fnuz
+    return torch.float8_e4m3fn
+
+
+def vllm_fp8_format(p, required):
+    fmt = p.get("fp8_format")
+    if required and fmt not in ("e4m3fn", "e4m3fnuz"):
+        raise Refuse(f"fp8_format must be e4m3fn or e4m3fnuz, got {fmt!r}")
+    return fmt
+
+
+def vllm_expect_platform_fp8(fmt):
+    """Unsupported unless ``fmt`` is the fp8 type vLLM's kernels use on this platform."""
+    import torch
+
+    want = vllm_platform_fp8()
+    have = torch.float8_e4m3fnuz if fmt == "e4m3fnuz" else torch.float8_e4m3fn
+    if have != want:
+        raise Unsupported(f"fp8_format {fmt}: vLLM's fp8 dtype on this platform is {want}")
+
+
+def rows_contiguous(x):
+    """x's elements are one contiguous run in row-major order (sizes-1 dims aside)."""
+    return x.numel <= 1 or x.is_contiguous()
+
+
+def decode_attention_args(t, p):
+    """The argument checks of docs/ops/decode_attention.md ("Refusals"); returns the pieces the
+    call needs. Which configurations are invalid (heads not a multiple of kv_heads, is_mla with
+    Lv >= Lk) the op answers: decode_attention asks it first."""
+    names = ("q", "k_buffer", "v_buffer", "req_to_token", "b_seq_len", "o", "lse")
+    q, kb, vb, table, lens, o, lse = (ab.arg(t, n) for n in names)
+    S = int(param(p, "num_kv_splits"))
+    P = int(param(p, "page_size"))
+    sm_scale = float(param(p, "sm_scale"))
+    cap = float(p.get("logit_cap", 0.0))
+    k_scale, v_scale = float(p.get("k_scale", 1.0)), float(p.get("v_scale", 1.0))
+    is_mla = bool(p.get("is_mla", False))
+
+    ab.expect_dtype(q, "bf16", "f16")
+    if o.dtype_name != q.dtype_name:
+        raise Refuse(f"'o' is {o.dtype_name} but 'q' is {q.dtype_name}")
+    fp8 = kb.dtype_name == "u8"
+    fmt = vllm_fp8_format(p, required=True) if fp8 else None
+    for c in (kb, vb):
+        if c.dtype_name != ("u8" if fp8 else q.dtype_name):
+            raise Refuse(f"'{c.name}' is {c.dtype_name}: the caches must be {q.dtype_name} or fp8 (u8)")
+    if not fp8 and (k_scale != 1.0 or v_scale != 1.0):
+        raise Refuse(f"k_scale {k_scale} / v_scale {v_scale} must be 1 on a 16-bit cache")
+    ab.expect_dtype(lse, "f32")
+    ab.expect_dtype(table, "i32")
+    ab.expect_dtype(lens, "i32")
+    for x, n in ((q, 3), (o, 3), (lse, 2), (table, 2), (lens, 1)):
+        ab.expect_ndim(x, n)
+    ab.expect_ndim(kb, 3, 4)
+    if vb.ndim != kb.ndim:
+        raise Refuse(f"'v_buffer' has {vb.ndim} dims, 'k_buffer' {kb.ndim}")
+    for x in (q, o, kb, vb):
+        if x.strides[-1] != 1:
+            raise Refuse(f"'{x.name}' needs a unit last stride, got strides {x.strides}")
+    B, Hq, Lk = q.shape
+    Hkv, Lv = kb.shape[-2], vb.shape[-1]
+    if kb.shape[-1] != Lk:
+        raise Refuse(f"'k_buffer' head dim {kb.shape[-1]} is not q's {Lk}")
+    if vb.shape[:-1] != kb.shape[:-1]:
+        raise Refuse(f"'v_buffer' {vb.shape} and 'k_buffer' {kb.shape} differ before the head dim")
+    cache_p = kb.shape[1] if kb.ndim == 4 else 1
+    if P != cache_p:
+        raise Refuse(f"page_size {P} is not the cache's {cache_p}")
+    if o.shape != (B, Hq, Lv) or lse.shape != (B, Hq):
+        raise Refuse(f"'o' {o.shape} / 'lse' {lse.shape} are not [B={B}, Hq={Hq}, Lv={Lv}] / [B, Hq]")
+    if table.shape[0] != B or lens.shape != (B,):
+        raise Refuse(f"'req_to_token' {table.shape} / 'b_seq_len' {lens.shape} do not have B={B} rows")
+    if not 1 <= S <= 65535:
+        raise Refuse(f"num_kv_splits must be in [1, 65535], got {S}")
+    if is_mla:
+        if vb.ptr != kb.ptr or vb.strides != kb.strides:
+            raise Refuse("is_mla needs v_buffer == k_buffer[..., :Lv] (same pointer and strides)")
+        if v_scale != k_scale:
+            raise Refuse(f"is_mla needs v_scale == k_scale, got {v_scale} / {k_scale}")
+    return dict(q=q, kb=kb, vb=vb, table=table, lens=lens, o=o, lse=lse, S=S, P=P, B=B, Hq=Hq, Lv=Lv,
+                sm_scale=sm_scale, cap=cap, k_scale=k_scale, v_scale=v_scale, is_mla=is_mla, fmt=fmt)
+
+
+def kv_gather_args(t, p):
+    names = ("key_cache", "value_cache", "block_tables", "cu_seqlens_kv", "token_to_batch",
+             "seq_starts", "k_scale", "v_scale", "key", "value")
+    kc, vc, bt, cu, t2b, starts, ks, vs, key, value = (ab.arg(t, n) for n in names)
+    layout = p.get("kv_cache_layout")
+    if layout not in ("NHD", "SHUFFLE"):
+        raise Refuse(f"kv_cache_layout must be NHD or SHUFFLE, got {layout!r}")
+    dequant = bool(param(p, "dequant"))
+    total = int(param(p, "total_tokens"))
+    ab.expect_dtype(key, "bf16", "f16")
+    if value.dtype_name != key.dtype_name:
+        raise Refuse(f"'key' is {key.dtype_name} but 'value' is {value.dtype_name}")
+    fmt = vllm_fp8_format(p, required=dequant)
+    for c in (kc, vc):
+        want = "u8" if dequant else key.dtype_name
+        if c.dtype_name != want:
+            raise Refuse(f"'{c.name}' is {c.dtype_name}, expected {want} (dequant={dequant})")
+        ab.expect_ndim(c, 4 if layout == "NHD" else 5)
+    for x in (bt, cu, t2b, starts):
+        ab.expect_dtype(x, "i32")
+    ab.expect_ndim(bt, 2)
+    for x in (ks, vs):
+        ab.expect_dtype(x, "f32")
+    for x in (key, value):
+        ab.expect_ndim(x, 3)
+    Hkv, D = key.shape[1], key.shape[2]
+    if layout == "NHD":
+        nb, P = kc.shape[0], kc.shape[1]
+        for c in (kc, vc):
+            if c.shape != (nb, P, Hkv, D):
+                raise Refuse(f"'{c.name}' {c.shape} is not [nb, P, Hkv={Hkv}, D={D}]")
+    else:
+        x = 16 // (1 if dequant else 2)
+        nb, P = kc.shape[0], kc.shape[3]
+        if kc.shape != (nb, Hkv, D // x, P, x) or vc.shape != (nb, Hkv, P // x, D, x):
+            raise Refuse(
+                f"SHUFFLE caches {kc.shape} / {vc.shape} are not [nb, Hkv, D/x, P, x] / "
+                f"[nb, Hkv, P/x, D, x] with x = {x}"
+            )
+    if value.shape != key.shape or key.shape[0] < total:
+        raise Refuse(f"'key' {key.shape} / 'value' {value.shape} cannot hold [{total}, Hkv, D]")
+    return dict(kc=kc, vc=vc, bt=bt, cu=cu, t2b=t2b, starts=starts, ks=ks, vs=vs, key=key,
+                value=value, layout=layout, dequant=dequant, total=total, fmt=fmt, nb=nb, P=P,
+                Hkv=Hkv, D=D)
+
+
+VLLM_INDEXER_HEAD_DIM, VLLM_INDEXER_TOKEN_BYTES = 128, 132  # fp8 values, then one fp32 scale
+
+
+def indexer_cache_rows(cache):
+    """The cache's dtype, rank and row width; its block size and page stride rules are the op's
+    (asked by the entries before this)."""
+    ab.expect_dtype(cache, "u8")
+    ab.expect_ndim(cache, 3)
+    nb, bs, width = cache.shape
+    if width != VLLM_INDEXER_TOKEN_BYTES:
+        raise Refuse(f"'kv_cache' rows are {width} bytes, expected {VLLM_INDEXER_TOKEN_BYTES} (128 fp8 + fp32 scale)")
+    if cache.strides[1:] != (VLLM_INDEXER_TOKEN_BYTES, 1) or (nb > 1 and cache.strides[0] < bs * VLLM_INDEXER_TOKEN_BYTES):
+        raise Unsupported(
+            f"'kv_cache' strides {cache.strides}: the function views each page as one run of "
+            f"block_size x {VLLM_INDEXER_TOKEN_BYTES} bytes"
+        )
+    return nb, bs

@@ -671,3 +671,126 @@ def aiter_reset():
     if _aiter["tree"] is not None:
         _aiter["tree"].uninstall()
     _aiter["tree"], _aiter["loaded"] = None, {}
+
+
+# ------------------------------------------------------------------------------------------------
+# Where vLLM comes from (docs/adapters/vllm.md "Where vLLM comes from").
+
+_vllm = {"tree": None, "why": ""}  # the Tree in force; why a checkout's import failed
+
+
+def vllm_reset():
+    """Forgets the vLLM tree and every vllm module (tests)."""
+    if _vllm["tree"] is not None:
+        _vllm["tree"].uninstall()
+    _vllm["tree"], _vllm["why"] = None, ""
+    _purge_vllm()
+
+
+def _purge_vllm():
+    for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
+        del sys.modules[name]
+
+
+def _vllm_tree(root):
+    """The loader over ``root`` (None: single files, every vllm module stood in), installed."""
+    t = _vllm["tree"]
+    if t is None or t.root != root:
+        if t is not None:
+            t.uninstall()
+        t = Tree("vllm_triton", ("vllm",), root, probes=VLLM_PROBES).install()
+        _vllm["tree"] = t
+    return t
+
+
+def _checkout_import(src, candidates, errors):
+    """A full checkout's normal import (vLLM built there); None when it fails (then loaded from
+    the tree file-wise)."""
+    if src not in sys.path:
+        sys.path.insert(0, src)
+    for modname, _, fn in candidates:
+        try:
+            mod = importlib.import_module(modname)
+        except Exception as e:  # noqa: BLE001 - dependencies missing: load from the tree
+            errors.append(f"{modname}: {type(e).__name__}: {e}")
+            continue
+        if not os.path.abspath(mod.__file__).startswith(src + os.sep):
+            errors.append(f"{modname} came from {mod.__file__}, not from {src}")
+            continue
+        return mod, fn
+    _vllm["why"] = "; ".join(errors)
+    _purge_vllm()
+    return None
+
+
+def vllm_load(candidates, single_file=False):
+    """(function, module, description) of the first of ``candidates`` ((module name, repository
+    path, function) each) that vLLM gives, from (first match wins) ATTNCHECK_VLLM_SRC exclusively
+    (a full checkout's import, else the tree through this loader), an installed vllm, or
+    ATTNCHECK_VLLM_FILE when ``single_file``; Unsupported with the reason when none does."""
+    src = os.environ.get("ATTNCHECK_VLLM_SRC")
+    errors = []
+    if src:
+        src = os.path.abspath(src)
+        if not os.path.isdir(src):
+            raise Unsupported(f"ATTNCHECK_VLLM_SRC={src} is not a directory")
+        if os.path.isfile(os.path.join(src, "vllm", "__init__.py")) and _vllm["tree"] is None:
+            got = _checkout_import(src, candidates, errors)
+            if got is not None:
+                mod, fn = got
+                return _vllm_function(mod, fn, f"{mod.__name__} ({mod.__file__}, checkout import)")
+        for modname, relpath, fn in candidates:
+            path = os.path.join(src, relpath)
+            if os.path.isfile(path):
+                mod = _vllm_tree(src).load(modname)
+                why = f"; checkout import failed: {_vllm['why']}" if _vllm["why"] else ""
+                return _vllm_function(mod, fn, f"{path} (from the tree, its pure-Python imports "
+                                 f"executed, stand-ins named on stderr{why})")
+        raise Unsupported(
+            f"ATTNCHECK_VLLM_SRC={src} holds none of "
+            + ", ".join(r for _, r, _ in candidates)
+            + (f" ({'; '.join(errors)})" if errors else "")
+        )
+    for modname, _, fn in candidates:
+        try:
+            mod = importlib.import_module(modname)
+        except Exception as e:  # noqa: BLE001 - any import failure: try the next module path
+            errors.append(f"{modname}: {type(e).__name__}: {e}")
+            continue
+        return _vllm_function(mod, fn, f"{modname} ({mod.__file__}, installed vllm)")
+    path = os.environ.get("ATTNCHECK_VLLM_FILE")
+    if path and single_file:
+        if not os.path.isfile(path):
+            raise Unsupported(f"ATTNCHECK_VLLM_FILE={path} is not a file")
+        mod = _vllm_tree(None).exec_file("vllm_triton_reshape_and_cache_flash", path)
+        return _vllm_function(mod, candidates[0][2], f"{path} (standalone, vLLM stand-ins)")
+    raise Unsupported(
+        "vLLM not found: set ATTNCHECK_VLLM_SRC to a checkout or a partial tree"
+        + (" or ATTNCHECK_VLLM_FILE to triton_reshape_and_cache_flash.py" if single_file else "")
+        + " (" + "; ".join(errors) + ")"
+    )
+
+
+def _vllm_function(mod, fn_name, description):
+    fn = getattr(mod, fn_name, None)
+    if fn is None and _guarded_by_rocm(mod):
+        # Off ROCm the file is executed a second time with is_rocm() answering True for its own
+        # import of current_platform (the Triton kernel itself is portable).
+        tree = _vllm["tree"] or Tree("vllm_triton", ("vllm",), None)
+        mod = tree.exec_file("_attncheck_rocm_view_" + mod.__name__.replace(".", "_"), mod.__file__,
+                             import_hook=rocm_view_import)
+        fn = getattr(mod, fn_name, None)
+        description += "; ROCm-guarded definitions loaded with is_rocm() answering True"
+    if fn is None:
+        raise Unsupported(f"{description} defines no {fn_name}")
+    return fn, mod, description
+
+
+def _guarded_by_rocm(mod):
+    try:
+        with open(mod.__file__) as f:
+            return "current_platform.is_rocm()" in f.read()
+    except (OSError, TypeError):
+        return False
+
+
