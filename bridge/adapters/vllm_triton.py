@@ -321,7 +321,27 @@ def decode_attention(t, p):
 # kv_gather (docs/ops/kv_gather.md)
 
 
-@ADAPTER.entry("kv_gather")
+# The call kv_gather() makes, for `attncheck repro --export pytest`: fp8 caches viewed as the case's
+# torch fp8 type, SHUFFLE blocks handed over as the [nb, P, Hkv, D]-shaped view vLLM holds.
+_GATHER_EXPORT = ab.Export(
+    module=[m for m, _, _ in _KERNELS["kv_gather"]], function="cp_mha_gather_cache",
+    setup=[
+        "fp8 = getattr(torch, 'float8_' + p['fp8_format']) if p['dequant'] else None",
+        "kc = t['key_cache'].view(fp8) if fp8 is not None else t['key_cache']",
+        "vc = t['value_cache'].view(fp8) if fp8 is not None else t['value_cache']",
+        "Hkv, D = t['key'].shape[1], t['key'].shape[2]",
+        "if p['kv_cache_layout'] == 'SHUFFLE': P = kc.shape[3]; "
+        "kc = kc.as_strided((kc.shape[0], P, Hkv, D), (kc.stride(0), Hkv * D, D, 1)); "
+        "vc = vc.as_strided((vc.shape[0], P, Hkv, D), (vc.stride(0), Hkv * D, D, 1))",
+    ],
+    kwargs={"key_cache": "kc", "value_cache": "vc", "key": "t['key']", "value": "t['value']",
+            "block_tables": "t['block_tables']", "k_scales": "t['k_scale']", "v_scales": "t['v_scale']",
+            "cu_seqlens_kv": "t['cu_seqlens_kv']", "token_to_batch": "t['token_to_batch']",
+            "seq_starts": "t['seq_starts']", "dequant": "p['dequant']",
+            "kv_cache_layout": "p['kv_cache_layout']", "total_tokens": "p['total_tokens']"})
+
+
+@ADAPTER.entry("kv_gather", export=_GATHER_EXPORT)
 def kv_gather(t, p):
     """cp_mha_gather_cache(key_cache, value_cache, key, value, block_tables, k_scales, v_scales,
     cu_seqlens_kv, token_to_batch, seq_starts, dequant, kv_cache_layout, total_tokens).

@@ -224,3 +224,63 @@ def test_the_exporter_needs_no_h5py():
             "import attncheck_bridge.export_pytest, attncheck_bridge.hdf5_reader; print('ok')")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env())
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+# ------------------------------------------------------------------------------------------------
+# The exported file against an upstream source tree (no package installed) and under a partial
+# contract, without a binary: the bundle's contents are given directly.
+
+
+def _fake_bundle(monkeypatch, budgets):
+    meta = {"id": "decode_attention/fake", "op": "decode_attention", "kernel": "decode_attention",
+            "verdict": "failed", "message": "m", "repro": "r", "params": {}, "kernel_params": {"n": 3}}
+    args = {"x": {"dtype": "f32", "shape": [2], "strides": [1], "offset": 0, "storage": 0, "role": "input"},
+            "out": {"dtype": "f32", "shape": [2], "strides": [1], "offset": 0, "storage": 1, "role": "output"},
+            "lse": {"dtype": "f32", "shape": [2], "strides": [1], "offset": 0, "storage": 2, "role": "output"}}
+    storages = {0: np.array([1, 2], np.float32).tobytes(), 1: bytes(8), 2: bytes(8)}
+    expected = {"out": ("f32", np.array([2, 4], np.float32)), "lse": ("f32", np.array([7, 7], np.float32))}
+    monkeypatch.setattr(export_pytest, "_read_bundle", lambda path: (meta, args, storages, expected, budgets))
+
+
+FAKE_ADAPTER = '''
+import attncheck_bridge as ab
+
+ADAPTER = ab.Adapter("fake_vllm")
+
+
+@ADAPTER.entry("decode_attention", partial=PARTIAL, export=ab.Export(
+    "vllm.v1.attention.ops.triton_decode_attention", "double", args=["t['x']", "t['out']"], framework="numpy"))
+def decode_attention(t, p):
+    pass
+'''
+
+
+def test_the_exported_file_loads_the_upstream_function_from_a_source_tree(tmp_path, monkeypatch):
+    exact = {"kind": "exact"}
+    _fake_bundle(monkeypatch, {"out": exact, "lse": exact})
+    adapter = tmp_path / "fake_vllm.py"
+    adapter.write_text(FAKE_ADAPTER.replace("PARTIAL", '{"not_produced": ["lse"]}'))
+    out = tmp_path / "test_fake.py"
+    export_pytest.generate("bundle.h5", str(adapter), str(out))
+    kernel = tmp_path / "tree" / "vllm" / "v1" / "attention" / "ops" / "triton_decode_attention.py"
+    kernel.parent.mkdir(parents=True)
+    kernel.write_text("from vllm.platforms import current_platform\n"
+                      "def double(x, out):\n    out[...] = 2 * x\n")
+    monkeypatch.setenv("ATTNCHECK_VLLM_SRC", str(tmp_path / "tree"))
+    ran = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(out)],
+                         capture_output=True, text=True, env=_env(), timeout=300)
+    assert ran.returncode == 0 and "1 passed" in ran.stdout, ran.stdout + ran.stderr
+    mod = load(out)
+    assert mod.NOT_PRODUCED == ["lse"] and list(mod.BUDGETS) == ["out"]  # lse: never written, not checked
+    kernel.write_text("def double(x, out):\n    out[...] = 3 * x\n")  # the bug: the test fails
+    ran = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(out)],
+                         capture_output=True, text=True, env=_env(), timeout=300)
+    assert ran.returncode == 1 and "out: 2 of 2 elements differ bitwise" in ran.stdout, ran.stdout
+
+
+def test_an_unspecified_region_is_refused_with_the_reason(tmp_path, monkeypatch):
+    _fake_bundle(monkeypatch, {"out": {"kind": "exact"}})
+    adapter = tmp_path / "fake_vllm2.py"
+    adapter.write_text(FAKE_ADAPTER.replace("PARTIAL", '{"unspecified": {"out": "past_context"}}'))
+    with pytest.raises(export_pytest.ExportError, match=r"leaves out \(past_context\) unspecified"):
+        export_pytest.generate("bundle.h5", str(adapter), str(tmp_path / "test_x.py"))

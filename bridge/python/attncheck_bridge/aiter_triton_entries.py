@@ -96,6 +96,7 @@ def mla_decode(t, p):
     if MLA_VARIANT == "decode_rope":
         return _mla_decode_rope(t, f, req, causal)
     import torch
+
     fn = load("aiter.ops.triton.attention.mla_decode", "decode_attention_fwd")
     if f["N"] > 1 and t["lse"].strides[1] != 1:
         raise Unsupported(f"lse strides {t['lse'].strides}: stage 2 stores lse + b * stride(0) + h")
@@ -129,6 +130,7 @@ def _mla_decode_rope(t, f, req, causal):
     one KV split, because stage 2 merges the splits without storing the LSE and stage 1's record
     (e_max + log e_sum at offset kv_lora_rank) is the row's LSE only when there is one split."""
     import torch
+
     if f["fmt"] is not None:
         raise Unsupported("decode_attention_fwd_grouped_rope takes no kv scale: bf16/f16 caches only")
     fn = load("aiter.ops.triton.attention.mla_decode_rope", "decode_attention_fwd_grouped_rope")
@@ -179,6 +181,7 @@ def sparse_mla(t, p):
     if IMPL == "torch_ref":
         return _sparse_mla_torch_ref(t, f, r, local)
     import torch
+
     fn = load("aiter.ops.triton.attention.unified_attention_sparse_mla", "unified_attention_sparse_mla")
     T = f["T"]
     q, out = torch.from_dlpack(t["q"]), torch.from_dlpack(t["out"])
@@ -195,6 +198,7 @@ def _sparse_mla_torch_ref(t, f, r, local):
     It runs on CPU tensors (its masks are built on the default device); the cache blocks it reads
     are gathered into a compact copy."""
     import torch
+
     if t["q"].dtype_name != "bf16":
         raise Unsupported("reference_torch returns bf16: f16 cases are not comparable")
     fn = load("op_tests.triton_tests.attention.test_unified_attention_sparse_mla", "reference_torch")
@@ -226,6 +230,7 @@ def indexer_logits_prefill(t, p):
     if IMPL == "kernel":
         _expect_platform_fp8(fmt, "fp8_mqa_logits")
     import torch
+
     dt = _fp8_dtype(fmt)
     qv, kv = torch.from_dlpack(q).view(dt), torch.from_dlpack(kf).view(dt)
     args = [torch.from_dlpack(x) for x in (ks, w, ks_, ke)]
@@ -248,6 +253,7 @@ def indexer_logits_decode(t, p):
     logits."""
     ab.refuse_if_invalid()
     import torch
+
     fmt, (q, cache, w, lens, table, logits), (B, nn, H, D), chunk, (nb, bs) = checks.indexer_logits_decode_args(t, p)
     if IMPL == "torch_ref":
         raise Unsupported("op_tests/triton_tests/attention has no torch reference of the paged MQA logits")
@@ -271,10 +277,49 @@ def indexer_logits_decode(t, p):
        Preshuffle=bs > 1, KVBlockSize=bs, ChunkK=256, WavePerEU=2)
 
 
+# The calls the entries make, for `attncheck repro --export pytest` (attncheck_bridge.Export): the
+# same host-side preparation, written over the exported test's tensors.
+SPARSE_EXPORT = ab.Export(
+    module="aiter.ops.triton.attention.unified_attention_sparse_mla", function="unified_attention_sparse_mla",
+    setup=[
+        "dev = t['q'].device; T = t['q'].shape[0]; P = t['kv_cache'].shape[1]",
+        "table = t['block_table'].long(); r = t['req_id_per_token'].long(); tok = t['topk_indices'].long()",
+        "W = table.shape[1]; blk = torch.where(tok >= 0, tok // P, torch.full_like(tok, -1))",
+        "ok = (tok >= 0) & (blk < W); page = table[r.unsqueeze(1).expand_as(tok), blk.clamp(0, W - 1)]",
+        "slots = torch.where(ok, page * P + tok % P, torch.full_like(tok, -1)).to(torch.int32).contiguous()",
+        "cu = torch.arange(T + 1, dtype=torch.int32, device=dev); used = torch.ones(T, dtype=torch.int32, device=dev)",
+    ],
+    args=["t['q']", "t['kv_cache'].unsqueeze(2)", "t['out']", "cu", "1", "used", "1", "float(p['scale'])", "slots",
+          "t['block_table']", "t['out'].shape[2]"])
+MLA_EXPORT = ab.Export(
+    module="aiter.ops.triton.attention.mla_decode", function="decode_attention_fwd",
+    setup=[
+        "dev = t['q'].device; T, N, Lk = t['q'].shape; Lv = t['out'].shape[2]; P = t['kv_cache'].shape[1]",
+        "lens = t['seq_lens'].long().cpu(); starts = t['query_start_loc'].long().cpu(); qlens = starts[1:] - starts[:-1]",
+        "req = torch.repeat_interleave(torch.arange(lens.shape[0]), qlens); pos = torch.arange(T) - starts[req]",
+        "causal = lens[req] - qlens[req] + pos + 1",
+        "table = t['block_table']",
+        "req_to_token = table if bool((qlens == 1).all()) and T == table.shape[0] else "
+        "table.cpu()[req].to(torch.int32).contiguous().to(dev)",
+        "s = int(p.get('num_kv_splits', 0) or 0); S = s or max(1, min(16, -(-int(causal.max() if T else 1) // 256)))",
+        "fp8 = t['kv_cache'].dtype == torch.uint8",
+        "kv = t['kv_cache'].view(getattr(torch, 'float8_' + p['fp8_format'])) if fp8 else t['kv_cache']",
+        "k_buffer = kv.view(-1, 1, Lk); v_buffer = k_buffer[..., :Lv]",
+        "attn_logits = torch.full((T, N, S, Lv + 1), float('nan'), dtype=torch.float32, device=dev)",
+        "scale = torch.tensor([float(p.get('kv_scale', 1.0))], dtype=torch.float32, device=dev)",
+        "extra = {'k_scale': scale, 'v_scale': scale} if fp8 else {}",
+    ],
+    args=["t['q']", "k_buffer", "v_buffer", "t['out']", "t['lse']", "req_to_token", "causal.to(torch.int32).to(dev)",
+          "attn_logits", "S", "float(p['scale'])"],
+    kwargs={"page_size": "P", "logit_cap": "0.0", "**": "extra"})
+
+
 def register(adapter):
     """Adds the entries to ``adapter``."""
-    adapter.add("mla_decode", mla_decode, MLA_CONTRACT)
-    adapter.add("sparse_mla", sparse_mla, SPARSE_CONTRACT, partial=SPARSE_PARTIAL)
+    kernel = IMPL == "kernel"
+    adapter.entry("mla_decode", MLA_CONTRACT, export=MLA_EXPORT if kernel and MLA_VARIANT == "decode" else None)(mla_decode)
+    adapter.entry("sparse_mla", SPARSE_CONTRACT, export=SPARSE_EXPORT if kernel else None,
+                  partial=SPARSE_PARTIAL)(sparse_mla)
     adapter.add("indexer_logits_prefill", indexer_logits_prefill)
     adapter.add("indexer_logits_decode", indexer_logits_decode, partial=LOGITS_DECODE_PARTIAL)
     return adapter

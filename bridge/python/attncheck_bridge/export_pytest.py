@@ -141,6 +141,13 @@ def generate(bundle, adapter_spec, out):
         raise ExportError(f"adapter {adapter.name}: entry '{entry}' has no export description "
                           "(attncheck_bridge.Export: module, function, arguments)")
     desc = ex.to_json(adapter.device)
+    partial = adapter.partial_of(entry) or {"not_produced": [], "unspecified": {}}
+    if partial["unspecified"]:
+        raise ExportError(f"adapter {adapter.name}: entry '{entry}' leaves "
+                          + ", ".join(f"{o} ({r})" for o, r in partial["unspecified"].items())
+                          + " unspecified: the exported check cannot mask such a region")
+    # An output the entry declares not produced is not checked (attncheck checks it is untouched).
+    budgets = {n: b for n, b in budgets.items() if n not in partial["not_produced"]}
     outputs = [n for n in expected if n in budgets]
     out = Path(out)
     data = {f"storage_{k}": np.frombuffer(v, np.uint8) for k, v in storages.items()}
@@ -165,6 +172,7 @@ def generate(bundle, adapter_spec, out):
         where="the .npz beside this file" if sidecar else "this file (zlib + base64)",
         case=_py({"id": meta["id"], "op": meta["op"], "params": meta["params"]}),
         kernel_params=_py(meta["kernel_params"]), args=_py(args), budgets=_py(budgets),
+        not_produced=_py(partial["not_produced"]),
         expected_dtypes=_py({n: expected[n][0] for n in outputs}), export=_py(desc), blobs=blobs, setup=setup,
         function=desc["function"], call_args=call_args, test_name=_test_name(meta["id"]),
         framework=desc["framework"], device=desc["device"])
@@ -176,8 +184,10 @@ def generate(bundle, adapter_spec, out):
 _TEMPLATE = '''"""attncheck finding: {id} ({verdict} through py:{adapter}, entry {entry}).
 
 Exported by `attncheck repro --export pytest`. Self-contained: the inputs and expected outputs are
-in {where}; the call below is the one the attncheck adapter makes. Run it where the upstream
-package is importable (its repository): `python3 -m pytest THIS_FILE`. It passes when every output
+in {where}; the call below is the one the attncheck adapter makes. Needs torch (or NumPy for a
+NumPy adapter) and pytest. Run it where the upstream package is importable, or against a source
+tree without its compiled extensions: ATTNCHECK_VLLM_SRC / ATTNCHECK_AITER_SRC=<tree> with
+attncheck's bridge/python on PYTHONPATH: `python3 -m pytest THIS_FILE`. It passes when every output
 is within the budget attncheck derived for it (per element |actual - expected| <= atol + rtol
 |expected|, a bounded fraction of elements beyond, calc_diff; bitwise for exact outputs; top-k rows
 as sets, ties not excused here).
@@ -191,6 +201,7 @@ Rerun in attncheck:
 import base64
 import importlib
 import inspect  # noqa: F401 - the call's set-up may ask the upstream signature
+import os
 import zlib
 from pathlib import Path
 
@@ -202,6 +213,8 @@ KERNEL_PARAMS = {kernel_params}
 # Every argument: dtype, view shape / strides / offset (elements) in its storage; role.
 ARGS = {args}
 BUDGETS = {budgets}
+# Outputs the entry declares it does not produce (a partial contract): not checked here.
+NOT_PRODUCED = {not_produced}
 EXPECTED_DTYPES = {expected_dtypes}
 EXPORT = {export}
 {blobs}
@@ -248,7 +261,25 @@ def _torch_views(storages, torch, device):
 
 
 def _upstream():
+    """The upstream function. With ATTNCHECK_VLLM_SRC / ATTNCHECK_AITER_SRC set and attncheck's
+    bridge importable (bridge/python on PYTHONPATH), from that source tree through attncheck's
+    loader (attncheck_bridge.upstream: the tree's files, no compiled extensions needed), and
+    nothing else; otherwise the installed package."""
     errors = []
+    root = EXPORT["modules"][0].split(".")[0]
+    src = os.environ.get({{"vllm": "ATTNCHECK_VLLM_SRC", "aiter": "ATTNCHECK_AITER_SRC"}}.get(root, ""), "")
+    if src:
+        try:
+            from attncheck_bridge import upstream
+        except ImportError as e:
+            pytest.fail(f"{{root}} source tree {{src}} given, but attncheck_bridge is not importable: {{e}}")
+        try:
+            if root == "vllm":
+                return upstream.vllm_load([(m, m.replace(".", "/") + ".py", EXPORT["function"])
+                                           for m in EXPORT["modules"]])[0]
+            return upstream.aiter_load(EXPORT["modules"][0], EXPORT["function"])
+        except Exception as e:  # noqa: BLE001 - named below
+            pytest.fail(f"cannot load {function} from {{src}}: {{type(e).__name__}}: {{e}}")
     for module in EXPORT["modules"]:
         try:
             return getattr(importlib.import_module(module), EXPORT["function"])
