@@ -80,3 +80,12 @@ def test_probes_answer_for_the_device_and_the_kernel_file_itself_is_strict(tree)
         t.load("fk.broken")
     with pytest.raises(ab.Unsupported, match="lacks fk/absent.py"):
         t.load("fk.absent")
+
+
+def test_a_kernel_file_stood_in_as_a_dependency_is_loaded_strictly_later(tree):
+    t = tree({"fk/kernel.py": "import attncheck_no_such_package_xyz\ndef run():\n    return 1\n",
+              "fk/user.py": "from fk.kernel import run\n"})
+    t.load("fk.user")  # fk.kernel fails as a dependency: stood in
+    assert "attncheck_no_such_package_xyz" in t.stood_in["fk.kernel"]
+    with pytest.raises(ab.Unsupported, match="kernel.py failed to load: ModuleNotFoundError"):
+        t.load("fk.kernel")

@@ -285,6 +285,10 @@ class Tree(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         if not (rel and os.path.isfile(rel + ".py")):
             raise Unsupported(f"{self.project} tree {self.root} lacks {modname.replace('.', '/')}.py")
         self.strict.add(modname)
+        if isinstance(sys.modules.get(modname), StandInModule):
+            # Imported before as another module's dependency and stood in: execute it again, strictly
+            # (a stand-in's functions would "run" without computing anything).
+            del sys.modules[modname]
         try:
             return importlib.import_module(modname)
         except Exception as e:  # noqa: BLE001 - any failure declines the entry, naming it
