@@ -284,3 +284,23 @@ def test_an_unspecified_region_is_refused_with_the_reason(tmp_path, monkeypatch)
     adapter.write_text(FAKE_ADAPTER.replace("PARTIAL", '{"unspecified": {"out": "past_context"}}'))
     with pytest.raises(export_pytest.ExportError, match=r"leaves out \(past_context\) unspecified"):
         export_pytest.generate("bundle.h5", str(adapter), str(tmp_path / "test_x.py"))
+
+
+def test_a_large_offset_storage_is_exported_as_its_window_for_torch_only(tmp_path, monkeypatch):
+    exact = {"kind": "exact"}
+    _fake_bundle(monkeypatch, {"out": exact})
+    meta, args, storages, expected, budgets = export_pytest._read_bundle("b.h5")
+    meta = dict(meta, sparse={1: {"extent_bytes": 1 << 33, "window_begin_bytes": (1 << 33) - 8,
+                                  "poison": "nan", "dtype": "f32"}})
+    args = dict(args, out=dict(args["out"], offset=(1 << 31) - 2))
+    monkeypatch.setattr(export_pytest, "_read_bundle", lambda path: (meta, args, storages, expected, budgets))
+    adapter = tmp_path / "fake_vllm3.py"
+    adapter.write_text(FAKE_ADAPTER.replace("PARTIAL", "None"))
+    with pytest.raises(export_pytest.ExportError, match="only torch exports rebuild its extent"):
+        export_pytest.generate("b.h5", str(adapter), str(tmp_path / "test_n.py"))
+    adapter.write_text(FAKE_ADAPTER.replace("PARTIAL", "None").replace('framework="numpy"', 'framework="torch"'))
+    out = tmp_path / "test_t.py"
+    export_pytest.generate("b.h5", str(adapter), str(out))
+    mod = load(out)
+    assert mod.SPARSE == {1: {"extent_bytes": 1 << 33, "window_begin_bytes": (1 << 33) - 8, "poison": "nan", "dtype": "f32"}}
+    assert mod.ARGS["out"]["offset"] == (1 << 31) - 2 and mod._blob("storage_1").size == 8  # the window only

@@ -64,15 +64,26 @@ def _read_bundle(path):
         checks = _json_attr(f, "checks")
         if f.attr("expect_refusal"):
             raise ExportError("an invalid configuration (the kernel must refuse it): nothing to check")
-        args, storages = {}, {}
+        args, storages, sparse = {}, {}, {}
         inputs = f.child("inputs")
         for name in inputs.names():
             ds = inputs.child(name)
             layout = json.loads(ds.attr("layout"))
-            if "sparse" in layout:
-                raise ExportError(f"argument '{name}' is a large-offset (sparse) storage: "
-                                  "not exportable as a self-contained test")
             dtype = ds.attr("dtype")
+            if "sparse" in layout:
+                # A large-offset storage: the dataset is its host-held window, flat; the view's
+                # offset and strides index the whole extent (poison outside the window).
+                k = int(layout["storage"])
+                storages.setdefault(k, bytearray(np.ascontiguousarray(ds.read()).tobytes()))
+                sp = layout["sparse"]
+                sparse[k] = {"extent_bytes": int(sp["extent_bytes"]),
+                             "window_begin_bytes": int(sp["window_begin_bytes"]),
+                             "poison": "nan" if dtype in ("f64", "f32", "f16", "bf16") else "0xff",
+                             "dtype": dtype}
+                args[name] = {"dtype": dtype, "shape": layout["shape"], "strides": layout["strides"],
+                              "offset": layout["offset"], "storage": k,
+                              "role": ds.attr("role").split(" ")[0]}
+                continue
             es = _ITEMSIZE[dtype]
             k = int(layout.get("storage", len(storages) + 1000))
             buf = storages.setdefault(k, bytearray(int(layout["storage_bytes"])))
@@ -91,6 +102,7 @@ def _read_bundle(path):
             ds = exp.child(name)
             expected[name] = (ds.attr("dtype"), np.ascontiguousarray(ds.read()))
     budgets = {c["name"]: c["budget"] for c in checks}
+    meta["sparse"] = sparse
     return meta, args, {k: bytes(v) for k, v in storages.items()}, expected, budgets
 
 
@@ -141,6 +153,9 @@ def generate(bundle, adapter_spec, out):
         raise ExportError(f"adapter {adapter.name}: entry '{entry}' has no export description "
                           "(attncheck_bridge.Export: module, function, arguments)")
     desc = ex.to_json(adapter.device)
+    sparse = meta.get("sparse", {})
+    if sparse and desc["framework"] != "torch":
+        raise ExportError("a large-offset (sparse) storage: only torch exports rebuild its extent on the device")
     partial = adapter.partial_of(entry) or {"not_produced": [], "unspecified": {}}
     if partial["unspecified"]:
         raise ExportError(f"adapter {adapter.name}: entry '{entry}' leaves "
@@ -172,7 +187,7 @@ def generate(bundle, adapter_spec, out):
         where="the .npz beside this file" if sidecar else "this file (zlib + base64)",
         case=_py({"id": meta["id"], "op": meta["op"], "params": meta["params"]}),
         kernel_params=_py(meta["kernel_params"]), args=_py(args), budgets=_py(budgets),
-        not_produced=_py(partial["not_produced"]),
+        not_produced=_py(partial["not_produced"]), sparse=_py(sparse),
         expected_dtypes=_py({n: expected[n][0] for n in outputs}), export=_py(desc), blobs=blobs, setup=setup,
         function=desc["function"], call_args=call_args, test_name=_test_name(meta["id"]),
         framework=desc["framework"], device=desc["device"])
@@ -215,6 +230,10 @@ ARGS = {args}
 BUDGETS = {budgets}
 # Outputs the entry declares it does not produce (a partial contract): not checked here.
 NOT_PRODUCED = {not_produced}
+# Large-offset storages (storage -> extent, where the held window begins, poison): the blob is the
+# window; the rest of the extent is rebuilt on the device as poison (NaN, or 0xFF bytes), as
+# attncheck runs the case.
+SPARSE = {sparse}
 EXPECTED_DTYPES = {expected_dtypes}
 EXPORT = {export}
 {blobs}
@@ -249,7 +268,17 @@ def _numpy_views(storages):
 def _torch_views(storages, torch, device):
     dtypes = {{"f64": torch.float64, "f32": torch.float32, "f16": torch.float16,
               "bf16": torch.bfloat16, "i64": torch.int64, "i32": torch.int32, "i8": torch.int8}}
-    on_device = {{k: torch.from_numpy(v).to(device) for k, v in storages.items()}}
+    on_device = {{k: torch.from_numpy(v).to(device) for k, v in storages.items() if k not in SPARSE}}
+    for k, sp in SPARSE.items():
+        st = torch.empty(sp["extent_bytes"], dtype=torch.uint8, device=device)
+        if sp["poison"] == "nan":
+            es = _ITEMSIZE[sp["dtype"]]
+            st[: st.numel() // es * es].view(dtypes[sp["dtype"]]).fill_(float("nan"))
+        else:
+            st.fill_(0xFF)
+        window = torch.from_numpy(storages[k]).to(device)
+        st[sp["window_begin_bytes"]: sp["window_begin_bytes"] + window.numel()].copy_(window)
+        on_device[k] = st
     t = {{}}
     for name, a in ARGS.items():
         dt = dtypes.get(a["dtype"], torch.uint8)
