@@ -210,7 +210,7 @@ def test_a_symlink_at_the_default_repro_path_is_refused(tmp_path):
     decoy = tmp_path / "decoy"
     decoy.write_text("precious\n")
     (tmp_path / "repro").mkdir()
-    name = "test_" + PAGE_CASE.replace("/", "_") + ".py"
+    name = "test_" + PAGE_CASE.replace("/", "__") + ".py"  # attncheck's id_to_filename
     (tmp_path / "repro" / name).symlink_to(decoy)
     proc = subprocess.run([BIN, "repro", PAGE_CASE, "--kernels", "py:numpy_reference", "--export", "pytest"],
                           capture_output=True, text=True, cwd=tmp_path, timeout=300)
