@@ -709,7 +709,7 @@ def _vllm_tree(root):
 
 def _checkout_import(src, candidates, errors):
     """A full checkout's normal import (vLLM built there); None when it fails (then loaded from
-    the tree file-wise)."""
+    the tree)."""
     if src not in sys.path:
         sys.path.insert(0, src)
     for modname, _, fn in candidates:
