@@ -1,6 +1,7 @@
 """py:rocm_aiter's plans: AITER calls described as data (what to call, with what: views of the
-harness's tensors, host-built metadata, workspaces), the MLA call sequence vLLM's ROCm backends make,
-and the executor that runs a plan on a backend (torch on the GPU with the real aiter, or NumPy on
+harness's tensors, host-built metadata, workspaces), what AITER's HIP/ASM ops serve per arch (the
+MLA kernel table, RoPE's layouts), the call sequences vLLM's ROCm backends make, and the executor
+that runs a plan on a backend (torch on the GPU with the real aiter, or NumPy on
 host buffers with the stand-in aiter of bridge/tests/aiter_standin). Nothing here decides what a
 case means; the plans are bridge/adapters/rocm_aiter.py's entries.
 """
@@ -10,7 +11,10 @@ import importlib
 import numpy as np
 
 import attncheck_bridge as ab
-from attncheck_bridge import Unsupported
+from attncheck_bridge import Refuse, Unsupported
+from attncheck_bridge import adapter_checks as checks
+
+ARCHS = ("gfx942", "gfx950")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -242,6 +246,159 @@ def mla_steps(f, path, heads, qo_indptr, kv_indptr, kv_indices, max_seqlen_q, ba
         steps.append(Copy(arg("lse"), work("final_lse")))
     return steps
 
+
+
+# ------------------------------------------------------------------------------------------------
+# What AITER's HIP/ASM ops serve, and the calls vLLM's ROCm backends make (read at AITER e4048607)
+
+
+def platform_fp8(arch):
+    """aiter.dtypes.fp8: float8_e4m3fnuz on gfx942 (MI300), float8_e4m3fn on gfx950 (MI355)."""
+    return "e4m3fnuz" if arch == "gfx942" else "e4m3fn"
+
+
+
+
+def arch_supported(arch):
+    if arch not in ARCHS:
+        raise Unsupported(f"arch {arch}: this adapter maps AITER's gfx942 (MI300) and gfx950 (MI355) kernels only")
+
+
+def platform_format(fmt, arch, who):
+    want = platform_fp8(arch)
+    if fmt != want:
+        raise Unsupported(f"fp8_format {fmt}: {who} uses {arch}'s fp8, {want} (aiter.dtypes.fp8 / opus::fp8_t)")
+
+
+def mla_path(arch, kv_kind, heads, qlen):
+    """How mla_decode_fwd can serve (kv dtype, padded heads, qlen) *with* an LSE on ``arch``:
+    "split" (split-KV ASM stage 1 + Triton stage 2, which returns the LSE), "persistent"
+    (get_mla_metadata_v1 + an ASM kernel with an LSE variant), or the reason it cannot.
+
+    From the decode rows of hsa/<arch>/mla/mla_asm.csv as mla_decode_stage1_asm_fwd looks them up
+    (csrc/py_itfs_cu/asm_mla.cu): split-KV bf16/bf16 kernels exist for 16 heads at qlen 1, <=4,
+    <=8 (one kernel each), for 32 and 128 heads at any qlen, for 64 heads at any qlen on gfx950
+    and at qlen > 1 on gfx942 (the gfx942 table has no 64-head qlen-1 split kernel); the persistent
+    path asks for an LSE variant only in persistent mode and gfx942 has none for a bf16 q, while
+    gfx950 runs every bf16 head count natively with LSE variants (qSeqLen 1 x 64 heads, qSeqLen
+    4 x 32 heads). A bf16 q with an fp8 cache has persistent kernels only (qSeqLen 4, 16 heads),
+    none with an LSE."""
+    if kv_kind == "fp8":
+        return None, (
+            "a bf16 q with an fp8 cache has only persistent kernels in mla_asm.csv (16 heads, qSeqLen 4) "
+            "and none of them has an LSE variant; attncheck's contract includes the LSE"
+        )
+    if heads == 16 and qlen <= 8:
+        return "split", None
+    if heads in (32, 128):
+        return "split", None
+    if heads == 64 and (qlen > 1 or arch == "gfx950"):
+        return "split", None
+    if arch == "gfx950":
+        return "persistent", None
+    if heads == 64:
+        return None, "gfx942 has no split-KV kernel for 64 heads at qlen 1 (mla_asm.csv) and no persistent bf16 kernel with an LSE"
+    return None, (
+        f"no split-KV kernel for {heads} heads at qlen {qlen} on gfx942 (mla_asm.csv: 16 heads up to qlen 8, "
+        "32/64/128 heads) and no persistent bf16 kernel with an LSE"
+    )
+
+
+def mla_declines(t, f, arch, *, qlen, sparse):
+    arch_supported(arch)
+    q = t["q"]
+    if (f["Lk"], f["Lv"]) != (576, 512):
+        raise Unsupported(
+            f"Lk={f['Lk']}, Lv={f['Lv']}: AITER's MLA decode kernels are hand-written assembly for "
+            "DeepSeek's 576/512 latent (kv_lora_rank 512 + rope 64; op_tests/test_mla.py)"
+        )
+    if q.dtype_name != "bf16":
+        raise Unsupported(f"q is {q.dtype_name}: mla_decode_stage1_asm_fwd takes a bf16 or fp8 q ('unsupport Q dtype')")
+    if f["fmt"] is not None:
+        platform_format(f["fmt"], arch, "mla_decode_fwd's fp8 cache")
+    heads = max(f["N"], 16)
+    kind = "fp8" if f["fmt"] else "bf16"
+    if sparse and kind == "fp8":
+        raise Unsupported("an fp8 cache: vLLM's ROCM_AITER_MLA_SPARSE serves bf16 caches, and AITER has no split-KV kernel for a bf16 q with an fp8 cache")
+    path, why = mla_path(arch, kind, heads, qlen)
+    if path is None:
+        raise Unsupported(why)
+    if sparse and path != "split":
+        raise Unsupported(f"{heads} heads: the sparse path is split-KV (one query row per request) and {arch} has no split-KV kernel for them")
+    if f["N"] >= 16:
+        for x in (t["q"], t["out"]):
+            if not x.is_contiguous():
+                raise Unsupported(
+                    f"'{x.name}' strides {x.strides}: mla_decode_fwd needs a contiguous q (AITER_CHECK Q.is_contiguous()) "
+                    "and writes o through o.view(total_s, num_kv_splits, nhead, v_head_dim)"
+                )
+    return path, heads
+
+
+def sparse_indices(topk, req, table, P):
+    """triton_convert_req_index_to_global_index, then row-order packing of the valid entries
+    (attncheck's contract: -1 anywhere in a row; vLLM's fetch_id_to_ragged assumes them at the end)."""
+    T, K = topk.shape
+    W = table.shape[1]
+    rows = []
+    for i in range(T):
+        tok = topk[i].astype(np.int64)
+        blk = np.where(tok >= 0, tok // P, -1)
+        ok = (tok >= 0) & (blk >= 0) & (blk < W)
+        g = np.where(ok, table[int(req[i]), np.clip(blk, 0, W - 1)].astype(np.int64) * P + tok % P, -1)
+        rows.append(g[g != -1])
+    lens = np.array([len(r) for r in rows], np.int64)
+    return np.concatenate([[0], np.cumsum(lens)]).astype(np.int32), (np.concatenate(rows) if rows else np.zeros(0)).astype(np.int32)
+
+
+def rope_common(t, p, arch, q_name, k_name):
+    pos, cache, q, k = (ab.arg(t, n) for n in ("positions", "cos_sin_cache", q_name, k_name))
+    if "is_neox" not in p:
+        raise Refuse("missing parameter is_neox")
+    ab.expect_dtype(q, "bf16", "f16")
+    if k.dtype_name != q.dtype_name:
+        raise Refuse(f"'{q_name}' is {q.dtype_name} but '{k_name}' is {k.dtype_name}")
+    ab.expect_ndim(pos, 1)
+    ab.expect_dtype(pos, "i32", "i64")
+    if not checks.contiguous_1d(pos):
+        raise Refuse("positions must be contiguous")
+    ab.expect_ndim(cache, 2)
+    ab.expect_dtype(cache, "f32", "bf16", "f16")
+    rot = cache.shape[1]
+    if rot % 2:
+        raise Refuse(f"rot = {rot} is odd")
+    return pos, cache, q, k, rot
+
+
+def rope_declines(t, arch, views):
+    arch_supported(arch)
+    if t["positions"].dtype_name != "i64":
+        raise Unsupported("int32 positions: AITER's RoPE kernels are built for int64 positions (ENABLE_ROPE_POSITIONS_INT32 unset)")
+    for x in views:
+        if x.shape[-1] > 1 and x.strides[-1] != 1:
+            raise Unsupported(f"'{x.name}' strides {x.strides}: rope_cached_positions_2c_fwd_impl requires all stride_d to be 1")
+
+
+def rope_tables(rot):
+    """cos/sin as AITER reads them: [max_pos, 1, 1, rot/2] rows of contiguous values, from the two
+    halves of attncheck's [max_pos, rot] = [cos | sin] cache, in the cache's dtype."""
+    half = rot // 2
+    steps = [Contiguous("cos", arg("cos_sin_cache").slice(1, 0, half)), Contiguous("sin", arg("cos_sin_cache").slice(1, half, rot))]
+    return steps, work("cos").unsqueeze(1).unsqueeze(1), work("sin").unsqueeze(1).unsqueeze(1)
+
+
+def rope_qk(t, q_name, k_name, rot, front_slice):
+    """vLLM's layout: s = 1, b = tokens: q [T, H, rot] -> [1, T, H, rot], k -> [1, T, 1, rot]
+    (``front_slice``: the first rot dims of wider heads)."""
+    k = t[k_name]
+    x = arg(q_name)
+    y = arg(k_name)
+    if front_slice:
+        x = x.slice(2, 0, rot)
+        y = y.slice(k.ndim - 1, 0, rot)
+    x = x.unsqueeze(0)
+    y = y.unsqueeze(0) if k.ndim == 3 else y.unsqueeze(1).unsqueeze(0)
+    return x, y
 
 
 # ------------------------------------------------------------------------------------------------
