@@ -1,7 +1,7 @@
 """One loader for upstream source trees (vLLM, AITER) whose package import fails on a bare GPU host
 (no compiled extensions): the kernel file and the pure-Python modules it imports are executed,
 unmodified, from the tree; stand-ins take the place only of what cannot load (docs/bridge.md
-"Loading upstream trees").
+"Loading upstream source trees").
 
 ``Tree(project, roots, root, probes)`` is a meta-path finder for the top-level packages ``roots``:
 
