@@ -218,6 +218,27 @@ def test_a_symlink_at_the_default_repro_path_is_refused(tmp_path):
     assert decoy.read_text() == "precious\n"
 
 
+@needs_bin
+def test_the_exporter_runs_under_attncheck_python(tmp_path):
+    """On a GPU host the interpreter with torch is rarely /usr/bin/python3: $ATTNCHECK_PYTHON wins."""
+    marker = tmp_path / "ran"
+    wrapper = tmp_path / "python-wrapper"
+    wrapper.write_text(f"#!/bin/sh\necho \"$@\" > {marker}\nexec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    out = tmp_path / "t.py"
+    proc = subprocess.run([BIN, "repro", PAGE_CASE, "--kernels", "py:numpy_reference", "--export", "pytest",
+                           "--out", str(out), "--bundle", str(tmp_path / "b.h5")],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                          env=dict(os.environ, ATTNCHECK_PYTHON=str(wrapper)))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "attncheck_bridge.export_pytest" in marker.read_text() and out.is_file()
+    missing = subprocess.run([BIN, "repro", PAGE_CASE, "--kernels", "py:numpy_reference", "--export", "pytest",
+                              "--out", str(tmp_path / "u.py"), "--bundle", str(tmp_path / "c.h5")],
+                             capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                             env=dict(os.environ, ATTNCHECK_PYTHON=str(tmp_path / "no-such-python")))
+    assert missing.returncode == 2 and "no-such-python" in missing.stderr, missing.stdout + missing.stderr
+
+
 def test_the_exporter_needs_no_h5py():
     """The GPU hosts kernel developers use have torch and pytest, not h5py."""
     code = ("import sys; sys.modules['h5py'] = None; "
