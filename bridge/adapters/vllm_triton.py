@@ -27,27 +27,28 @@ Where vLLM comes from (``_load``), first match wins:
 - ``ATTNCHECK_VLLM_SRC=<dir>``, exclusively (a bisect must never fall back to another vLLM):
   a full checkout (``<dir>/vllm/__init__.py`` exists) is imported normally with ``<dir>`` first on
   ``sys.path``; if that import fails (vLLM's dependencies or compiled extensions missing), or the
-  directory is a *partial tree* holding only some files at their repository paths (as the seed
-  proof of docs/adapters/vllm.md uses), the needed file is executed unmodified with every other ``vllm.*``
-  module stood in (``_StandInFinder``);
+  directory is a *partial tree* holding only some files at their repository paths, the kernel file
+  is loaded from the tree by attncheck_bridge.upstream: the pure-Python ``vllm.*`` modules it imports
+  are executed from the tree too, and only what cannot load is stood in (a compiled extension, a
+  file the tree lacks, a module whose execution fails), each named on stderr;
 - an installed ``vllm``;
 - ``ATTNCHECK_VLLM_FILE=<path of triton_reshape_and_cache_flash.py>`` (kv_cache_write only): that
-  one file, with the same stand-ins.
+  one file, every ``vllm.*`` module stood in.
 
-Stand-ins (file-wise loading only): ``vllm`` and every ``vllm.*`` module not executed from the tree
-is a permissive module whose attributes are stand-in classes: they can be imported, subclassed,
-subscripted (``Builder[Metadata]``), called (returning stand-in objects), used in annotations and as
-decorators, so module-level code runs; using one as a value (truth, number, length, iteration)
-raises ``StandInUsed`` naming it. Real answers, the only ones the entries' functions rely on:
+Stand-ins are permissive (import, subclass, subscript, call, decorate) so module-level code runs;
+using one as a value raises ``StandInUsed``, an Unsupported naming the stood-in module and why it
+is one. Platform probes answer for this device (attncheck_bridge.upstream.VLLM_PROBES):
 
 - ``vllm.platforms.current_platform``: ``is_rocm()`` (``torch.version.hip`` is set), ``is_cuda()``,
   ``is_cuda_alike()``, ``is_xpu()``/``is_cpu()``/``is_tpu()`` (False: the adapter runs on a torch GPU),
   ``is_fp8_fnuz()`` (ROCm on gfx94x), ``fp8_dtype()`` (e4m3fnuz there, e4m3fn elsewhere),
-  ``device_type`` ("cuda"); other attributes are stand-ins;
+  ``get_device_capability()``/``has_device_capability()`` (torch's), ``device_type`` ("cuda");
+  other attributes are stand-ins;
 - ``vllm.platforms.rocm``: ``_ON_GFX9``, ``_ON_GFX942``, ``_ON_GFX950`` from the device's
   ``gcnArchName`` (False off ROCm);
 - ``vllm.triton_utils``: ``tl``, ``triton`` (the installed Triton), ``HAS_TRITON``;
-- ``vllm.logger.init_logger``: a ``logging`` logger with vLLM's ``*_once`` methods.
+- ``vllm.logger.init_logger``: a ``logging`` logger with vLLM's ``*_once`` methods (vLLM's own
+  configures the process's logging at import).
 
 rocm_aiter_fa.py defines the gather only ``if current_platform.is_rocm()``. Off ROCm the adapter
 executes that file a second time with ``is_rocm()`` answering True for that file's own import of
@@ -55,20 +56,14 @@ executes that file a second time with ``is_rocm()`` answering True for that file
 Triton kernel itself is portable, and this is how its NVIDIA runs are made (the load message says so).
 """
 
-import abc
-import builtins
-import importlib
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import inspect
-import logging
 import os
 import sys
-import types
 
 import attncheck_bridge as ab
-from attncheck_bridge import Refuse, Unsupported
+from attncheck_bridge import Refuse, Unsupported, upstream
+from attncheck_bridge import adapter_checks as checks
+from attncheck_bridge.adapter_checks import VLLM_INDEXER_HEAD_DIM as _HEAD_DIM
 
 # Copies and fp8 quantization are exact ops: no arithmetic contract applies to kv_cache_write,
 # kv_gather and the indexer entries. decode_attention declares its own (at the entry).
@@ -106,7 +101,9 @@ _KERNELS = {
 }
 
 _loaded = {}  # entry -> (function, module, description)
-_filewise = {"on": False, "why": ""}  # file-wise loading with stand-ins is in force
+
+# Kept for callers and tests that name it here; it lives in attncheck_bridge.upstream.
+StandInUsed = upstream.StandInUsed
 
 
 def source(entry="kv_cache_write"):
@@ -115,466 +112,18 @@ def source(entry="kv_cache_write"):
     return got[2] if got else None
 
 
-def _say(entry, description):
-    # The bridge points sys.stdout at stderr; say it on stderr in any case (worker logs).
-    print(f"vllm_triton: {entry} <- {description}", file=sys.stderr)
-
-
-def _purge_vllm():
-    for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
-        del sys.modules[name]
-
-
 def _load(entry):
-    """(function, module, description) of ``entry``; Unsupported with the reason when vLLM cannot
-    give it."""
-    if entry in _loaded:
-        return _loaded[entry]
-    candidates = _KERNELS[entry]
-    src = os.environ.get("ATTNCHECK_VLLM_SRC")
-    errors = []
-    if src:
-        src = os.path.abspath(src)
-        if not os.path.isdir(src):
-            raise Unsupported(f"ATTNCHECK_VLLM_SRC={src} is not a directory")
-        if os.path.isfile(os.path.join(src, "vllm", "__init__.py")) and not _filewise["on"]:
-            if src not in sys.path:
-                sys.path.insert(0, src)
-            for modname, _, fn in candidates:
-                try:
-                    mod = importlib.import_module(modname)
-                except Exception as e:  # noqa: BLE001 - dependencies missing: load file-wise
-                    errors.append(f"{modname}: {type(e).__name__}: {e}")
-                    continue
-                if not os.path.abspath(mod.__file__).startswith(src + os.sep):
-                    errors.append(f"{modname} came from {mod.__file__}, not from {src}")
-                    continue
-                return _remember(entry, mod, fn, f"{modname} ({mod.__file__}, checkout import)")
-            _filewise["why"] = "; ".join(errors)
-            _purge_vllm()
-        for modname, relpath, fn in candidates:
-            path = os.path.join(src, relpath)
-            if os.path.isfile(path):
-                mod = _exec_file(modname, path)
-                why = f"; checkout import failed: {_filewise['why']}" if _filewise["why"] else ""
-                return _remember(entry, mod, fn, f"{path} (file-wise, vLLM stand-ins{why})")
-        raise Unsupported(
-            f"ATTNCHECK_VLLM_SRC={src} holds none of "
-            + ", ".join(r for _, r, _ in candidates)
-            + (f" ({'; '.join(errors)})" if errors else "")
-        )
-    for modname, _, fn in candidates:
-        try:
-            mod = importlib.import_module(modname)
-        except Exception as e:  # noqa: BLE001 - any import failure: try the next module path
-            errors.append(f"{modname}: {type(e).__name__}: {e}")
-            continue
-        return _remember(entry, mod, fn, f"{modname} ({mod.__file__}, installed vllm)")
-    path = os.environ.get("ATTNCHECK_VLLM_FILE")
-    if path and entry == "kv_cache_write":
-        if not os.path.isfile(path):
-            raise Unsupported(f"ATTNCHECK_VLLM_FILE={path} is not a file")
-        _purge_vllm()
-        mod = _exec_file("vllm_triton_reshape_and_cache_flash", path)
-        return _remember(entry, mod, candidates[0][2], f"{path} (standalone, vLLM stand-ins)")
-    raise Unsupported(
-        "vLLM not found: set ATTNCHECK_VLLM_SRC to a checkout or a partial tree"
-        + (" or ATTNCHECK_VLLM_FILE to triton_reshape_and_cache_flash.py" if entry == "kv_cache_write" else "")
-        + " (" + "; ".join(errors) + ")"
-    )
-
-
-def _remember(entry, mod, fn_name, description):
-    fn = getattr(mod, fn_name, None)
-    if fn is None and _guarded_by_rocm(mod):
-        mod = _exec_file("_attncheck_rocm_view_" + mod.__name__.replace(".", "_"), mod.__file__,
-                         rocm_view=True)
-        fn = getattr(mod, fn_name, None)
-        description += "; ROCm-guarded definitions loaded with is_rocm() answering True"
-    if fn is None:
-        raise Unsupported(f"{description} defines no {fn_name}")
-    _loaded[entry] = (fn, mod, description)
-    _say(entry, description)
+    """(function, module, description) of ``entry`` (attncheck_bridge.upstream.vllm_load: the
+    sources above); Unsupported with the reason when vLLM cannot give it."""
+    if entry not in _loaded:
+        _loaded[entry] = upstream.vllm_load(_KERNELS[entry], single_file=entry == "kv_cache_write")
+        # The bridge points sys.stdout at stderr; say it on stderr in any case (worker logs).
+        print(f"vllm_triton: {entry} <- {_loaded[entry][2]}", file=sys.stderr)
     return _loaded[entry]
-
-
-def _guarded_by_rocm(mod):
-    try:
-        with open(mod.__file__) as f:
-            return "current_platform.is_rocm()" in f.read()
-    except (OSError, TypeError):
-        return False
-
-
-def _exec_file(modname, path, rocm_view=False):
-    """Executes the unmodified file ``path`` as module ``modname``. A ``vllm.*`` module name loads
-    file-wise: every other vllm module is stood in. ``rocm_view``: the file's own import of
-    ``current_platform`` answers is_rocm() True."""
-    if modname.startswith("vllm.") or (not _filewise["on"] and "vllm" not in sys.modules):
-        _StandInFinder.install()
-    existing = sys.modules.get(modname)
-    if existing is not None and getattr(existing, "__file__", None) == path:
-        return existing  # indexer_k_cache and indexer_gather share one file
-    loader = _FileLoader(modname, path, rocm_view)
-    spec = importlib.util.spec_from_file_location(modname, path, loader=loader)
-    mod = importlib.util.module_from_spec(spec)
-    parent, _, _ = modname.rpartition(".")
-    if parent.startswith("vllm"):
-        importlib.import_module(parent)  # the stand-in packages above it
-    sys.modules[modname] = mod
-    try:
-        loader.exec_module(mod)
-    except Exception as e:
-        del sys.modules[modname]
-        raise Unsupported(f"{path}: executing it failed: {type(e).__name__}: {e}") from e
-    return mod
-
-
-class _FileLoader(importlib.machinery.SourceFileLoader):
-    def __init__(self, fullname, path, rocm_view):
-        super().__init__(fullname, path)
-        self.rocm_view = rocm_view
-
-    def exec_module(self, module):
-        if self.rocm_view:
-            # exec() takes builtins from the module's globals: the file's imports, and those of
-            # the functions it defines, go through _rocm_view_import.
-            module.__dict__["__builtins__"] = dict(builtins.__dict__, __import__=_rocm_view_import)
-        super().exec_module(module)
-
-
-def _rocm_view_import(name, globals=None, locals=None, fromlist=(), level=0):
-    mod = builtins.__import__(name, globals, locals, fromlist, level)
-    if level == 0 and name == "vllm.platforms" and fromlist and "current_platform" in fromlist:
-        return _ModuleView(mod, current_platform=_RocmView(mod.current_platform))
-    return mod
-
-
-class _RocmView:
-    """A platform answering is_rocm() True and everything else as ``platform`` does."""
-
-    def __init__(self, platform):
-        self._platform = platform
-
-    def is_rocm(self):
-        return True
-
-    def __getattr__(self, name):
-        return getattr(self._platform, name)
-
-
-class _ModuleView(types.ModuleType):
-    def __init__(self, mod, **overrides):
-        super().__init__(mod.__name__)
-        self.__dict__.update(overrides)
-        self._mod = mod
-
-    def __getattr__(self, name):
-        return getattr(self._mod, name)
-
-
-# ------------------------------------------------------------------------------------------------
-# Stand-ins for the vllm.* modules a file-wise load does not execute.
-
-
-class StandInUsed(RuntimeError):
-    """A stood-in vLLM name was used as a value (the partial tree lacks it)."""
-
-
-def _used(name, what):
-    raise StandInUsed(
-        f"{name} is a stand-in (vLLM loaded file-wise: the tree's other modules are not executed) "
-        f"and was used as a {what}; docs/adapters/vllm.md lists the real answers"
-    )
-
-
-class _StandInMeta(abc.ABCMeta):
-    """Metaclass of stand-in classes. Only the stand-ins themselves (``_standin_root``) are
-    permissive; classes an upstream file derives from them behave normally."""
-
-    def _root(cls):
-        return "_standin_root" in cls.__dict__
-
-    def __getattr__(cls, attr):
-        if attr.startswith("__") or not cls._root():
-            raise AttributeError(attr)
-        return _standin_class(f"{cls._standin_name}.{attr}")
-
-    def __getitem__(cls, item):
-        return cls
-
-    def __call__(cls, *args, **kwargs):
-        if cls._root():
-            return _StandInObject(f"{cls._standin_name}(...)")
-        return super().__call__(*args, **kwargs)
-
-    def __bool__(cls):
-        return _used(cls._standin_name, "truth value") if cls._root() else True
-
-    def __int__(cls):
-        if cls._root():
-            _used(cls._standin_name, "number")
-        raise TypeError(f"class {cls.__name__} is not a number")
-
-    __index__ = __float__ = __int__
-
-    def __iter__(cls):
-        if cls._root():
-            _used(cls._standin_name, "sequence")
-        raise TypeError(f"class {cls.__name__} is not iterable")
-
-    def __len__(cls):
-        if cls._root():
-            _used(cls._standin_name, "sequence")
-        raise TypeError(f"class {cls.__name__} has no len()")
-
-
-def _standin_class(name):
-    return _StandInMeta(name.rpartition(".")[2] or name, (), {
-        "_standin_root": True, "_standin_name": name, "__module__": "vllm_stand_in"})
-
-
-class _StandInObject:
-    """What calling a stand-in returns: permissive in every use but as a value."""
-
-    __slots__ = ("_standin_name",)
-
-    def __init__(self, name):
-        object.__setattr__(self, "_standin_name", name)
-
-    def __getattr__(self, attr):
-        if attr.startswith("__"):
-            raise AttributeError(attr)
-        return _standin_class(f"{self._standin_name}.{attr}")
-
-    def __call__(self, *args, **kwargs):
-        return _StandInObject(f"{self._standin_name}(...)")
-
-    def __getitem__(self, key):
-        return self
-
-    def __mro_entries__(self, bases):
-        return (_standin_class(self._standin_name),)
-
-    def __or__(self, other):
-        return self
-
-    __ror__ = __or__
-
-    def __repr__(self):
-        return f"<vLLM stand-in {self._standin_name}>"
-
-    def __bool__(self):
-        return _used(self._standin_name, "truth value")
-
-    def __int__(self):
-        return _used(self._standin_name, "number")
-
-    __index__ = __float__ = __int__
-
-    def __iter__(self):
-        return _used(self._standin_name, "sequence")
-
-    __len__ = __iter__
-
-
-class _StandInModule(types.ModuleType):
-    def __getattr__(self, attr):
-        if attr.startswith("__"):
-            raise AttributeError(attr)
-        value = _standin_class(f"{self.__name__}.{attr}")
-        setattr(self, attr, value)
-        return value
-
-
-def _torch():
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch
-
-
-def _gcn_arch():
-    torch = _torch()
-    if torch is None or getattr(torch.version, "hip", None) is None:
-        return ""
-    return str(torch.cuda.get_device_properties(0).gcnArchName)
-
-
-class _Platform:
-    """vllm.platforms.current_platform's answers for a process whose GPU torch drives."""
-
-    device_type = "cuda"
-
-    def is_rocm(self):
-        torch = _torch()
-        return torch is not None and getattr(torch.version, "hip", None) is not None
-
-    def is_cuda(self):
-        torch = _torch()
-        return torch is not None and getattr(torch.version, "cuda", None) is not None and not self.is_rocm()
-
-    def is_cuda_alike(self):
-        return self.is_cuda() or self.is_rocm()
-
-    def is_xpu(self):
-        return False
-
-    def is_cpu(self):
-        return False
-
-    def is_tpu(self):
-        return False
-
-    def is_fp8_fnuz(self):
-        return self.is_rocm() and _gcn_arch().startswith("gfx94")
-
-    def fp8_dtype(self):
-        torch = _torch()
-        if torch is None:
-            raise RuntimeError("current_platform.fp8_dtype() needs torch")
-        return torch.float8_e4m3fnuz if self.is_fp8_fnuz() else torch.float8_e4m3fn
-
-    def __getattr__(self, attr):
-        if attr.startswith("__"):
-            raise AttributeError(attr)
-        return _standin_class(f"vllm.platforms.current_platform.{attr}")
-
-
-def _module_platforms(name):
-    m = _StandInModule(name)
-    m.current_platform = _Platform()
-    return m
-
-
-def _module_platforms_rocm(name):
-    m = _StandInModule(name)
-    arch = _gcn_arch()
-    m._ON_GFX9 = arch.startswith(("gfx90a", "gfx942", "gfx950"))
-    m._ON_GFX942 = arch.startswith("gfx942")
-    m._ON_GFX950 = arch.startswith("gfx950")
-    return m
-
-
-def _module_triton_utils(name):
-    import triton
-    import triton.language as tl
-
-    m = _StandInModule(name)
-    m.triton, m.tl, m.HAS_TRITON = triton, tl, True
-    return m
-
-
-class _OnceLogger(logging.LoggerAdapter):
-    """vLLM's logger methods that log a message once per process."""
-
-    _seen = set()
-
-    def process(self, msg, kwargs):
-        kwargs.pop("scope", None)
-        return msg, kwargs
-
-    def _once(self, level, msg, *args, **kwargs):
-        key = (level, msg, args)
-        if key not in self._seen:
-            self._seen.add(key)
-            self.log(level, msg, *args, **kwargs)
-
-    def debug_once(self, msg, *args, **kwargs):
-        self._once(logging.DEBUG, msg, *args, **kwargs)
-
-    def info_once(self, msg, *args, **kwargs):
-        self._once(logging.INFO, msg, *args, **kwargs)
-
-    def warning_once(self, msg, *args, **kwargs):
-        self._once(logging.WARNING, msg, *args, **kwargs)
-
-
-def _module_logger(name):
-    m = _StandInModule(name)
-    m.init_logger = lambda logger_name: _OnceLogger(logging.getLogger(logger_name), {})
-    return m
-
-
-_REAL_ANSWERS = {
-    "vllm.platforms": _module_platforms,
-    "vllm.platforms.rocm": _module_platforms_rocm,
-    "vllm.triton_utils": _module_triton_utils,
-    "vllm.logger": _module_logger,
-}
-
-
-class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Serves ``vllm`` and ``vllm.*`` (first on sys.meta_path) while file-wise loading is in
-    force: a module with real answers where _REAL_ANSWERS has one, a permissive stand-in else."""
-
-    @classmethod
-    def install(cls):
-        if not _filewise["on"]:
-            _purge_vllm()
-            _filewise["on"] = True
-        if not any(isinstance(f, cls) for f in sys.meta_path):
-            sys.meta_path.insert(0, cls())
-
-    def find_spec(self, fullname, path=None, target=None):
-        if not _filewise["on"] or not (fullname == "vllm" or fullname.startswith("vllm.")):
-            return None
-        return importlib.util.spec_from_loader(fullname, self, is_package=True)
-
-    def create_module(self, spec):
-        make = _REAL_ANSWERS.get(spec.name, _StandInModule)
-        m = make(spec.name)
-        m.__path__ = []
-        return m
-
-    def exec_module(self, module):
-        pass
 
 
 # ------------------------------------------------------------------------------------------------
 # Shared argument checks.
-
-
-_arg = ab.arg
-
-
-def _param(p, name):
-    if name not in p:
-        raise Refuse(f"missing parameter '{name}'")
-    return p[name]
-
-
-def _platform_fp8():
-    """vLLM's fp8 cache dtype: e4m3fnuz on gfx94x (MI300), e4m3fn everywhere else."""
-    import torch
-
-    if torch.version.hip is not None:
-        if torch.cuda.get_device_properties(0).gcnArchName.startswith("gfx94"):
-            return torch.float8_e4m3fnuz
-    return torch.float8_e4m3fn
-
-
-def _fp8_format(p, required):
-    fmt = p.get("fp8_format")
-    if required and fmt not in ("e4m3fn", "e4m3fnuz"):
-        raise Refuse(f"fp8_format must be e4m3fn or e4m3fnuz, got {fmt!r}")
-    return fmt
-
-
-def _expect_platform_fp8(fmt):
-    """Unsupported unless ``fmt`` is the fp8 type vLLM's kernels use on this platform."""
-    import torch
-
-    want = _platform_fp8()
-    have = torch.float8_e4m3fnuz if fmt == "e4m3fnuz" else torch.float8_e4m3fn
-    if have != want:
-        raise Unsupported(f"fp8_format {fmt}: vLLM's fp8 dtype on this platform is {want}")
-
-
-def _rows_contiguous(x):
-    """x's elements are one contiguous run in row-major order (sizes-1 dims aside)."""
-    return x.numel <= 1 or x.is_contiguous()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -594,7 +143,7 @@ def kv_cache_write(t, p):
     ks, vs, kv_dtype = a.k_scale, a.v_scale, a.kv_dtype
     if a.layout == "SHUFFLE":
         raise Unsupported("SHUFFLE caches: triton_reshape_and_cache_flash writes NHD caches only")
-    fmt = _fp8_format(p, required=True) if kv_dtype == "fp8" else None
+    fmt = checks.vllm_fp8_format(p, required=True) if kv_dtype == "fp8" else None
     for c in (kc, vc):
         ab.expect_ndim(c, 4)
     if kc.shape != vc.shape:
@@ -627,7 +176,7 @@ def kv_cache_write(t, p):
     import torch
 
     if fmt is not None:
-        _expect_platform_fp8(fmt)
+        checks.vllm_expect_platform_fp8(fmt)
     key_t, value_t = torch.from_dlpack(key), torch.from_dlpack(value)
     kc_t = ab.as_torch(kc, fmt) if fmt else torch.from_dlpack(kc)
     vc_t = ab.as_torch(vc, fmt) if fmt else torch.from_dlpack(vc)
@@ -664,64 +213,6 @@ def kv_cache_write_pertoken_quant(t, p):
 #   into the scores and the output.
 # The entry serves both paths, so it declares both deviations.
 DECODE_CONTRACT = "qk-products-in-input-type+p-in-input-type"
-
-
-def _decode_checks(t, p):
-    """The argument checks of docs/ops/decode_attention.md ("Refusals"); returns the pieces the
-    call needs. Which configurations are invalid (heads not a multiple of kv_heads, is_mla with
-    Lv >= Lk) the op answers: decode_attention asks it first."""
-    names = ("q", "k_buffer", "v_buffer", "req_to_token", "b_seq_len", "o", "lse")
-    q, kb, vb, table, lens, o, lse = (_arg(t, n) for n in names)
-    S = int(_param(p, "num_kv_splits"))
-    P = int(_param(p, "page_size"))
-    sm_scale = float(_param(p, "sm_scale"))
-    cap = float(p.get("logit_cap", 0.0))
-    k_scale, v_scale = float(p.get("k_scale", 1.0)), float(p.get("v_scale", 1.0))
-    is_mla = bool(p.get("is_mla", False))
-
-    ab.expect_dtype(q, "bf16", "f16")
-    if o.dtype_name != q.dtype_name:
-        raise Refuse(f"'o' is {o.dtype_name} but 'q' is {q.dtype_name}")
-    fp8 = kb.dtype_name == "u8"
-    fmt = _fp8_format(p, required=True) if fp8 else None
-    for c in (kb, vb):
-        if c.dtype_name != ("u8" if fp8 else q.dtype_name):
-            raise Refuse(f"'{c.name}' is {c.dtype_name}: the caches must be {q.dtype_name} or fp8 (u8)")
-    if not fp8 and (k_scale != 1.0 or v_scale != 1.0):
-        raise Refuse(f"k_scale {k_scale} / v_scale {v_scale} must be 1 on a 16-bit cache")
-    ab.expect_dtype(lse, "f32")
-    ab.expect_dtype(table, "i32")
-    ab.expect_dtype(lens, "i32")
-    for x, n in ((q, 3), (o, 3), (lse, 2), (table, 2), (lens, 1)):
-        ab.expect_ndim(x, n)
-    ab.expect_ndim(kb, 3, 4)
-    if vb.ndim != kb.ndim:
-        raise Refuse(f"'v_buffer' has {vb.ndim} dims, 'k_buffer' {kb.ndim}")
-    for x in (q, o, kb, vb):
-        if x.strides[-1] != 1:
-            raise Refuse(f"'{x.name}' needs a unit last stride, got strides {x.strides}")
-    B, Hq, Lk = q.shape
-    Hkv, Lv = kb.shape[-2], vb.shape[-1]
-    if kb.shape[-1] != Lk:
-        raise Refuse(f"'k_buffer' head dim {kb.shape[-1]} is not q's {Lk}")
-    if vb.shape[:-1] != kb.shape[:-1]:
-        raise Refuse(f"'v_buffer' {vb.shape} and 'k_buffer' {kb.shape} differ before the head dim")
-    cache_p = kb.shape[1] if kb.ndim == 4 else 1
-    if P != cache_p:
-        raise Refuse(f"page_size {P} is not the cache's {cache_p}")
-    if o.shape != (B, Hq, Lv) or lse.shape != (B, Hq):
-        raise Refuse(f"'o' {o.shape} / 'lse' {lse.shape} are not [B={B}, Hq={Hq}, Lv={Lv}] / [B, Hq]")
-    if table.shape[0] != B or lens.shape != (B,):
-        raise Refuse(f"'req_to_token' {table.shape} / 'b_seq_len' {lens.shape} do not have B={B} rows")
-    if not 1 <= S <= 65535:
-        raise Refuse(f"num_kv_splits must be in [1, 65535], got {S}")
-    if is_mla:
-        if vb.ptr != kb.ptr or vb.strides != kb.strides:
-            raise Refuse("is_mla needs v_buffer == k_buffer[..., :Lv] (same pointer and strides)")
-        if v_scale != k_scale:
-            raise Refuse(f"is_mla needs v_scale == k_scale, got {v_scale} / {k_scale}")
-    return dict(q=q, kb=kb, vb=vb, table=table, lens=lens, o=o, lse=lse, S=S, P=P, B=B, Hq=Hq, Lv=Lv,
-                sm_scale=sm_scale, cap=cap, k_scale=k_scale, v_scale=v_scale, is_mla=is_mla, fmt=fmt)
 
 
 # Invariance (docs/verification.md "Invariance"): decode_attention_fwd launches one program per
@@ -778,7 +269,7 @@ def decode_attention(t, p):
     views), fp8 caches when the revision takes no k_scale/v_scale, an fp8 format other than the
     platform's, and is_mla when the revision has no is_mla."""
     ab.refuse_if_invalid()
-    c = _decode_checks(t, p)
+    c = checks.decode_attention_args(t, p)
     q, kb, vb, table, lens, o, lse = (c[n] for n in ("q", "kb", "vb", "table", "lens", "o", "lse"))
     if table.strides[1] != 1:
         raise Unsupported(f"'req_to_token' strides {table.strides}: the kernel reads b * stride(0) + column")
@@ -805,7 +296,7 @@ def decode_attention(t, p):
     import torch
 
     if fp8:
-        _expect_platform_fp8(c["fmt"])
+        checks.vllm_expect_platform_fp8(c["fmt"])
     q_t, o_t, lse_t = torch.from_dlpack(q), torch.from_dlpack(o), torch.from_dlpack(lse)
     k_t = ab.as_torch(kb, c["fmt"]) if fp8 else torch.from_dlpack(kb)
     v_t = ab.as_torch(vb, c["fmt"]) if fp8 else torch.from_dlpack(vb)
@@ -830,53 +321,27 @@ def decode_attention(t, p):
 # kv_gather (docs/ops/kv_gather.md)
 
 
-def _kv_gather_checks(t, p):
-    names = ("key_cache", "value_cache", "block_tables", "cu_seqlens_kv", "token_to_batch",
-             "seq_starts", "k_scale", "v_scale", "key", "value")
-    kc, vc, bt, cu, t2b, starts, ks, vs, key, value = (_arg(t, n) for n in names)
-    layout = p.get("kv_cache_layout")
-    if layout not in ("NHD", "SHUFFLE"):
-        raise Refuse(f"kv_cache_layout must be NHD or SHUFFLE, got {layout!r}")
-    dequant = bool(_param(p, "dequant"))
-    total = int(_param(p, "total_tokens"))
-    ab.expect_dtype(key, "bf16", "f16")
-    if value.dtype_name != key.dtype_name:
-        raise Refuse(f"'key' is {key.dtype_name} but 'value' is {value.dtype_name}")
-    fmt = _fp8_format(p, required=dequant)
-    for c in (kc, vc):
-        want = "u8" if dequant else key.dtype_name
-        if c.dtype_name != want:
-            raise Refuse(f"'{c.name}' is {c.dtype_name}, expected {want} (dequant={dequant})")
-        ab.expect_ndim(c, 4 if layout == "NHD" else 5)
-    for x in (bt, cu, t2b, starts):
-        ab.expect_dtype(x, "i32")
-    ab.expect_ndim(bt, 2)
-    for x in (ks, vs):
-        ab.expect_dtype(x, "f32")
-    for x in (key, value):
-        ab.expect_ndim(x, 3)
-    Hkv, D = key.shape[1], key.shape[2]
-    if layout == "NHD":
-        nb, P = kc.shape[0], kc.shape[1]
-        for c in (kc, vc):
-            if c.shape != (nb, P, Hkv, D):
-                raise Refuse(f"'{c.name}' {c.shape} is not [nb, P, Hkv={Hkv}, D={D}]")
-    else:
-        x = 16 // (1 if dequant else 2)
-        nb, P = kc.shape[0], kc.shape[3]
-        if kc.shape != (nb, Hkv, D // x, P, x) or vc.shape != (nb, Hkv, P // x, D, x):
-            raise Refuse(
-                f"SHUFFLE caches {kc.shape} / {vc.shape} are not [nb, Hkv, D/x, P, x] / "
-                f"[nb, Hkv, P/x, D, x] with x = {x}"
-            )
-    if value.shape != key.shape or key.shape[0] < total:
-        raise Refuse(f"'key' {key.shape} / 'value' {value.shape} cannot hold [{total}, Hkv, D]")
-    return dict(kc=kc, vc=vc, bt=bt, cu=cu, t2b=t2b, starts=starts, ks=ks, vs=vs, key=key,
-                value=value, layout=layout, dequant=dequant, total=total, fmt=fmt, nb=nb, P=P,
-                Hkv=Hkv, D=D)
+# The call kv_gather() makes, for `attncheck repro --export pytest`: fp8 caches viewed as the case's
+# torch fp8 type, SHUFFLE blocks handed over as the [nb, P, Hkv, D]-shaped view vLLM holds.
+_GATHER_EXPORT = ab.Export(
+    module=[m for m, _, _ in _KERNELS["kv_gather"]], function="cp_mha_gather_cache",
+    setup=[
+        "fp8 = getattr(torch, 'float8_' + p['fp8_format']) if p['dequant'] else None",
+        "kc = t['key_cache'].view(fp8) if fp8 is not None else t['key_cache']",
+        "vc = t['value_cache'].view(fp8) if fp8 is not None else t['value_cache']",
+        "Hkv, D = t['key'].shape[1], t['key'].shape[2]",
+        "if p['kv_cache_layout'] == 'SHUFFLE': P = kc.shape[3]; "
+        "kc = kc.as_strided((kc.shape[0], P, Hkv, D), (kc.stride(0), Hkv * D, D, 1)); "
+        "vc = vc.as_strided((vc.shape[0], P, Hkv, D), (vc.stride(0), Hkv * D, D, 1))",
+    ],
+    kwargs={"key_cache": "kc", "value_cache": "vc", "key": "t['key']", "value": "t['value']",
+            "block_tables": "t['block_tables']", "k_scales": "t['k_scale']", "v_scales": "t['v_scale']",
+            "cu_seqlens_kv": "t['cu_seqlens_kv']", "token_to_batch": "t['token_to_batch']",
+            "seq_starts": "t['seq_starts']", "dequant": "p['dequant']",
+            "kv_cache_layout": "p['kv_cache_layout']", "total_tokens": "p['total_tokens']"})
 
 
-@ADAPTER.entry("kv_gather")
+@ADAPTER.entry("kv_gather", export=_GATHER_EXPORT)
 def kv_gather(t, p):
     """cp_mha_gather_cache(key_cache, value_cache, key, value, block_tables, k_scales, v_scales,
     cu_seqlens_kv, token_to_batch, seq_starts, dequant, kv_cache_layout, total_tokens).
@@ -894,7 +359,7 @@ def kv_gather(t, p):
     backend does not list (the kernel tiles a head with tl.arange(0, head_size)); and an fp8 format
     other than the platform's."""
     ab.refuse_if_invalid()
-    c = _kv_gather_checks(t, p)
+    c = checks.kv_gather_args(t, p)
     bt, key, value = c["bt"], c["key"], c["value"]
     Hkv, D, P, nb = c["Hkv"], c["D"], c["P"], c["nb"]
     if bt.strides[1] != 1 or (bt.shape[0] > 1 and bt.strides[0] != bt.shape[1]):
@@ -906,7 +371,7 @@ def kv_gather(t, p):
         if x.shape[0] > 1 and x.strides[0] != 1:
             raise Unsupported(f"'{x.name}' must be contiguous (the kernel reads it at base + index)")
     for x in (key, value):
-        if not _rows_contiguous(x):
+        if not checks.rows_contiguous(x):
             raise Unsupported(f"'{x.name}' strides {x.strides}: the kernel writes token t at t * Hkv * D")
     if c["layout"] == "NHD":
         for x in (c["kc"], c["vc"]):
@@ -928,7 +393,7 @@ def kv_gather(t, p):
     import torch
 
     if c["dequant"]:
-        _expect_platform_fp8(c["fmt"])
+        checks.vllm_expect_platform_fp8(c["fmt"])
     as_cache = (lambda x: ab.as_torch(x, c["fmt"])) if c["dequant"] else torch.from_dlpack
     kc_t, vc_t = as_cache(c["kc"]), as_cache(c["vc"])
     ks_t, vs_t = torch.from_dlpack(c["ks"]), torch.from_dlpack(c["vs"])
@@ -967,25 +432,6 @@ def _backend_head_sizes(mod):
 # ------------------------------------------------------------------------------------------------
 # indexer_k_cache, indexer_gather (docs/ops/indexer.md)
 
-_HEAD_DIM, _TOKEN_BYTES = 128, 132  # fp8 values, then one fp32 scale
-
-
-def _indexer_cache_checks(cache):
-    """The cache's dtype, rank and row width; its block size and page stride rules are the op's
-    (asked by the entries before this)."""
-    ab.expect_dtype(cache, "u8")
-    ab.expect_ndim(cache, 3)
-    nb, bs, width = cache.shape
-    if width != _TOKEN_BYTES:
-        raise Refuse(f"'kv_cache' rows are {width} bytes, expected {_TOKEN_BYTES} (128 fp8 + fp32 scale)")
-    if cache.strides[1:] != (_TOKEN_BYTES, 1) or (nb > 1 and cache.strides[0] < bs * _TOKEN_BYTES):
-        raise Unsupported(
-            f"'kv_cache' strides {cache.strides}: the function views each page as one run of "
-            f"block_size x {_TOKEN_BYTES} bytes"
-        )
-    return nb, bs
-
-
 @ADAPTER.entry("indexer_k_cache")
 def indexer_k_cache(t, p):
     """indexer_k_quant_and_cache_triton(k, kv_cache, slot_mapping, quant_block_size=128,
@@ -997,9 +443,9 @@ def indexer_k_cache(t, p):
     quant_max other than the kernel's divisor (448 for e4m3fn, 224 for e4m3fnuz: 240 is AITER's HIP
     writer), and an fp8 format other than the platform's."""
     ab.refuse_if_invalid()
-    k, slots, cache = _arg(t, "k"), _arg(t, "slot_mapping"), _arg(t, "kv_cache")
-    fmt = _fp8_format(p, required=True)
-    qmax = float(_param(p, "quant_max"))
+    k, slots, cache = ab.arg(t, "k"), ab.arg(t, "slot_mapping"), ab.arg(t, "kv_cache")
+    fmt = checks.vllm_fp8_format(p, required=True)
+    qmax = float(checks.param(p, "quant_max"))
     fp8_max = 448.0 if fmt == "e4m3fn" else 240.0
     if not 0 < qmax <= fp8_max:
         raise Refuse(f"quant_max {qmax} outside (0, {fp8_max}]")
@@ -1009,7 +455,7 @@ def indexer_k_cache(t, p):
     ab.expect_ndim(slots, 1)
     if k.shape[1] != _HEAD_DIM or k.shape[0] < slots.shape[0]:
         raise Refuse(f"'k' {k.shape} is not [>= {slots.shape[0]}, {_HEAD_DIM}]")
-    _indexer_cache_checks(cache)
+    checks.indexer_cache_rows(cache)
     if k.strides != (_HEAD_DIM, 1) and k.shape[0] > 1:
         raise Unsupported(f"'k' strides {k.strides}: the kernel reads token t at k + t * {_HEAD_DIM}")
     if slots.shape[0] > 1 and slots.strides[0] != 1:
@@ -1021,7 +467,7 @@ def indexer_k_cache(t, p):
     fn = _load("indexer_k_cache")[0]
     import torch
 
-    _expect_platform_fp8(fmt)
+    checks.vllm_expect_platform_fp8(fmt)
     if slots.shape[0] == 0:
         return
     fn(torch.from_dlpack(k), torch.from_dlpack(cache), torch.from_dlpack(slots), _HEAD_DIM, "ue8m0")
@@ -1038,9 +484,9 @@ def indexer_gather(t, p):
     non-contiguous cu_seq_lens / k_scale, and k_fp8 rows that are not contiguous (written at
     t * 128)."""
     ab.refuse_if_invalid()
-    cache, table, cu = _arg(t, "kv_cache"), _arg(t, "block_table"), _arg(t, "cu_seq_lens")
-    k_fp8, k_scale = _arg(t, "k_fp8"), _arg(t, "k_scale")
-    _indexer_cache_checks(cache)
+    cache, table, cu = ab.arg(t, "kv_cache"), ab.arg(t, "block_table"), ab.arg(t, "cu_seq_lens")
+    k_fp8, k_scale = ab.arg(t, "k_fp8"), ab.arg(t, "k_scale")
+    checks.indexer_cache_rows(cache)
     ab.expect_dtype(table, "i32")
     ab.expect_ndim(table, 2)
     ab.expect_dtype(cu, "i32")
@@ -1064,7 +510,7 @@ def indexer_gather(t, p):
     fn = _load("indexer_gather")[0]
     import torch
 
-    fp8 = _platform_fp8()
+    fp8 = checks.vllm_platform_fp8()
     cu_t = torch.from_dlpack(cu)
     rows = (cu_t[1:] - cu_t[:-1]).to(torch.int64)
     token_to_seq = torch.repeat_interleave(torch.arange(R, dtype=torch.int32, device=cu_t.device), rows)

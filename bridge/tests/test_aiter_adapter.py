@@ -1015,3 +1015,11 @@ def test_torch_backend_views_are_the_numpy_backends():
         ra.execute(ra.Plan([ra.Localize(ra.arg("i"), ra.arg("s"))]), ti, be)
         assert ab.as_numpy(ti["i"]).tolist() == [[1, -1, 5], [0, 1, -1]]
     assert tb.host(np.array([1, 2], np.int32), "i32").dtype == torch.int32
+
+
+def test_the_paged_logits_declare_the_past_context_unspecified():
+    """deepgemm_fp8_paged_mqa_logits never writes logits past a request's context: declared, so
+    the rest is judged at full strictness; no other entry declares anything."""
+    assert ra.ADAPTER.partial_of("indexer_logits_decode") == {"not_produced": [], "unspecified": {"logits": "past_context"}}
+    others = [op for op in ra.PLANS if op != "indexer_logits_decode"]
+    assert all(ra.ADAPTER.partial_of(op) == {"not_produced": [], "unspecified": {}} for op in others)

@@ -1,10 +1,13 @@
-"""aiter_triton (bridge/adapters/aiter_triton.py) on the CPU, without torch or Triton: loading AITER
-files from a source tree (fake trees here), the stand-ins, the AMD launch options dropped off ROCm,
-bad input declining one entry at a time, rocm_aiter's hand-over, and the refusals that come before
-any device work. The kernels themselves ran on the GPU machine (docs/results.md).
+"""AITER's Triton entries (attncheck_bridge.aiter_triton_entries, served by py:aiter_triton and, with
+a tree named, py:rocm_aiter) on the CPU, without torch or Triton: loading AITER files from a source
+tree (fake trees here) through attncheck_bridge.upstream, the stand-ins, the AMD launch options
+dropped off ROCm, bad input declining one entry at a time, both adapters serving the entries
+without importing each other, the partial contracts, and the refusals that come before any device
+work. The kernels themselves ran on the GPU machine (docs/results.md).
 """
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -13,9 +16,11 @@ import types
 import numpy as np
 import pytest
 
+import importlib.util
+
 import attncheck_bridge as ab
-import aiter_triton as at
-from attncheck_bridge import Refuse, Unsupported
+from attncheck_bridge import Refuse, Unsupported, upstream
+from attncheck_bridge import aiter_triton_entries as at
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BRIDGE = os.path.dirname(HERE)
@@ -65,9 +70,9 @@ def env(monkeypatch):
     for name, mod in (("triton", triton), ("triton.runtime", runtime), ("triton.runtime.jit", jit)):
         monkeypatch.setitem(sys.modules, name, mod)
     monkeypatch.setitem(sys.modules, "_attncheck_test_kernels", types.SimpleNamespace(Kernel=_Kernel))
-    monkeypatch.setattr(at, "_finder", {"root": None, "finder": None})
-    monkeypatch.setattr(at, "_loaded", {})
+    upstream.aiter_reset()
     yield monkeypatch
+    upstream.aiter_reset()
     for k in [k for k in sys.modules if k.split(".")[0] in ("aiter", "op_tests")]:
         del sys.modules[k]
     sys.modules.update(saved)
@@ -110,11 +115,14 @@ def test_a_missing_or_broken_file_declines_its_entry_only(env, tmp_path):
     assert at.load(*LOGITS)() == "ran"
 
 
-def test_a_file_missing_what_it_imports_names_the_module(env, tmp_path):
-    root = tree(tmp_path, {ATT + "mla_decode.py": "from aiter.ops.triton.utils.nowhere import x\n"})
+def test_a_file_missing_what_it_imports_loads_and_using_it_names_the_module(env, tmp_path):
+    root = tree(tmp_path, {ATT + "mla_decode.py": "from aiter.ops.triton.utils.nowhere import x\n"
+                                                  "def decode_attention_fwd():\n    return x + 1\n"})
     env.setenv("ATTNCHECK_AITER_SRC", root)
-    with pytest.raises(Unsupported, match=r"mla_decode\.py failed to load: ModuleNotFoundError: aiter\.ops\.triton\.utils: .*utils\.py is not in"):
-        at.load(*MLA)
+    fn = at.load(*MLA)
+    with pytest.raises(Unsupported, match=r"aiter\.ops\.triton\.utils\.nowhere\.x is a stand-in \(module "
+                                          r"aiter\.ops\.triton\.utils\.nowhere: not in the tree"):
+        fn()
 
 
 def test_files_run_unmodified_with_named_stand_ins(env, tmp_path, capsys):
@@ -176,8 +184,8 @@ def test_amd_launch_options_stay_on_rocm(env, tmp_path):
 
 def test_op_tests_files_load_without_pytest(env, tmp_path):
     # As on a GPU host without pytest: a stand-in lets the files' pytest.mark decorators run.
-    find_spec = at.importlib.util.find_spec
-    env.setattr(at.importlib.util, "find_spec", lambda name, *a: None if name == "pytest" else find_spec(name, *a))
+    find_spec = importlib.util.find_spec
+    env.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pytest" else find_spec(name, *a))
     env.delitem(sys.modules, "pytest")
     env.setenv("ATTNCHECK_AITER_SRC", tree(tmp_path, {"aiter/ops/__init__.py": "", "op_tests/triton_tests/attention/test_x.py": """
         import pytest
@@ -196,11 +204,31 @@ def _python(env_extra, code):
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
 
 
-def test_rocm_aiter_hands_over_when_a_tree_is_named():
-    code = "import rocm_aiter, aiter_triton; print(rocm_aiter.ADAPTER is aiter_triton.ADAPTER, rocm_aiter.ADAPTER.name)"
-    assert _python({"ATTNCHECK_AITER_SRC": "/some/tree"}, code).stdout.split() == ["True", "aiter_triton"]
+def test_rocm_aiter_serves_the_triton_entries_when_a_tree_is_named_without_importing_aiter_triton():
+    code = ("import sys, rocm_aiter; print('aiter_triton' in sys.modules, rocm_aiter.ADAPTER.name, "
+            "*sorted(rocm_aiter.ADAPTER.entries))")
+    assert _python({"ATTNCHECK_AITER_SRC": "/some/tree"}, code).stdout.split() == [
+        "False", "aiter_triton", "indexer_logits_decode", "indexer_logits_prefill", "mla_decode", "sparse_mla"]
     r = _python({}, "import os; os.environ.pop('ATTNCHECK_AITER_SRC', None); import rocm_aiter; print(rocm_aiter.ADAPTER.name)")
     assert r.stdout.split() == ["rocm_aiter"]
+
+
+def test_no_upstream_adapter_imports_another():
+    """(numpy_broken derives from numpy_reference on purpose: it is the mutant of the reference.)"""
+    adapters = os.path.join(BRIDGE, "adapters")
+    names = {"vllm_triton", "rocm_aiter", "aiter_triton", "deepgemm", "flashmla"}
+    for f in sorted(names):
+        with open(os.path.join(adapters, f + ".py")) as fh:
+            text = fh.read()
+        for other in names - {f}:
+            assert not re.search(rf"^\s*(import {other}\b|from {other}\b)", text, re.M), f"{f}.py imports {other}"
+
+
+def test_sparse_mla_declares_lse_not_produced_and_logits_decode_the_past_context():
+    for adapter in (at.adapter(), at.register(ab.Adapter("x", device="cuda"))):
+        assert adapter.partial_of("sparse_mla")["not_produced"] == ["lse"]
+        assert adapter.partial_of("indexer_logits_decode")["unspecified"] == {"logits": "past_context"}
+        assert adapter.partial_of("mla_decode") == {"not_produced": [], "unspecified": {}}
 
 
 def test_contracts_follow_the_kernels_and_bad_settings_fail_at_load():

@@ -150,3 +150,178 @@ def test_export_descriptions_are_checked():
     adapter = ab.Adapter("x")
     with pytest.raises(TypeError):
         adapter.entry("e", export={"module": "m"})(lambda t, p: None)
+
+
+# ------------------------------------------------------------------------------------------------
+# Writes go through attncheck_bridge.safe_output (issue 38 item 1): no symlink followed, no FIFO
+# opened, no device written, replacement atomic; checked before the bundle is even read.
+
+
+def _main_refuses(tmp_path, out, capsys):
+    rc = export_pytest.main([str(tmp_path / "no-bundle.h5"), "numpy_reference", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    return err
+
+
+def test_a_symlink_at_out_is_refused_and_its_target_untouched(tmp_path, capsys):
+    decoy = tmp_path / "decoy"
+    decoy.write_text("precious\n")
+    out = tmp_path / "out.py"
+    out.symlink_to(decoy)
+    assert "a symbolic link" in _main_refuses(tmp_path, out, capsys)
+    assert decoy.read_text() == "precious\n" and out.is_symlink()
+
+
+def test_a_fifo_at_out_is_refused_without_blocking(tmp_path, capsys):
+    out = tmp_path / "test_x.py"
+    os.mkfifo(out)
+    assert "a FIFO" in _main_refuses(tmp_path, out, capsys)
+
+
+def test_a_device_at_out_is_refused(tmp_path, capsys):
+    assert "a character device" in _main_refuses(tmp_path, "/dev/null", capsys)
+
+
+def test_a_symlink_at_the_npz_beside_out_is_refused(tmp_path, capsys):
+    decoy = tmp_path / "decoy"
+    decoy.write_text("precious\n")
+    (tmp_path / "test_x.npz").symlink_to(decoy)
+    assert "test_x.npz: refusing to write: it is a symbolic link" in _main_refuses(tmp_path, tmp_path / "test_x.py", capsys)
+    assert decoy.read_text() == "precious\n"
+
+
+def test_safe_writes_replace_atomically_and_leave_no_temporary(tmp_path):
+    from attncheck_bridge import safe_output
+
+    target = tmp_path / "sub" / "t.py"
+    safe_output.write_text_safely(target, "one\n")
+    hard = tmp_path / "other-name"
+    os.link(target, hard)  # a second name of the old file must keep the old contents
+    safe_output.write_text_safely(target, "two\n")
+    assert target.read_text() == "two\n" and hard.read_text() == "one\n"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["t.py"]
+    with pytest.raises(safe_output.UnsafeOutput, match="a directory"):
+        safe_output.write_text_safely(tmp_path / "sub", "x")
+
+
+@needs_bin
+def test_a_symlink_at_the_default_repro_path_is_refused(tmp_path):
+    decoy = tmp_path / "decoy"
+    decoy.write_text("precious\n")
+    (tmp_path / "repro").mkdir()
+    name = "test_" + PAGE_CASE.replace("/", "__") + ".py"  # attncheck's id_to_filename
+    (tmp_path / "repro" / name).symlink_to(decoy)
+    proc = subprocess.run([BIN, "repro", PAGE_CASE, "--kernels", "py:numpy_reference", "--export", "pytest"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 2 and "a symbolic link" in proc.stderr, proc.stdout + proc.stderr
+    assert decoy.read_text() == "precious\n"
+
+
+@needs_bin
+def test_the_exporter_runs_under_attncheck_python(tmp_path):
+    """On a GPU host the interpreter with torch is rarely /usr/bin/python3: $ATTNCHECK_PYTHON wins."""
+    marker = tmp_path / "ran"
+    wrapper = tmp_path / "python-wrapper"
+    wrapper.write_text(f"#!/bin/sh\necho \"$@\" > {marker}\nexec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    out = tmp_path / "t.py"
+    proc = subprocess.run([BIN, "repro", PAGE_CASE, "--kernels", "py:numpy_reference", "--export", "pytest",
+                           "--out", str(out), "--bundle", str(tmp_path / "b.h5")],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                          env=dict(os.environ, ATTNCHECK_PYTHON=str(wrapper)))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "attncheck_bridge.export_pytest" in marker.read_text() and out.is_file()
+    missing = subprocess.run([BIN, "repro", PAGE_CASE, "--kernels", "py:numpy_reference", "--export", "pytest",
+                              "--out", str(tmp_path / "u.py"), "--bundle", str(tmp_path / "c.h5")],
+                             capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                             env=dict(os.environ, ATTNCHECK_PYTHON=str(tmp_path / "no-such-python")))
+    assert missing.returncode == 2 and "no-such-python" in missing.stderr, missing.stdout + missing.stderr
+
+
+def test_the_exporter_needs_no_h5py():
+    """The GPU hosts kernel developers use have torch and pytest, not h5py."""
+    code = ("import sys; sys.modules['h5py'] = None; "
+            "import attncheck_bridge.export_pytest, attncheck_bridge.hdf5_reader; print('ok')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env())
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+# ------------------------------------------------------------------------------------------------
+# The exported file against an upstream source tree (no package installed) and under a partial
+# contract, without a binary: the bundle's contents are given directly.
+
+
+def _fake_bundle(monkeypatch, budgets):
+    meta = {"id": "decode_attention/fake", "op": "decode_attention", "kernel": "decode_attention",
+            "verdict": "failed", "message": "m", "repro": "r", "params": {}, "kernel_params": {"n": 3}}
+    args = {"x": {"dtype": "f32", "shape": [2], "strides": [1], "offset": 0, "storage": 0, "role": "input"},
+            "out": {"dtype": "f32", "shape": [2], "strides": [1], "offset": 0, "storage": 1, "role": "output"},
+            "lse": {"dtype": "f32", "shape": [2], "strides": [1], "offset": 0, "storage": 2, "role": "output"}}
+    storages = {0: np.array([1, 2], np.float32).tobytes(), 1: bytes(8), 2: bytes(8)}
+    expected = {"out": ("f32", np.array([2, 4], np.float32)), "lse": ("f32", np.array([7, 7], np.float32))}
+    monkeypatch.setattr(export_pytest, "_read_bundle", lambda path: (meta, args, storages, expected, budgets))
+
+
+FAKE_ADAPTER = '''
+import attncheck_bridge as ab
+
+ADAPTER = ab.Adapter("fake_vllm")
+
+
+@ADAPTER.entry("decode_attention", partial=PARTIAL, export=ab.Export(
+    "vllm.v1.attention.ops.triton_decode_attention", "double", args=["t['x']", "t['out']"], framework="numpy"))
+def decode_attention(t, p):
+    pass
+'''
+
+
+def test_the_exported_file_loads_the_upstream_function_from_a_source_tree(tmp_path, monkeypatch):
+    exact = {"kind": "exact"}
+    _fake_bundle(monkeypatch, {"out": exact, "lse": exact})
+    adapter = tmp_path / "fake_vllm.py"
+    adapter.write_text(FAKE_ADAPTER.replace("PARTIAL", '{"not_produced": ["lse"]}'))
+    out = tmp_path / "test_fake.py"
+    export_pytest.generate("bundle.h5", str(adapter), str(out))
+    kernel = tmp_path / "tree" / "vllm" / "v1" / "attention" / "ops" / "triton_decode_attention.py"
+    kernel.parent.mkdir(parents=True)
+    kernel.write_text("from vllm.platforms import current_platform\n"
+                      "def double(x, out):\n    out[...] = 2 * x\n")
+    monkeypatch.setenv("ATTNCHECK_VLLM_SRC", str(tmp_path / "tree"))
+    ran = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(out)],
+                         capture_output=True, text=True, env=_env(), timeout=300)
+    assert ran.returncode == 0 and "1 passed" in ran.stdout, ran.stdout + ran.stderr
+    mod = load(out)
+    assert mod.NOT_PRODUCED == ["lse"] and list(mod.BUDGETS) == ["out"]  # lse: never written, not checked
+    kernel.write_text("def double(x, out):\n    out[...] = 3 * x\n")  # the bug: the test fails
+    ran = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(out)],
+                         capture_output=True, text=True, env=_env(), timeout=300)
+    assert ran.returncode == 1 and "out: 2 of 2 elements differ bitwise" in ran.stdout, ran.stdout
+
+
+def test_an_unspecified_region_is_refused_with_the_reason(tmp_path, monkeypatch):
+    _fake_bundle(monkeypatch, {"out": {"kind": "exact"}})
+    adapter = tmp_path / "fake_vllm2.py"
+    adapter.write_text(FAKE_ADAPTER.replace("PARTIAL", '{"unspecified": {"out": "past_context"}}'))
+    with pytest.raises(export_pytest.ExportError, match=r"leaves out \(past_context\) unspecified"):
+        export_pytest.generate("bundle.h5", str(adapter), str(tmp_path / "test_x.py"))
+
+
+def test_a_large_offset_storage_is_exported_as_its_window_for_torch_only(tmp_path, monkeypatch):
+    exact = {"kind": "exact"}
+    _fake_bundle(monkeypatch, {"out": exact})
+    meta, args, storages, expected, budgets = export_pytest._read_bundle("b.h5")
+    meta = dict(meta, sparse={1: {"extent_bytes": 1 << 33, "window_begin_bytes": (1 << 33) - 8,
+                                  "poison": "nan", "dtype": "f32"}})
+    args = dict(args, out=dict(args["out"], offset=(1 << 31) - 2))
+    monkeypatch.setattr(export_pytest, "_read_bundle", lambda path: (meta, args, storages, expected, budgets))
+    adapter = tmp_path / "fake_vllm3.py"
+    adapter.write_text(FAKE_ADAPTER.replace("PARTIAL", "None"))
+    with pytest.raises(export_pytest.ExportError, match="only torch exports rebuild its extent"):
+        export_pytest.generate("b.h5", str(adapter), str(tmp_path / "test_n.py"))
+    adapter.write_text(FAKE_ADAPTER.replace("PARTIAL", "None").replace('framework="numpy"', 'framework="torch"'))
+    out = tmp_path / "test_t.py"
+    export_pytest.generate("b.h5", str(adapter), str(out))
+    mod = load(out)
+    assert mod.SPARSE == {1: {"extent_bytes": 1 << 33, "window_begin_bytes": (1 << 33) - 8, "poison": "nan", "dtype": "f32"}}
+    assert mod.ARGS["out"]["offset"] == (1 << 31) - 2 and mod._blob("storage_1").size == 8  # the window only

@@ -13,6 +13,7 @@ import pytest
 
 import attncheck_bridge as ab
 import vllm_triton
+from attncheck_bridge import upstream
 
 T_ = ab.Tensor.from_numpy
 
@@ -29,10 +30,11 @@ def fresh(monkeypatch):
     for var in ("ATTNCHECK_VLLM_SRC", "ATTNCHECK_VLLM_FILE"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(vllm_triton, "_loaded", {})
-    monkeypatch.setattr(vllm_triton, "_filewise", {"on": False, "why": ""})
+    upstream.vllm_reset()
     for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
         del sys.modules[name]
     yield
+    upstream.vllm_reset()
     sys.meta_path[:] = saved_meta
     sys.path[:] = saved_path
     for name in [m for m in sys.modules if m not in saved_modules]:
@@ -740,7 +742,7 @@ def test_a_partial_tree_runs_the_unmodified_file_with_stand_ins(fresh, monkeypat
     monkeypatch.setenv("ATTNCHECK_VLLM_SRC", str(tmp_path))
     fn, mod, where = vllm_triton._load("decode_attention")
     assert fn()[0] == "decode" and mod.__file__ == str(path)
-    assert "file-wise, vLLM stand-ins" in where and vllm_triton.source("decode_attention") == where
+    assert "from the tree" in where and vllm_triton.source("decode_attention") == where
     # the real answers
     assert mod.triton is triton and mod.tl is tl
     assert mod.is_hip_ is False and mod.FP8 == "float8_e4m3fn"
@@ -796,7 +798,7 @@ def test_a_checkout_that_does_not_import_is_loaded_file_wise(fresh, monkeypatch,
     monkeypatch.setenv("ATTNCHECK_VLLM_SRC", str(tmp_path))
     fn, _, where = vllm_triton._load("decode_attention")
     assert fn()[0] == "decode"
-    assert "file-wise" in where and "checkout import failed" in where and "vllm_dependency_that_is_not_installed" in where
+    assert "from the tree" in where and "checkout import failed" in where and "vllm_dependency_that_is_not_installed" in where
 
 
 def test_the_src_tree_is_the_only_source(fresh, monkeypatch, tmp_path):
@@ -817,7 +819,7 @@ def test_a_file_that_fails_to_execute_is_declined_with_the_reason(fresh, monkeyp
     _tree(tmp_path, "vllm/v1/attention/ops/triton_decode_attention.py",
           "import vllm.envs as envs\nif envs.VLLM_USE_V2:\n    pass\n")
     monkeypatch.setenv("ATTNCHECK_VLLM_SRC", str(tmp_path))
-    with pytest.raises(ab.Unsupported, match="executing it failed: StandInUsed: vllm.envs.VLLM_USE_V2"):
+    with pytest.raises(ab.Unsupported, match="triton_decode_attention.py failed to load: StandInUsed: vllm.envs.VLLM_USE_V2 is a stand-in .module vllm.envs: not in the tree"):
         vllm_triton._load("decode_attention")
 
 
@@ -850,3 +852,26 @@ def test_a_missing_vllm_file_is_named(fresh, monkeypatch, tmp_path):
 def test_declines_the_per_token_quant_writer_naming_where_it_lives():
     with pytest.raises(ab.Unsupported, match="reshape_and_cache_with_pertoken_quant"):
         vllm_triton.kv_cache_write_pertoken_quant({}, {})
+
+
+def test_the_writers_pure_python_imports_run_from_the_tree(fresh, monkeypatch, fake_torch, tmp_path):
+    """vLLM main's writer computes FP8_MIN, FP8_MAX = get_fp8_min_max() at import (issue 36): the
+    quant_utils module is executed from the tree, its own unloadable imports stood in."""
+    _no_installed_vllm()
+    _fake_triton(monkeypatch)
+    _tree(tmp_path, "vllm/model_executor/layers/quantization/utils/quant_utils.py",
+          "from vllm.distributed.parallel_state import get_ep_group\n"
+          "from vllm.platforms import current_platform\n"
+          "def get_fp8_min_max():\n"
+          "    return (-224.0, 224.0) if current_platform.is_fp8_fnuz() else (-448.0, 448.0)\n")
+    _tree(tmp_path, "vllm/v1/attention/ops/triton_reshape_and_cache_flash.py",
+          "from vllm.model_executor.layers.quantization.utils.quant_utils import get_fp8_min_max\n"
+          "from vllm.v1.kv_cache_interface import KVQuantMode\n"
+          "FP8_MIN, FP8_MAX = get_fp8_min_max()\n"
+          "def triton_reshape_and_cache_flash(*a):\n    return FP8_MIN, FP8_MAX\n")
+    monkeypatch.setenv("ATTNCHECK_VLLM_SRC", str(tmp_path))
+    fn, _, where = vllm_triton._load("kv_cache_write")
+    assert fn() == (-448.0, 448.0) and "from the tree" in where
+    stood_in = upstream._vllm["tree"].stood_in
+    assert "not in the tree" in stood_in["vllm.distributed.parallel_state"]
+    assert "vllm.model_executor.layers.quantization.utils.quant_utils" not in stood_in

@@ -114,11 +114,19 @@ int cmd_list(const Paths& p, const ListArgs& a) {
 
 namespace {
 
-// `repro --export pytest`: /usr/bin/python3 -m attncheck_bridge.export_pytest BUNDLE ADAPTER OUT
+// The exporter runs under $ATTNCHECK_PYTHON, else the interpreter the build was configured with
+// (-DPython3_EXECUTABLE, the one the bridge embeds): on a GPU host that is the interpreter with
+// the kernel developer's torch, which the exported test also needs.
+std::string export_python() {
+  if (const char* env = std::getenv("ATTNCHECK_PYTHON"); env && *env) return env;
+  return ATTNCHECK_EXPORT_PYTHON;
+}
+
+// `repro --export pytest`: PYTHON -m attncheck_bridge.export_pytest BUNDLE ADAPTER OUT
 // (bridge/python/attncheck_bridge/export_pytest.py), with the bridge and its adapters on the path.
 int export_pytest(const Paths& p, const std::string& bundle, const std::string& adapter,
                   const std::string& out) {
-  const std::string python = "/usr/bin/python3";
+  const std::string python = export_python();
   const fs::path bridge = fs::path(p.root) / "bridge";
   const char* old = std::getenv("PYTHONPATH");
   const std::string pythonpath = (bridge / "python").string() + ":" +

@@ -3,7 +3,10 @@ a repro bundle (docs/bridge.md "Exporting a finding").
 
     python3 -m attncheck_bridge.export_pytest BUNDLE ADAPTER OUT
 
-The file needs numpy, the upstream package (the entry's ``Export``: module, function, how the
+The exporter reads the bundle through the HDF5 library attncheck is linked with
+(attncheck_bridge.hdf5_reader: no h5py) and writes through attncheck_bridge.safe_output (symbolic
+links, FIFOs and devices refused at OUT and at the .npz beside it; atomic replacement). The file
+needs numpy, the upstream package (the entry's ``Export``: module, function, how the
 arguments are passed) and, for a torch export, torch. It holds the case's inputs (every
 argument's storage rebuilt from the bundle's view contents and layouts, zlib-compressed and
 base64-encoded; past EMBED_LIMIT bytes they go to OUT with the suffix .npz instead), the call into
@@ -14,6 +17,7 @@ attncheck derived it, checked the way attncheck checks them.
 import base64
 import importlib
 import importlib.util
+import io
 import json
 import pprint
 import re
@@ -21,8 +25,10 @@ import sys
 import zlib
 from pathlib import Path
 
-import h5py
 import numpy as np
+
+from attncheck_bridge import hdf5_reader
+from attncheck_bridge.safe_output import check_replaceable, write_bytes_safely, write_text_safely
 
 EMBED_LIMIT = 1 << 20  # encoded bytes embedded in the file; more go to a .npz beside it
 
@@ -45,37 +51,43 @@ def _adapter(spec: str):
     return importlib.import_module(spec)
 
 
-def _json_attr(f, name):
-    v = f.attrs[name]
-    return json.loads(v.decode() if isinstance(v, bytes) else v)
-
-
-def _str_attr(obj, name):
-    v = obj.attrs[name]
-    return v.decode() if isinstance(v, bytes) else str(v)
+def _json_attr(node, name):
+    return json.loads(node.attr(name))
 
 
 def _read_bundle(path):
     """Storages (bytes, rebuilt from the views), argument layouts, expected outputs, budgets."""
-    with h5py.File(path, "r") as f:
-        meta = {k: _str_attr(f, k) for k in ("id", "op", "kernel", "verdict", "message", "repro")}
+    with hdf5_reader.File(path) as f:
+        meta = {k: f.attr(k) for k in ("id", "op", "kernel", "verdict", "message", "repro")}
         meta["params"] = _json_attr(f, "params")
         meta["kernel_params"] = _json_attr(f, "kernel_params")
         checks = _json_attr(f, "checks")
-        if _str_attr(f, "expect_refusal"):
+        if f.attr("expect_refusal"):
             raise ExportError("an invalid configuration (the kernel must refuse it): nothing to check")
-        args, storages = {}, {}
-        for name in f["inputs"]:
-            ds = f["inputs"][name]
-            layout = json.loads(_str_attr(ds, "layout"))
+        args, storages, sparse = {}, {}, {}
+        inputs = f.child("inputs")
+        for name in inputs.names():
+            ds = inputs.child(name)
+            layout = json.loads(ds.attr("layout"))
+            dtype = ds.attr("dtype")
             if "sparse" in layout:
-                raise ExportError(f"argument '{name}' is a large-offset (sparse) storage: "
-                                  "not exportable as a self-contained test")
-            dtype = _str_attr(ds, "dtype")
+                # A large-offset storage: the dataset is its host-held window, flat; the view's
+                # offset and strides index the whole extent (poison outside the window).
+                k = int(layout["storage"])
+                storages.setdefault(k, bytearray(np.ascontiguousarray(ds.read()).tobytes()))
+                sp = layout["sparse"]
+                sparse[k] = {"extent_bytes": int(sp["extent_bytes"]),
+                             "window_begin_bytes": int(sp["window_begin_bytes"]),
+                             "poison": "nan" if dtype in ("f64", "f32", "f16", "bf16") else "0xff",
+                             "dtype": dtype}
+                args[name] = {"dtype": dtype, "shape": layout["shape"], "strides": layout["strides"],
+                              "offset": layout["offset"], "storage": k,
+                              "role": ds.attr("role").split(" ")[0]}
+                continue
             es = _ITEMSIZE[dtype]
             k = int(layout.get("storage", len(storages) + 1000))
             buf = storages.setdefault(k, bytearray(int(layout["storage_bytes"])))
-            raw = np.ascontiguousarray(ds[()])
+            raw = np.ascontiguousarray(ds.read())
             if raw.size:  # the view's contents back at their places in the storage
                 flat = np.frombuffer(buf, dtype=raw.dtype, count=len(buf) // es)
                 np.lib.stride_tricks.as_strided(
@@ -83,12 +95,14 @@ def _read_bundle(path):
                     strides=tuple(s * es for s in layout["strides"]), writeable=True)[...] = raw
             args[name] = {"dtype": dtype, "shape": layout["shape"], "strides": layout["strides"],
                           "offset": layout["offset"], "storage": k,
-                          "role": _str_attr(ds, "role").split(" ")[0]}
+                          "role": ds.attr("role").split(" ")[0]}
         expected = {}
-        for name in f["expected"]:
-            ds = f["expected"][name]
-            expected[name] = (_str_attr(ds, "dtype"), np.ascontiguousarray(ds[()]))
+        exp = f.child("expected")
+        for name in exp.names():
+            ds = exp.child(name)
+            expected[name] = (ds.attr("dtype"), np.ascontiguousarray(ds.read()))
     budgets = {c["name"]: c["budget"] for c in checks}
+    meta["sparse"] = sparse
     return meta, args, {k: bytes(v) for k, v in storages.items()}, expected, budgets
 
 
@@ -126,6 +140,8 @@ def _test_name(case_id):
 
 
 def generate(bundle, adapter_spec, out):
+    for target in (Path(out), Path(out).with_suffix(".npz")):
+        check_replaceable(target)  # before the bundle is read or the adapter imported
     meta, args, storages, expected, budgets = _read_bundle(bundle)
     mod = _adapter(adapter_spec)
     adapter = getattr(mod, "ADAPTER", None)
@@ -137,6 +153,16 @@ def generate(bundle, adapter_spec, out):
         raise ExportError(f"adapter {adapter.name}: entry '{entry}' has no export description "
                           "(attncheck_bridge.Export: module, function, arguments)")
     desc = ex.to_json(adapter.device)
+    sparse = meta.get("sparse", {})
+    if sparse and desc["framework"] != "torch":
+        raise ExportError("a large-offset (sparse) storage: only torch exports rebuild its extent on the device")
+    partial = adapter.partial_of(entry) or {"not_produced": [], "unspecified": {}}
+    if partial["unspecified"]:
+        raise ExportError(f"adapter {adapter.name}: entry '{entry}' leaves "
+                          + ", ".join(f"{o} ({r})" for o, r in partial["unspecified"].items())
+                          + " unspecified: the exported check cannot mask such a region")
+    # An output the entry declares not produced is not checked (attncheck checks it is untouched).
+    budgets = {n: b for n, b in budgets.items() if n not in partial["not_produced"]}
     outputs = [n for n in expected if n in budgets]
     out = Path(out)
     data = {f"storage_{k}": np.frombuffer(v, np.uint8) for k, v in storages.items()}
@@ -144,7 +170,9 @@ def generate(bundle, adapter_spec, out):
     encoded = {k: _encode(v.tobytes()) for k, v in data.items()}
     sidecar = sum(len(x) for lines in encoded.values() for x in lines) > EMBED_LIMIT
     if sidecar:
-        np.savez_compressed(out.with_suffix(".npz"), **data)
+        packed = io.BytesIO()
+        np.savez_compressed(packed, **data)
+        write_bytes_safely(out.with_suffix(".npz"), packed.getvalue())
         blobs = "DATA_FILE = Path(__file__).with_suffix('.npz')  # the inputs and expected outputs\n"
     else:
         blobs = "DATA_FILE = None\nBLOBS = {\n" + "".join(
@@ -159,19 +187,22 @@ def generate(bundle, adapter_spec, out):
         where="the .npz beside this file" if sidecar else "this file (zlib + base64)",
         case=_py({"id": meta["id"], "op": meta["op"], "params": meta["params"]}),
         kernel_params=_py(meta["kernel_params"]), args=_py(args), budgets=_py(budgets),
+        not_produced=_py(partial["not_produced"]), sparse=_py(sparse),
         expected_dtypes=_py({n: expected[n][0] for n in outputs}), export=_py(desc), blobs=blobs, setup=setup,
         function=desc["function"], call_args=call_args, test_name=_test_name(meta["id"]),
         framework=desc["framework"], device=desc["device"])
     compile(text, str(out), "exec")
-    out.write_text(text)
+    write_text_safely(out, text)
     return sidecar
 
 
 _TEMPLATE = '''"""attncheck finding: {id} ({verdict} through py:{adapter}, entry {entry}).
 
 Exported by `attncheck repro --export pytest`. Self-contained: the inputs and expected outputs are
-in {where}; the call below is the one the attncheck adapter makes. Run it where the upstream
-package is importable (its repository): `python3 -m pytest THIS_FILE`. It passes when every output
+in {where}; the call below is the one the attncheck adapter makes. Needs torch (or NumPy for a
+NumPy adapter) and pytest. Run it where the upstream package is importable, or against a source
+tree without its compiled extensions: ATTNCHECK_VLLM_SRC / ATTNCHECK_AITER_SRC=<tree> with
+attncheck's bridge/python on PYTHONPATH: `python3 -m pytest THIS_FILE`. It passes when every output
 is within the budget attncheck derived for it (per element |actual - expected| <= atol + rtol
 |expected|, a bounded fraction of elements beyond, calc_diff; bitwise for exact outputs; top-k rows
 as sets, ties not excused here).
@@ -185,6 +216,7 @@ Rerun in attncheck:
 import base64
 import importlib
 import inspect  # noqa: F401 - the call's set-up may ask the upstream signature
+import os
 import zlib
 from pathlib import Path
 
@@ -196,6 +228,12 @@ KERNEL_PARAMS = {kernel_params}
 # Every argument: dtype, view shape / strides / offset (elements) in its storage; role.
 ARGS = {args}
 BUDGETS = {budgets}
+# Outputs the entry declares it does not produce (a partial contract): not checked here.
+NOT_PRODUCED = {not_produced}
+# Large-offset storages (storage -> extent, where the held window begins, poison): the blob is the
+# window; the rest of the extent is rebuilt on the device as poison (NaN, or 0xFF bytes), as
+# attncheck runs the case.
+SPARSE = {sparse}
 EXPECTED_DTYPES = {expected_dtypes}
 EXPORT = {export}
 {blobs}
@@ -230,7 +268,17 @@ def _numpy_views(storages):
 def _torch_views(storages, torch, device):
     dtypes = {{"f64": torch.float64, "f32": torch.float32, "f16": torch.float16,
               "bf16": torch.bfloat16, "i64": torch.int64, "i32": torch.int32, "i8": torch.int8}}
-    on_device = {{k: torch.from_numpy(v).to(device) for k, v in storages.items()}}
+    on_device = {{k: torch.from_numpy(v).to(device) for k, v in storages.items() if k not in SPARSE}}
+    for k, sp in SPARSE.items():
+        st = torch.empty(sp["extent_bytes"], dtype=torch.uint8, device=device)
+        if sp["poison"] == "nan":
+            es = _ITEMSIZE[sp["dtype"]]
+            st[: st.numel() // es * es].view(dtypes[sp["dtype"]]).fill_(float("nan"))
+        else:
+            st.fill_(0xFF)
+        window = torch.from_numpy(storages[k]).to(device)
+        st[sp["window_begin_bytes"]: sp["window_begin_bytes"] + window.numel()].copy_(window)
+        on_device[k] = st
     t = {{}}
     for name, a in ARGS.items():
         dt = dtypes.get(a["dtype"], torch.uint8)
@@ -242,7 +290,25 @@ def _torch_views(storages, torch, device):
 
 
 def _upstream():
+    """The upstream function. With ATTNCHECK_VLLM_SRC / ATTNCHECK_AITER_SRC set and attncheck's
+    bridge importable (bridge/python on PYTHONPATH), from that source tree through attncheck's
+    loader (attncheck_bridge.upstream: the tree's files, no compiled extensions needed), and
+    nothing else; otherwise the installed package."""
     errors = []
+    root = EXPORT["modules"][0].split(".")[0]
+    src = os.environ.get({{"vllm": "ATTNCHECK_VLLM_SRC", "aiter": "ATTNCHECK_AITER_SRC"}}.get(root, ""), "")
+    if src:
+        try:
+            from attncheck_bridge import upstream
+        except ImportError as e:
+            pytest.fail(f"{{root}} source tree {{src}} given, but attncheck_bridge is not importable: {{e}}")
+        try:
+            if root == "vllm":
+                return upstream.vllm_load([(m, m.replace(".", "/") + ".py", EXPORT["function"])
+                                           for m in EXPORT["modules"]])[0]
+            return upstream.aiter_load(EXPORT["modules"][0], EXPORT["function"])
+        except Exception as e:  # noqa: BLE001 - named below
+            pytest.fail(f"cannot load {function} from {{src}}: {{type(e).__name__}}: {{e}}")
     for module in EXPORT["modules"]:
         try:
             return getattr(importlib.import_module(module), EXPORT["function"])
@@ -376,7 +442,7 @@ def main(argv=None):
         return 2
     try:
         sidecar = generate(*argv)
-    except (ExportError, OSError, KeyError) as e:
+    except (ExportError, hdf5_reader.Hdf5Error, OSError, KeyError) as e:
         print(f"attncheck: --export pytest: {e}", file=sys.stderr)
         return 2
     out = Path(argv[2])
