@@ -111,8 +111,8 @@ Case case_from_json(const nlohmann::json& j);
 // while a library loads (a constructor that crashes, hangs or exits, a NULL function in its table,
 // a device query that hangs) ends that process instead, and comes back here as a
 // std::runtime_error naming the library's path and the reason. Returns {"library", "entries",
-// and with `with_device`, "device" and "arch"}. Past `timeout_s` (the import limit) the load is
-// reported as hung.
+// and with `with_device`, "device" and "arch", or "no_device": the library's reason}. Past
+// `timeout_s` (the import limit) the load is reported as hung.
 nlohmann::json load_library_isolated(const std::string& kernels, bool with_device,
                                      double timeout_s);
 
