@@ -41,6 +41,8 @@ PROBES = {
     "fork_linger": ([], 0, None, True),
     "thread": ([], 1, "thread(s) it started still run|worker process died", False),
     "hang_with_child": (["--timeout", "3"], 1, "timed out after 3 s", True),
+    "detach": ([], 0, None, True),
+    "detach_and_hang": (["--timeout", "3"], 1, "timed out after 3 s", True),
     "memory": (["--worker-memory", "512M", "--timeout", "60"], 1, "over the limit of 512 MiB (--worker-memory)", False),
 }
 

@@ -178,9 +178,14 @@ int cmd_repro(const Paths& p, const ReproArgs& a) {
   cfg.repeat = a.repeat;
   cfg.repro_extra = path_flags(p);
   cfg.allow_missing_goldens = a.allow_missing_goldens;
+  cfg.import_timeout_s = a.import_timeout_s;
   std::unique_ptr<CaseContext> ctx;
   try {
-    ctx = make_context(cfg);
+    // The library is loaded here, in this process: first in one of its own, where a constructor
+    // or device query that crashes, hangs or exits is named instead of ending this one.
+    if (!cfg.kernels.empty()) load_library_isolated(cfg.kernels, true, a.import_timeout_s);
+    ctx = make_context_within_limit(
+        cfg, [](const std::string& why) { std::cerr << "attncheck: " << why << "\n"; });
   } catch (const CaseFileError& e) {
     std::cerr << "attncheck: bad case file: " << e.what() << "\n";
     return 2;
@@ -387,9 +392,17 @@ int cmd_bench(const Paths& p, const BenchArgs& a) {
     std::cerr << "attncheck: kernel library '" << a.kernels << "' does not exist\n";
     return 2;
   }
-  // In-process: timing is for cases that already pass `run`; a crash here ends the bench.
-  const auto lib = KernelLibrary::open(
-      a.kernels.rfind("py:", 0) == 0 ? a.kernels : fs::absolute(a.kernels).string());
+  // In-process: timing is for cases that already pass `run`; a crash here ends the bench. The
+  // load is tried in a process of its own first (load_library_isolated).
+  const std::string kernels =
+      a.kernels.rfind("py:", 0) == 0 ? a.kernels : fs::absolute(a.kernels).string();
+  try {
+    load_library_isolated(kernels, true, 120);
+  } catch (const std::exception& e) {
+    std::cerr << "attncheck: " << e.what() << "\n";
+    return 2;
+  }
+  const auto lib = KernelLibrary::open(kernels);
   std::string why;
   const auto dev = lib->device(&why);
   if (!dev) {
@@ -399,7 +412,7 @@ int cmd_bench(const Paths& p, const BenchArgs& a) {
   double copy_gbps = 0, matrix_tflops = 0;
   char msg[2048] = {0};
   if (lib->api().roofline(&copy_gbps, &matrix_tflops, msg, sizeof msg) != ATTNCHECK_OK) {
-    std::cerr << "attncheck: roofline measurement failed: " << msg << "\n";
+    std::cerr << "attncheck: roofline measurement failed: " << abi_text(msg) << "\n";
     return 2;
   }
   std::cout << "bench on " << dev->name << " (" << dev->arch << "), " << lib->library()
@@ -468,15 +481,17 @@ int cmd_bench(const Paths& p, const BenchArgs& a) {
 namespace {
 
 // The partial contracts the library's entries declare (docs/verification.md "Partial
-// contracts"), each checked against its op; how many are bad.
-int print_partial_contracts(const KernelLibrary& lib) {
+// contracts"; `declared`: entry -> the library's text, as the isolated load reported it), each
+// checked against its op; how many are bad.
+int print_partial_contracts(const std::string& library, const nlohmann::json& declared) {
   int bad = 0;
-  for (const auto& entry : lib.entries()) {
+  for (const auto& [entry, text] : declared.items()) {
     const Op* op = op_of_entry(entry);
-    if (!op || lib.declared_partial(entry).empty()) continue;
+    if (!op) continue;
     try {
-      const std::string declared = entry_partial(lib, entry, *op).describe();
-      std::cout << "partial contract: " << entry << ": " << declared << "\n";
+      const std::string described =
+          parse_partial(text.get<std::string>(), *op, entry, library).describe();
+      std::cout << "partial contract: " << entry << ": " << described << "\n";
     } catch (const PartialContractError& e) {
       ++bad;
       std::cout << "BAD partial contract: " << e.what() << "\n";
@@ -489,19 +504,25 @@ int print_partial_contracts(const KernelLibrary& lib) {
 }  // namespace
 
 int cmd_kernels(const Paths&, const KernelsArgs& a) {
-  std::unique_ptr<KernelLibrary> lib;
+  // Loaded in a process of its own, never in this one: the listing is all this command needs.
+  std::string library;
+  std::vector<std::string> entries;
+  nlohmann::json partial = nlohmann::json::object();
   try {
-    lib = KernelLibrary::open(a.kernels);
+    const nlohmann::json loaded = load_library_isolated(a.kernels, false, a.import_timeout_s);
+    library = loaded.at("library").get<std::string>();
+    entries = loaded.at("entries").get<std::vector<std::string>>();
+    partial = loaded.value("partial", nlohmann::json::object());
   } catch (const std::exception& e) {
     std::cerr << "attncheck: " << e.what() << "\n";
     return 2;
   }
-  std::cout << lib->library() << " (" << a.kernels << ")\n";
-  std::cout << "entries: " << join(lib->entries(), ", ") << "\n\n";
+  std::cout << library << " (" << a.kernels << ")\n";
+  std::cout << "entries: " << join(entries, ", ") << "\n\n";
   int missing = 0;
   for (const Op* op : all_ops()) {
     for (const auto& entry : op->kernel_entries()) {
-      const bool has = lib->has_entry(entry);
+      const bool has = std::find(entries.begin(), entries.end(), entry) != entries.end();
       missing += has ? 0 : 1;
       std::cout << "  " << (has ? "ok      " : "MISSING ") << std::left << std::setw(26) << entry
                 << std::right << " op " << op->name() << "\n";
@@ -509,8 +530,12 @@ int cmd_kernels(const Paths&, const KernelsArgs& a) {
   }
   std::cout << (missing ? std::to_string(missing) + " entries the ops ask for are missing\n"
                         : "every entry the ops ask for is present\n");
-  const int bad = print_partial_contracts(*lib);
+  const int bad = print_partial_contracts(library, partial);
   return a.check && (missing || bad) ? 1 : 0;
+}
+
+int cmd_load_library(const LoadLibraryArgs& a) {
+  return load_library_main(a.kernels, a.device, a.import_timeout_s);
 }
 
 int cmd_coverage(const Paths& p, const CoverageArgs& a) {

@@ -70,9 +70,10 @@ struct ReproArgs {
   int worst = 10;
   bool allow_missing_goldens = false;
   bool no_smem_poison = false;
-  std::string params;         // --params JSON: an ad-hoc case of the op the id names
-  std::string export_format;  // --export pytest: a self-contained test of a py: adapter's call
-  std::string export_out;     // --out FILE of the export [beside the bundle]
+  std::string params;             // --params JSON: an ad-hoc case of the op the id names
+  std::string export_format;      // --export pytest: a self-contained test of a py: adapter's call
+  std::string export_out;         // --out FILE of the export [beside the bundle]
+  double import_timeout_s = 120;  // --import-timeout: loading the kernel library and its device
 };
 
 struct ShrinkArgs {
@@ -119,6 +120,14 @@ struct WorkerArgs {
 struct KernelsArgs {
   std::string kernels;
   bool check = false;
+  double import_timeout_s = 120;  // --import-timeout: loading the kernel library
+};
+
+// `attncheck load-library` (internal): a kernel library loaded in a process of its own.
+struct LoadLibraryArgs {
+  std::string kernels;
+  bool device = false;
+  double import_timeout_s = 120;
 };
 
 struct CoverageArgs {
@@ -144,6 +153,7 @@ int cmd_bench(const Paths& p, const BenchArgs& a);
 int cmd_report(const Paths& p, const std::vector<std::string>& args);
 int cmd_worker(const Paths& p, const WorkerArgs& a);
 int cmd_kernels(const Paths& p, const KernelsArgs& a);
+int cmd_load_library(const LoadLibraryArgs& a);
 int cmd_coverage(const Paths& p, const CoverageArgs& a);
 int cmd_shrink(const Paths& p, const ShrinkArgs& a);
 

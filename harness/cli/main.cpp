@@ -242,6 +242,12 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"pytest"}));
   repro_cmd->add_option("--out", repro.export_out,
                         "the exported file [test_<id>.py beside the bundle]");
+  repro_cmd
+      ->add_option("--import-timeout", repro.import_timeout_s,
+                   "seconds to load the kernel library and its device (first in a process of "
+                   "its own)")
+      ->check(finite_in(0.1, 7 * 24 * 3600.0))
+      ->capture_default_str();
   repro_cmd->add_option("--params", repro.params,
                         "an ad-hoc case (one in no tier, e.g. from `attncheck shrink`): its axis "
                         "values as JSON; the id is then the op's name or the id they describe");
@@ -332,6 +338,18 @@ int main(int argc, char** argv) {
       ->required();
   kernels_cmd->add_flag("--check", kernels.check,
                         "exit 1 when an entry the ops ask for is missing");
+  kernels_cmd
+      ->add_option("--import-timeout", kernels.import_timeout_s,
+                   "seconds to load the kernel library (in a process of its own)")
+      ->check(finite_in(0.1, 7 * 24 * 3600.0))
+      ->capture_default_str();
+
+  LoadLibraryArgs load_library;
+  auto* load_library_cmd = app.add_subcommand("load-library", "");  // internal: kernels, repro
+  load_library_cmd->group("");
+  load_library_cmd->add_option("--kernels", load_library.kernels)->required();
+  load_library_cmd->add_flag("--device", load_library.device);
+  load_library_cmd->add_option("--import-timeout", load_library.import_timeout_s);
 
   CoverageArgs coverage;
   auto* coverage_cmd = app.add_subcommand(
@@ -382,6 +400,7 @@ int main(int argc, char** argv) {
     if (*report_cmd) return cmd_report(paths, report_cmd->remaining());
     if (*worker_cmd) return cmd_worker(paths, worker);
     if (*kernels_cmd) return cmd_kernels(paths, kernels);
+    if (*load_library_cmd) return cmd_load_library(load_library);
     if (*coverage_cmd) return cmd_coverage(paths, coverage);
     if (*shrink_cmd) return cmd_shrink(paths, shrink);
   } catch (const std::exception& e) {

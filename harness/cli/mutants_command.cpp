@@ -151,12 +151,15 @@ int cmd_mutants(const Paths& paths, const MutantsArgs& m) {
       if (l.ops.empty() || l.ops.count(cases[i].op)) l.cases.push_back(i);
     l.results.resize(cases.size());
   }
+  // Every directory this command writes is locked, each library's too: a `run --out D/<library>`
+  // beside it is refused instead of replacing a mutant's results under its run.json.
   std::optional<DirHandle> out_lock;
+  std::vector<DirHandle> library_locks;
   try {
     out_lock.emplace(lock_out_dir(a.out));
     for (auto& l : libs) {
       l.out = fs::path(a.out) / l.name;
-      DirHandle::open(l.out);
+      library_locks.push_back(lock_out_dir(l.out.string()));
     }
   } catch (const std::exception& e) {
     std::cerr << "attncheck: " << e.what() << "\n";

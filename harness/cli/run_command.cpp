@@ -446,6 +446,10 @@ nlohmann::json describe_run(const RunDescription& d, const std::optional<nlohman
                               : arch.rfind("sm_", 0) == 0 ? "cuda"
                                                           : "cpu";
   const bool kernel_mode = hj.value("mode", "") == "kernel";
+  // The worker processes that started (said hello), replacements included: not the plan's,
+  // which a run with fewer cases than jobs never reaches.
+  int workers_started = 0;
+  for (const auto& u : pools) workers_started += u.starts;
   nlohmann::json timings = nlohmann::json::object();  // the merge sums them
   for (const auto& [name, v] : phase_seconds(results)) timings[name] = std::round(v * 1e3) / 1e3;
   return nlohmann::json{{"attncheck_version", attncheck_version()},
@@ -472,7 +476,7 @@ nlohmann::json describe_run(const RunDescription& d, const std::optional<nlohman
                         {"sanitizer", a.sanitizer},
                         {"smem_poison", !a.no_smem_poison},
                         {"jobs", a.in_process ? 0 : d.plan.jobs},
-                        {"workers", a.in_process ? 0 : d.plan.processes()},
+                        {"workers", a.in_process ? 0 : workers_started},
                         {"threads_per_worker", a.in_process ? 0 : d.plan.threads},
                         {"cpu_threads", d.plan.cpu_threads},
                         {"pools", pools_json(pools)},

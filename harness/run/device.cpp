@@ -53,6 +53,40 @@ std::vector<std::string> split_csv(const char* s) {
   return out;
 }
 
+// Appends the UTF-8 sequence at s[i..n) to `out` when it is valid, else U+FFFD; the bytes taken.
+size_t take_utf8(const unsigned char* s, size_t i, size_t n, std::string& out) {
+  const unsigned char c = s[i];
+  const size_t len = c < 0x80           ? 1
+                     : (c >> 5) == 0x6  ? 2
+                     : (c >> 4) == 0xE  ? 3
+                     : (c >> 3) == 0x1E ? 4
+                                        : 0;
+  bool ok = len > 0 && i + len <= n;
+  for (size_t k = 1; ok && k < len; ++k) ok = (s[i + k] & 0xC0) == 0x80;
+  if (ok && len > 1) {  // no overlong forms, surrogates or code points past U+10FFFF
+    uint32_t cp = c & (0x7F >> len);
+    for (size_t k = 1; k < len; ++k) cp = cp << 6 | (s[i + k] & 0x3F);
+    ok = cp >= (len == 2   ? 0x80u
+                : len == 3 ? 0x800u
+                           : 0x10000u) &&
+         cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
+  }
+  if (!ok) {
+    out += "\xEF\xBF\xBD";
+    return 1;
+  }
+  out.append(reinterpret_cast<const char*>(s + i), len);
+  return len;
+}
+
+std::string valid_utf8(const char* s, size_t n) {
+  std::string out;
+  out.reserve(n);
+  const auto* u = reinterpret_cast<const unsigned char*>(s);
+  for (size_t i = 0; i < n;) i += take_utf8(u, i, n, out);
+  return out;
+}
+
 DLDataType dl_dtype(DType t) {
   switch (t) {
     case DType::f64:
@@ -276,21 +310,24 @@ class DeviceBuffers {
       }
       if (!blocks_.acquire(s.capacity, &s.device, &s.cached, msg, kMsg))
         throw std::runtime_error("device allocation of " + std::to_string(s.bytes + 2 * G) +
-                                 " bytes for '" + s.arg_names.front() + "' failed: " + msg);
+                                 " bytes for '" + s.arg_names.front() +
+                                 "' failed: " + abi_text(msg, kMsg));
       dense.push_back(i);
     }
     const size_t total = image_size_;
     size_t at = 0;
     auto failed = [&](const DeviceStorage& s) {
-      return std::runtime_error("copy to device for '" + s.arg_names.front() + "' failed: " + msg);
+      return std::runtime_error("copy to device for '" + s.arg_names.front() +
+                                "' failed: " + abi_text(msg, kMsg));
     };
     if (dense.size() > 1 && ATTNCHECK_EXT_HAS(ext_, copy_within_device)) {
       staging_.capacity = blocks_.capacity_for(total);
       if (!blocks_.acquire(staging_.capacity, &staging_.device, &staging_.cached, msg, kMsg))
         throw std::runtime_error("device allocation of " + std::to_string(total) +
-                                 " staging bytes failed: " + msg);
+                                 " staging bytes failed: " + abi_text(msg, kMsg));
       if (api_.copy_to_device(staging_.device, image_, total, msg, kMsg) != ATTNCHECK_OK)
-        throw std::runtime_error(std::string("copy to device (staging) failed: ") + msg);
+        throw std::runtime_error(std::string("copy to device (staging) failed: ") +
+                                 abi_text(msg, kMsg));
       at = 0;
       for (size_t i : dense) {
         const DeviceStorage& s = storages_[i];
@@ -332,7 +369,7 @@ class DeviceBuffers {
                   api_.copy_to_host(staging.data() + G + s.bytes, dev + G + s.host->extent, G, msg,
                                     kMsg) == ATTNCHECK_OK
             : api_.copy_to_host(staging.data(), dev, staging.size(), msg, kMsg) == ATTNCHECK_OK;
-    if (!ok) throw std::runtime_error(std::string("copy to host failed: ") + msg);
+    if (!ok) throw std::runtime_error(std::string("copy to host failed: ") + abi_text(msg, kMsg));
   }
   std::vector<DeviceStorage>& all() { return storages_; }
   // Where a launch's read-back goes: the page-locked buffer (the upload image is no longer
@@ -368,7 +405,8 @@ class DeviceBuffers {
       auto* dev = static_cast<std::byte*>(s.device) + DeviceRunner::kGuardBytes + host.window_begin;
       if (s.bytes &&
           api_.copy_to_device(dev, host.bytes.data(), s.bytes, msg, kMsg) != ATTNCHECK_OK)
-        throw std::runtime_error("copy to device for '" + s.arg_names.front() + "' failed: " + msg);
+        throw std::runtime_error("copy to device for '" + s.arg_names.front() +
+                                 "' failed: " + abi_text(msg, kMsg));
       s.host = it->second;
     }
   }
@@ -388,19 +426,19 @@ class DeviceBuffers {
     if (api_.alloc(total, &s.device, msg, kMsg) != ATTNCHECK_OK) {
       s.device = nullptr;
       throw std::runtime_error("device allocation of " + std::to_string(total) +
-                               " bytes for sparse '" + arg + "' failed: " + msg);
+                               " bytes for sparse '" + arg + "' failed: " + abi_text(msg, kMsg));
     }
     auto* dev = static_cast<std::byte*>(s.device);
     auto upload = [&](std::byte* dst, const void* src, size_t n) {
       if (n && api_.copy_to_device(dst, src, n, msg, kMsg) != ATTNCHECK_OK)
-        throw std::runtime_error("copy to device for '" + arg + "' failed: " + msg);
+        throw std::runtime_error("copy to device for '" + arg + "' failed: " + abi_text(msg, kMsg));
     };
     const uint32_t pattern = sparse_poison_pattern(s.dtype);
     auto poison = [&](std::byte* dst, size_t n) {
       if (n == 0) return;
       if (ATTNCHECK_EXT_HAS(ext_, fill)) {
         if (ext_->fill(dst, n, pattern, msg, kMsg) != ATTNCHECK_OK)
-          throw std::runtime_error("device fill for '" + arg + "' failed: " + msg);
+          throw std::runtime_error("device fill for '" + arg + "' failed: " + abi_text(msg, kMsg));
         return;
       }
       std::vector<std::byte> chunk(std::min<size_t>(n, size_t{64} << 20));
@@ -476,6 +514,48 @@ std::byte guard_byte(size_t i) {
   return static_cast<std::byte>((0xA5u ^ (i * 0x3Bu) ^ (i >> 8)) & 0xFFu);
 }
 
+std::string abi_text(const char* buf, size_t size) {
+  if (!buf) return "";
+  return valid_utf8(buf, ::strnlen(buf, size));
+}
+
+std::string abi_returned_text(const char* s, size_t max, bool* terminated) {
+  if (terminated) *terminated = true;
+  if (!s) return "";
+  const size_t n = ::strnlen(s, max);
+  std::string text = valid_utf8(s, n);
+  if (n == max) {
+    if (terminated) *terminated = false;
+    text += " ... (not NUL-terminated within " + std::to_string(max) + " bytes)";
+  }
+  return text;
+}
+
+namespace {
+// Bounds on the strings a library returns (abi_returned_text).
+constexpr size_t kMaxName = 1024, kMaxEntryList = size_t{1} << 20, kMaxDeclared = 4096;
+
+// Every function of the v1 table is called by some command: a NULL one is refused at load, not
+// met as a crash later.
+void check_table(const attncheck_plugin_v1& api, const std::string& path) {
+  const std::pair<const char*, bool> fields[] = {{"ops", api.ops != nullptr},
+                                                 {"device_info", api.device_info != nullptr},
+                                                 {"alloc", api.alloc != nullptr},
+                                                 {"release", api.release != nullptr},
+                                                 {"copy_to_device", api.copy_to_device != nullptr},
+                                                 {"copy_to_host", api.copy_to_host != nullptr},
+                                                 {"run", api.run != nullptr},
+                                                 {"time", api.time != nullptr},
+                                                 {"roofline", api.roofline != nullptr}};
+  std::string missing;
+  for (const auto& [name, present] : fields)
+    if (!present) missing += (missing.empty() ? "" : ", ") + std::string(name);
+  if (!missing.empty())
+    throw std::runtime_error("kernel library '" + path + "': its table (attncheck_plugin_v1) " +
+                             "has NULL function pointers: " + missing);
+}
+}  // namespace
+
 std::unique_ptr<KernelLibrary> KernelLibrary::open(const std::string& spec) {
   std::unique_ptr<KernelLibrary> lib(new KernelLibrary());
   lib->path_ = spec;
@@ -500,7 +580,14 @@ std::unique_ptr<KernelLibrary> KernelLibrary::open(const std::string& spec) {
     throw std::runtime_error("kernel library '" + path + "' speaks ABI version " +
                              (lib->api_ ? std::to_string(lib->api_->abi_version) : "?") +
                              ", harness " + std::to_string(ATTNCHECK_ABI_VERSION));
-  lib->entries_ = split_csv(lib->api_->ops());
+  check_table(*lib->api_, path);
+  lib->name_ = lib->api_->library ? abi_returned_text(lib->api_->library, kMaxName) : "?";
+  bool listed = true;
+  const std::string entries = abi_returned_text(lib->api_->ops(), kMaxEntryList, &listed);
+  if (!listed)
+    throw std::runtime_error("kernel library '" + path + "': its entry list (ops) is not " +
+                             "NUL-terminated within " + std::to_string(kMaxEntryList) + " bytes");
+  lib->entries_ = split_csv(entries.c_str());
   // Optional: libraries built before the extension simply lack the symbol.
   if (auto get_ext = reinterpret_cast<attncheck_plugin_ext_v1_get_fn>(
           dlsym(lib->handle_, "attncheck_plugin_ext_v1_get")))
@@ -553,8 +640,7 @@ std::string KernelLibrary::declared(std::map<std::string, std::string>& asked,
     // One library call at a time (any_thread), and the answer copied before another call may
     // change it.
     const auto lock = exclusive();
-    const char* text = ask();
-    answer = text ? text : "";
+    answer = abi_returned_text(ask(), kMaxDeclared);
   }
   const std::lock_guard<std::mutex> lock(declared_mutex_);
   return asked.emplace(entry, answer).first->second;
@@ -589,10 +675,10 @@ bool KernelLibrary::first_device_error_was_mine() const {
 std::optional<DeviceInfo> KernelLibrary::device(std::string* why) const {
   char name[256] = {0}, arch[64] = {0}, msg[kMsg] = {0};
   if (api_->device_info(name, sizeof name, arch, sizeof arch, msg, kMsg) != ATTNCHECK_OK) {
-    if (why) *why = msg;
+    if (why) *why = abi_text(msg);
     return std::nullopt;
   }
-  return DeviceInfo{name, arch};
+  return DeviceInfo{abi_text(name), abi_text(arch)};
 }
 
 DeviceRunner::DeviceRunner(const KernelLibrary& lib, std::string arch)
@@ -626,15 +712,15 @@ void DeviceRunner::prepare_launch(const LaunchConditions& when) const {
     if (!l2_scratch_ &&
         lib_.api().alloc(kL2ScratchBytes, &l2_scratch_, msg, kMsg) != ATTNCHECK_OK) {
       l2_scratch_ = nullptr;
-      throw std::runtime_error(std::string("L2 flush buffer: ") + msg);
+      throw std::runtime_error(std::string("L2 flush buffer: ") + abi_text(msg, kMsg));
     }
     if (lib_.extension()->fill(l2_scratch_, kL2ScratchBytes, 0x5A5A5A5Au, msg, kMsg) !=
         ATTNCHECK_OK)
-      throw std::runtime_error(std::string("L2 flush: ") + msg);
+      throw std::runtime_error(std::string("L2 flush: ") + abi_text(msg, kMsg));
   }
   if (when.background_us > 0 && can_run_background() &&
       lib_.extension()->background(when.background_us, msg, kMsg) != ATTNCHECK_OK)
-    throw std::runtime_error(std::string("background work: ") + msg);
+    throw std::runtime_error(std::string("background work: ") + abi_text(msg, kMsg));
 }
 
 DeviceOutcome DeviceRunner::run(const Problem& p, const LaunchConditions& when) const {
@@ -920,7 +1006,8 @@ DeviceOutcome DeviceRunner::run_unguarded(const Problem& p, const LaunchConditio
     timings_.upload_ms += ms_between(upload_start, std::chrono::steady_clock::now());
     if (!send_case_context(lib_, p, msg)) {
       out.status = ATTNCHECK_HOST_ERROR;
-      out.message = std::string("the library did not take the case context: ") + msg;
+      out.message =
+          std::string("the library did not take the case context: ") + abi_text(msg, kMsg);
       return out;
     }
     const SmemPoisonFor poison(when.smem_poison);
@@ -931,7 +1018,7 @@ DeviceOutcome DeviceRunner::run_unguarded(const Problem& p, const LaunchConditio
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     timings_.launch_ms += out.wall_ms;
     ++timings_.launches;
-    out.message = msg;
+    out.message = abi_text(msg, kMsg);
     if (out.status == ATTNCHECK_ERROR) section.failed();
     if (out.status != ATTNCHECK_OK && out.status != ATTNCHECK_REFUSED &&
         out.status != ATTNCHECK_UNSUPPORTED)
@@ -969,7 +1056,8 @@ DeviceOutcome DeviceRunner::replay(const Problem& captured, const Problem& repla
     char msg[kMsg] = {0};
     if (!send_case_context(lib_, captured, msg)) {
       out.status = ATTNCHECK_HOST_ERROR;
-      out.message = std::string("the library did not take the case context: ") + msg;
+      out.message =
+          std::string("the library did not take the case context: ") + abi_text(msg, kMsg);
       return out;
     }
     void* graph = nullptr;
@@ -981,7 +1069,7 @@ DeviceOutcome DeviceRunner::replay(const Problem& captured, const Problem& repla
     if (out.status != ATTNCHECK_OK) {
       // Unsupported: the library's reason as it stands (the step is skipped with it).
       out.message =
-          (out.status == ATTNCHECK_UNSUPPORTED ? "" : "graph capture: ") + std::string(msg);
+          (out.status == ATTNCHECK_UNSUPPORTED ? "" : "graph capture: ") + abi_text(msg, kMsg);
       return out;
     }
     bufs.replace_contents(captured, replayed);
@@ -991,7 +1079,7 @@ DeviceOutcome DeviceRunner::replay(const Problem& captured, const Problem& repla
     timings_.launches += 2;
     if (out.status == ATTNCHECK_ERROR) section.failed();
     if (out.status != ATTNCHECK_OK) {
-      out.message = std::string("graph replay: ") + msg;
+      out.message = std::string("graph replay: ") + abi_text(msg, kMsg);
       return out;
     }
     const auto images = read_back_all(bufs, timings_);
@@ -1018,12 +1106,13 @@ double DeviceRunner::time(const Problem& p, int warmup, int iters, std::string* 
   char msg[kMsg] = {0};
   double ms = -1;
   if (!send_case_context(lib_, p, msg)) {
-    if (err) *err = std::string("the library did not take the case context: ") + msg;
+    if (err)
+      *err = std::string("the library did not take the case context: ") + abi_text(msg, kMsg);
     return -1;
   }
   if (api.time(p.kernel.c_str(), params.c_str(), m.args.data(), static_cast<int>(m.args.size()),
                warmup, iters, &ms, msg, kMsg) != ATTNCHECK_OK) {
-    if (err) *err = msg;
+    if (err) *err = abi_text(msg, kMsg);
     return -1;
   }
   return ms;

@@ -21,6 +21,20 @@ namespace attncheck {
 class DeviceBlockCache;
 class PinnedStaging;
 
+// A string a kernel library wrote into a buffer of `size` bytes (device name, arch, a message):
+// its bytes up to the first NUL or the buffer's end (a library that fills the buffer without a
+// NUL must not make the harness read past it), with invalid UTF-8 replaced by U+FFFD, since it
+// ends up in JSON and HDF5 attributes.
+std::string abi_text(const char* buf, size_t size);
+template <size_t N>
+std::string abi_text(const char (&buf)[N]) {
+  return abi_text(buf, N);
+}
+// A string a library returned (library name, entry list, contract, properties), read up to its
+// NUL but never more than `max` bytes; one with no NUL within them comes back truncated, with
+// " ... (not NUL-terminated within N bytes)" appended, and *terminated false. NULL: "".
+std::string abi_returned_text(const char* s, size_t max, bool* terminated = nullptr);
+
 struct DeviceInfo {
   std::string name;
   std::string arch;  // "gfx942", "sm_90"
@@ -39,7 +53,8 @@ class KernelLibrary {
   // The optional extension table (attncheck_plugin_ext_v1_get), or nullptr.
   const attncheck_plugin_ext_v1* extension() const { return ext_; }
   const std::string& path() const { return path_; }
-  std::string library() const { return api_->library ? api_->library : "?"; }
+  // The table's `library` string, read at open (abi_returned_text); "?" when NULL.
+  const std::string& library() const { return name_; }
   // The kernel entries the library lists (no GPU needed).
   const std::vector<std::string>& entries() const { return entries_; }
   bool has_entry(const std::string& entry) const;
@@ -83,6 +98,7 @@ class KernelLibrary {
   const attncheck_plugin_v1* api_ = nullptr;
   const attncheck_plugin_ext_v1* ext_ = nullptr;
   std::string path_;
+  std::string name_;
   std::vector<std::string> entries_;
   // What declared_contract / declared_properties asked the library, per entry.
   std::string declared(std::map<std::string, std::string>& asked, const std::string& entry,

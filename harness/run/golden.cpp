@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <set>
 #include <sstream>
@@ -269,6 +270,100 @@ std::vector<std::string> GoldenStore::case_ids(const std::string& op) {
   if (!f.has("cases")) return ids;
   for (const auto& g : f.children("cases")) ids.push_back(f.attr_string("cases/" + g, "id"));
   return ids;
+}
+
+namespace {
+// Attribute names of `object` that are not in `allowed`, as "'a', 'b'"; "" when none.
+std::string unexpected_attrs(const H5File& f, const std::string& object,
+                             const std::set<std::string>& allowed) {
+  std::string out;
+  for (const auto& name : f.attr_names(object))
+    if (!allowed.count(name)) out += (out.empty() ? "'" : ", '") + name + "'";
+  return out;
+}
+
+bool is_generator_note(const std::string& s) {
+  const std::string head = "attncheck ", tail = " golden generate";
+  if (s.size() <= head.size() + tail.size() || !s.starts_with(head) || !s.ends_with(tail))
+    return false;
+  const std::string version = s.substr(head.size(), s.size() - head.size() - tail.size());
+  return version.find_first_of(" \t\n") == std::string::npos;
+}
+
+// The root's attributes against what generate writes; `stored`: the case groups in the file.
+void root_problems(const H5File& f, const std::string& op, size_t stored,
+                   const std::function<void(const std::string&)>& problem) {
+  const std::set<std::string> names = {"case_count", "format",  "generator",
+                                       "op",         "storage", "tiers"};
+  for (const auto& name : names)
+    if (!f.has_attr("/", name)) problem("attribute '" + name + "' is missing");
+  if (const auto extra = unexpected_attrs(f, "/", names); !extra.empty())
+    problem("attributes " + extra + " are not written by `attncheck golden generate`");
+  if (f.has_attr("/", "op") && f.attr_string("/", "op") != op)
+    problem("attribute 'op' is '" + f.attr_string("/", "op") + "', not '" + op + "'");
+  if (f.has_attr("/", "generator") && !is_generator_note(f.attr_string("/", "generator")))
+    problem("attribute 'generator' is '" + f.attr_string("/", "generator") +
+            "', not 'attncheck <version> golden generate'");
+  if (f.has_attr("/", "tiers") && f.attr_string("/", "tiers") != "smoke,quick")
+    problem("attribute 'tiers' is '" + f.attr_string("/", "tiers") + "', not 'smoke,quick'");
+  if (f.has_attr("/", "storage") && f.attr_string("/", "storage") != kGoldenStorageNote)
+    problem("attribute 'storage' is '" + f.attr_string("/", "storage") +
+            "', not the storage generate uses");
+  if (f.has_attr("/", "case_count") &&
+      f.attr_int("/", "case_count") != static_cast<int64_t>(stored))
+    problem("attribute 'case_count' is " + std::to_string(f.attr_int("/", "case_count")) +
+            ", but the file holds " + std::to_string(stored) + " cases");
+}
+
+// One case group's attributes and its outputs' attribute names; `c`: its case, when wanted.
+void case_problems(const H5File& f, const std::string& g, const Case* c,
+                   const std::function<void(const std::string&)>& problem) {
+  const std::set<std::string> names = {"expect_refusal", "id", "input_digests", "params", "tiers"};
+  for (const auto& name : names)
+    if (!f.has_attr(g, name)) problem("'" + g + "': attribute '" + name + "' is missing");
+  if (const auto extra = unexpected_attrs(f, g, names); !extra.empty())
+    problem("'" + g + "': attributes " + extra + " are not written by `attncheck golden generate`");
+  if (c && f.has_attr(g, "params") && f.attr_json(g, "params") != c->params)
+    problem("'" + g + "' (" + c->id + "): stored params " + f.attr_json(g, "params").dump() +
+            " are not the case's " + c->params.dump());
+  if (c && f.has_attr(g, "tiers") && f.attr_json(g, "tiers") != nlohmann::json(c->tiers))
+    problem("'" + g + "' (" + c->id + "): stored tiers " + f.attr_json(g, "tiers").dump() +
+            " are not the case's " + nlohmann::json(c->tiers).dump());
+  if (!f.has(g + "/outputs")) return;
+  if (const auto extra = unexpected_attrs(f, g + "/outputs", {}); !extra.empty())
+    problem("'" + g + "/outputs': attributes " + extra + " are not written by generate");
+  for (const auto& name : f.children(g + "/outputs")) {
+    const std::string ds = g + "/outputs/" + name;
+    if (const auto extra = unexpected_attrs(f, ds, {"dtype", "encoding", "reference_dtype"});
+        !extra.empty())
+      problem("'" + ds + "': attributes " + extra + " are not written by generate");
+  }
+}
+}  // namespace
+
+std::vector<std::string> GoldenStore::metadata_problems(const std::string& op,
+                                                        const std::vector<Case>& cases) {
+  const std::lock_guard<std::recursive_mutex> lock(hdf5_mutex());
+  H5File& f = file(op);
+  std::vector<std::string> out;
+  auto problem = [&](const std::string& why) { out.push_back(path_of(op) + ": " + why); };
+  const auto groups = f.has("cases") ? f.children("cases") : std::vector<std::string>{};
+  root_problems(f, op, groups.size(), problem);
+  std::map<std::string, const Case*> by_id;
+  for (const auto& c : cases) by_id[c.id] = &c;
+  for (const auto& name : groups) {
+    const std::string g = "cases/" + name;
+    const Case* c = nullptr;
+    if (f.has_attr(g, "id")) {
+      const auto it = by_id.find(f.attr_string(g, "id"));
+      if (it != by_id.end()) c = it->second;
+      if (c && golden_group(c->id) != g)
+        problem("'" + g + "' holds case '" + c->id + "', whose group is '" + golden_group(c->id) +
+                "'");
+    }
+    case_problems(f, g, c, problem);
+  }
+  return out;
 }
 
 std::optional<GoldenCase> GoldenStore::load(const std::string& op, const std::string& id) {

@@ -25,6 +25,10 @@ namespace attncheck {
 
 inline constexpr int64_t kGoldenFormat = 1;
 inline constexpr std::string_view kGoldenTiers[] = {"smoke", "quick"};
+// The root attribute "storage" of every golden file, as generate writes it.
+inline constexpr std::string_view kGoldenStorageNote =
+    "float64 outputs as float32; every other dtype exactly (raw bits + dtype attribute for "
+    "bf16/f16/fp8)";
 inline constexpr uint64_t kGoldenBudgetBytes = 25ull * 1000 * 1000;
 // Output bytes a GoldenStore keeps of the cases it read (GoldenStore::load).
 inline constexpr uint64_t kGoldenKeptBytes = uint64_t{1} << 30;
@@ -98,6 +102,13 @@ class GoldenStore {
   // library, and the reads take the process's one HDF5 lock.
   std::optional<GoldenCase> load(const std::string& op, const std::string& id);
   std::vector<std::string> case_ids(const std::string& op);  // ids stored for op
+  // Every attribute of golden <op>.h5 against what `golden generate` writes for `cases` (the
+  // op's smoke/quick cases): the root's (format, op, generator, tiers, case_count, storage),
+  // each stored case group's (id, params, tiers, input_digests, expect_refusal: params and tiers
+  // equal to its case's) and each output dataset's names (dtype, encoding, reference_dtype); an
+  // attribute generate does not write is a problem too. What evaluation reads (input digests,
+  // refusals, outputs) it checks itself. One line per problem, naming the file and object.
+  std::vector<std::string> metadata_problems(const std::string& op, const std::vector<Case>& cases);
   // The file of `op` was checked (MANIFEST and a parse in a child process) by the process that
   // started this one, and had this stamp (golden_file_stamp): while the file keeps it, the check
   // is not repeated here (`attncheck run` checks each file once for all its workers).

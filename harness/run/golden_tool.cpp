@@ -108,9 +108,7 @@ int golden_generate(const std::vector<CaseFile>& files, const GoldenOptions& opt
     f.set_attr("/", "generator", "attncheck " + attncheck_version() + " golden generate");
     f.set_attr("/", "tiers", "smoke,quick");
     f.set_attr("/", "case_count", static_cast<int64_t>(cases.size()));
-    f.set_attr("/", "storage",
-               "float64 outputs as float32; every other dtype exactly (raw bits + dtype attribute "
-               "for bf16/f16/fp8)");
+    f.set_attr("/", "storage", kGoldenStorageNote);
     for (const auto& c : cases) {
       Problem p = op.problem(c);
       const std::string g = golden_group(c.id);
@@ -272,6 +270,11 @@ int golden_verify(const std::vector<CaseFile>& files, const GoldenOptions& opt, 
     } catch (const std::exception& e) {
       problem(std::string("cannot read golden: ") + e.what());
       continue;
+    }
+    try {
+      for (const auto& why : store.metadata_problems(op_name, cases)) problem(why);
+    } catch (const std::exception& e) {
+      problem(std::string("cannot read golden metadata: ") + e.what());
     }
     std::set<std::string> stored_set(stored.begin(), stored.end()), wanted;
     for (const auto& c : cases) wanted.insert(c.id);

@@ -18,6 +18,7 @@
 #include <deque>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 
@@ -89,6 +90,134 @@ std::vector<std::string> slot_environment(const WorkerSpec& spec, size_t slot) {
   return env;
 }
 
+struct ProcStat {
+  pid_t pid = 0, ppid = 0, pgrp = 0, session = 0;
+  char state = '?';
+  uint64_t rss_pages = 0;
+};
+
+template <class F>
+void for_each_process(F&& f) {
+  DIR* d = ::opendir("/proc");
+  if (!d) return;
+  while (const dirent* e = ::readdir(d)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    char path[300], buf[1024];
+    std::snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+    const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    const ssize_t n = ::read(fd, buf, sizeof buf - 1);
+    ::close(fd);
+    if (n <= 0) continue;
+    buf[n] = '\0';
+    // Parsed in place: every case's leftover check scans all of /proc (a stream per file made
+    // the scan a few ms per case on a busy host).
+    const char* close = std::strrchr(buf, ')');  // the command name may hold anything, ')' too
+    if (!close) continue;
+    // Fields after the name: 3 state, 4 ppid, 5 pgrp, 6 session, ... 24 rss (pages).
+    const char* at = close + 1;
+    auto next_field = [&at]() -> const char* {
+      while (*at == ' ') ++at;
+      if (!*at) return nullptr;
+      const char* field = at;
+      while (*at && *at != ' ') ++at;
+      return field;
+    };
+    ProcStat s;
+    s.pid = static_cast<pid_t>(std::atol(e->d_name));
+    const char* state = next_field();
+    if (!state) continue;
+    s.state = *state;
+    bool complete = true;
+    for (int field = 4; field <= 24 && complete; ++field) {
+      const char* v = next_field();
+      complete = v != nullptr;
+      if (!complete) break;
+      if (field == 4) s.ppid = static_cast<pid_t>(std::strtol(v, nullptr, 10));
+      if (field == 5) s.pgrp = static_cast<pid_t>(std::strtol(v, nullptr, 10));
+      if (field == 6) s.session = static_cast<pid_t>(std::strtol(v, nullptr, 10));
+      if (field == 24) s.rss_pages = std::strtoull(v, nullptr, 10);
+    }
+    if (complete) f(s);
+  }
+  ::closedir(d);
+}
+
+// The processes of this pool's workers, for ending everything a worker started (pool.h): the
+// workers alive, and the sessions of every worker it spawned (each worker leads one).
+// run_in_workers is not run twice at once, so one record per process is enough.
+struct Family {
+  std::set<pid_t> live, sessions;
+};
+Family& family() {
+  static Family f;
+  return f;
+}
+
+// Live processes below `root` (its children, theirs, ...), found by parent pid.
+std::vector<pid_t> descendants_of(pid_t root) {
+  std::multimap<pid_t, pid_t> children;
+  for_each_process([&](const ProcStat& s) {
+    if (s.state != 'Z') children.emplace(s.ppid, s.pid);
+  });
+  std::vector<pid_t> out, todo = {root};
+  while (!todo.empty()) {
+    const pid_t p = todo.back();
+    todo.pop_back();
+    const auto [b, e] = children.equal_range(p);
+    for (auto it = b; it != e; ++it) {
+      out.push_back(it->second);
+      todo.push_back(it->second);
+    }
+  }
+  return out;
+}
+
+// Ends `root`, its process group and every process below it, whatever group or session they
+// moved to: all are stopped first, scan after scan until no new one appears (a stopped process
+// neither forks nor reaps, so no pid found can be reused), then killed.
+void end_process_tree(pid_t root) {
+  ::kill(-root, SIGSTOP);
+  ::kill(root, SIGSTOP);
+  std::set<pid_t> stopped;
+  for (int scan = 0; scan < 64; ++scan) {
+    bool found = false;
+    for (pid_t p : descendants_of(root))
+      if (stopped.insert(p).second) {
+        ::kill(p, SIGSTOP);
+        found = true;
+      }
+    if (!found) break;
+  }
+  ::kill(-root, SIGKILL);
+  ::kill(root, SIGKILL);  // before its setsid, the group does not exist yet
+  for (pid_t p : stopped) ::kill(p, SIGKILL);
+}
+
+// Processes a worker started that outlived it: this process is a child subreaper
+// (run_in_workers), so they are its children now, in a worker's session or one of their own.
+// Each is ended with what it started and reaped (not a live worker, and never another child of
+// this process: those stay in its session).
+void end_adopted() {
+  const pid_t self = ::getpid();
+  const auto deadline = Clock::now() + std::chrono::seconds(2);
+  while (true) {
+    std::vector<pid_t> adopted;
+    for_each_process([&](const ProcStat& s) {
+      if (s.ppid == self && !family().live.count(s.pid) &&
+          (s.session == s.pid || family().sessions.count(s.session)))
+        adopted.push_back(s.pid);
+    });
+    if (adopted.empty() || Clock::now() > deadline) return;
+    for (pid_t p : adopted) {
+      end_process_tree(p);
+      int status = 0;
+      ::waitpid(p, &status, WNOHANG);
+    }
+    ::usleep(5000);
+  }
+}
+
 Worker spawn(const WorkerSpec& spec, int serial, size_t slot) {
   int pin[2], pout[2], perr[2];
   if (::pipe2(pin, O_CLOEXEC) || ::pipe2(pout, O_CLOEXEC) || ::pipe2(perr, O_CLOEXEC))
@@ -117,8 +246,11 @@ Worker spawn(const WorkerSpec& spec, int serial, size_t slot) {
   const pid_t pid = ::fork();
   if (pid < 0) throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
   if (pid == 0) {
-    // Its own process group, killed as a whole; and killed if the run dies (kill -9 included).
-    ::setpgid(0, 0);
+    // Its own session and process group, killed as a whole; and killed if the run dies (kill -9
+    // included). A child subreaper (kept across exec): whatever it starts stays below it, even a
+    // process that detaches with setsid after a double fork, and is ended with it.
+    ::setsid();
+    ::prctl(PR_SET_CHILD_SUBREAPER, 1);
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(127);
     ::dup2(pin[0], 0);
@@ -129,7 +261,10 @@ Worker spawn(const WorkerSpec& spec, int serial, size_t slot) {
     [[maybe_unused]] auto n = ::write(2, exec_failed.data(), exec_failed.size());
     ::_exit(127);
   }
-  ::setpgid(pid, pid);  // also here: no window in which a kill of the group misses it
+  // No setpgid here (it would make the child a group leader, which setsid refuses): a kill
+  // before the child's setsid reaches it by its pid (end_process_tree).
+  family().live.insert(pid);
+  family().sessions.insert(pid);
   ::close(pin[0]);
   ::close(pout[1]);
   ::close(perr[1]);
@@ -190,20 +325,26 @@ bool exited_by(pid_t pid, Clock::time_point until) {
   }
 }
 
-// Kills the worker's process group (the worker and whatever it started), then reaps the worker.
-// The group is killed before the reap: until then the worker's pid (the group's id) cannot be
-// reused, so the signal reaches nothing else. Without kill_worker the worker is given `grace` to
-// exit on its own first; false when it had to be killed.
+// Kills the worker with every process it started (its group, and below it whatever group or
+// session they moved to), then reaps the worker and ends what it left (end_adopted). The group is
+// killed before the reap: until then the worker's pid (the group's id) cannot be reused, so the
+// signal reaches nothing else. Without kill_worker the worker is given `grace` to exit on its own
+// first; false when it had to be killed.
 bool reap(Worker& w, int& status, bool kill_worker,
           std::chrono::milliseconds grace = std::chrono::seconds(10)) {
   close_fd(w.in);
   close_fd(w.out);
   close_fd(w.err);
   const bool exited = !kill_worker && exited_by(w.pid, Clock::now() + grace);
-  ::kill(-w.pid, SIGKILL);
+  if (exited)
+    ::kill(-w.pid, SIGKILL);  // what it left in its group; the rest is this process's now
+  else
+    end_process_tree(w.pid);
   while (::waitpid(w.pid, &status, 0) < 0 && errno == EINTR) {
   }
+  family().live.erase(w.pid);
   w.pid = -1;
+  end_adopted();
   return exited;
 }
 
@@ -232,57 +373,6 @@ std::string answer_mismatch(const nlohmann::json& j, uint64_t seq, const std::st
 // so, forged or not, cannot keep a run going). From its second requeue on it runs alone in a
 // worker, where a legitimate worker answers with a result: only a misbehaving one reaches this.
 constexpr int kMaxRequeues = 3;
-
-struct ProcStat {
-  pid_t pid = 0, pgrp = 0;
-  char state = '?';
-  uint64_t rss_pages = 0;
-};
-
-template <class F>
-void for_each_process(F&& f) {
-  DIR* d = ::opendir("/proc");
-  if (!d) return;
-  while (const dirent* e = ::readdir(d)) {
-    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
-    char path[300], buf[1024];
-    std::snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
-    const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) continue;
-    const ssize_t n = ::read(fd, buf, sizeof buf - 1);
-    ::close(fd);
-    if (n <= 0) continue;
-    buf[n] = '\0';
-    // Parsed in place: every case's leftover check scans all of /proc (a stream per file made
-    // the scan a few ms per case on a busy host).
-    const char* close = std::strrchr(buf, ')');  // the command name may hold anything, ')' too
-    if (!close) continue;
-    // Fields after the name: 3 state, 4 ppid, 5 pgrp, ... 24 rss (pages).
-    const char* at = close + 1;
-    auto next_field = [&at]() -> const char* {
-      while (*at == ' ') ++at;
-      if (!*at) return nullptr;
-      const char* field = at;
-      while (*at && *at != ' ') ++at;
-      return field;
-    };
-    ProcStat s;
-    s.pid = static_cast<pid_t>(std::atol(e->d_name));
-    const char* state = next_field();
-    if (!state) continue;
-    s.state = *state;
-    bool complete = true;
-    for (int field = 4; field <= 24 && complete; ++field) {
-      const char* v = next_field();
-      complete = v != nullptr;
-      if (!complete) break;
-      if (field == 5) s.pgrp = static_cast<pid_t>(std::strtol(v, nullptr, 10));
-      if (field == 24) s.rss_pages = std::strtoull(v, nullptr, 10);
-    }
-    if (complete) f(s);
-  }
-  ::closedir(d);
-}
 
 // pgid -> resident bytes of its live processes, for the groups asked.
 std::map<pid_t, uint64_t> group_rss(const std::vector<pid_t>& groups) {
@@ -314,6 +404,31 @@ std::vector<pid_t> live_group_members(pid_t pgid, pid_t exclude) {
   for_each_process([&](const ProcStat& s) {
     if (s.pgrp == pgid && s.pid != exclude && s.state != 'Z') out.push_back(s.pid);
   });
+  return out;
+}
+
+std::vector<pid_t> detached_descendants(pid_t root, pid_t pgid, pid_t exclude) {
+  // One scan of /proc (it runs after every case): parents, groups and sessions, then the tree.
+  const pid_t session = ::getsid(root);
+  std::multimap<pid_t, ProcStat> children;
+  std::vector<pid_t> out;
+  for_each_process([&](const ProcStat& s) {
+    if (s.state == 'Z') return;
+    children.emplace(s.ppid, s);
+    if (pgid > 0 && s.pgrp == pgid && s.pid != root && s.pid != exclude) out.push_back(s.pid);
+  });
+  std::vector<pid_t> todo = {root};
+  while (!todo.empty()) {
+    const pid_t p = todo.back();
+    todo.pop_back();
+    const auto [b, e] = children.equal_range(p);
+    for (auto it = b; it != e; ++it) {
+      const ProcStat& c = it->second;
+      if (c.session != session && std::find(out.begin(), out.end(), c.pid) == out.end())
+        out.push_back(c.pid);
+      todo.push_back(it->second.pid);
+    }
+  }
   return out;
 }
 
@@ -397,9 +512,56 @@ void WorkerChannel::write_line(const std::string& line) {
   }
 }
 
+SelfRun run_self(const std::vector<std::string>& args, double timeout_s) {
+  ::signal(SIGPIPE, SIG_IGN);
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);  // what it leaves behind is ended here (end_adopted)
+  WorkerSpec spec;
+  spec.args = args;
+  Worker w = spawn(spec, 0, 0);
+  close_fd(w.in);  // nothing to read: end of input at once
+  SelfRun run;
+  const auto deadline = Clock::now() + ms(timeout_s);
+  while (w.out >= 0 || w.err >= 0) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) {
+      run.timed_out = true;
+      break;
+    }
+    std::vector<pollfd> fds;
+    for (int fd : {w.out, w.err})
+      if (fd >= 0) fds.push_back({fd, POLLIN, 0});
+    if (::poll(fds.data(), fds.size(), static_cast<int>(std::min<int64_t>(left.count(), 1000))) <
+            0 &&
+        errno != EINTR)
+      break;
+    if (w.out >= 0 && !drain(w.out, run.out)) close_fd(w.out);
+    // Said all it says and exited: a process it started may hold stderr open, not the command.
+    if (w.out < 0 && exited_by(w.pid, Clock::now())) {
+      if (w.err >= 0) drain(w.err, w.err_tail);
+      break;
+    }
+    if (w.err >= 0) {
+      const bool open = drain(w.err, w.err_tail);
+      if (w.err_tail.size() > kTailBytes) w.err_tail.erase(0, w.err_tail.size() - kTailBytes);
+      if (!open) close_fd(w.err);
+    }
+  }
+  // Both pipes closed: it has exited, or is about to (a process it started may hold them open
+  // no longer than the limit).
+  const bool exited = !run.timed_out && exited_by(w.pid, deadline);
+  run.timed_out = !exited;
+  reap(w, run.status, !exited, std::chrono::milliseconds(0));
+  run.err = w.err_tail;
+  return run;
+}
+
 void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
                     const PoolCallbacks& cb) {
   ::signal(SIGPIPE, SIG_IGN);  // a worker that died must not take the parent with it
+  // What a worker started and left behind becomes this process's child, not init's: reap() ends
+  // it (end_adopted).
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   std::ofstream log;
   if (!spec.log_path.empty()) log.open(spec.log_path, std::ios::app);
   const int threads = spec.one_case_per_worker ? 1 : std::max(1, spec.threads);
@@ -415,8 +577,12 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
   uint64_t seq = 0;
   int start_failures = 0, spawned = 0;
   auto next_memory_check = Clock::now();
-  const std::string worker_name =
+  // Named with the kernel library it loads: a worker that cannot start is that library's doing.
+  std::string worker_name =
       "the worker process (" + spec.exe + (spec.args.empty() ? "" : " " + spec.args[0]) + ")";
+  if (const auto k = std::find(spec.args.begin(), spec.args.end(), "--kernels");
+      k != spec.args.end() && k + 1 != spec.args.end())
+    worker_name = "the worker process of kernel library '" + *(k + 1) + "'";
   auto work_left = [&] { return next < tasks.size() || !again.empty() || !isolated.empty(); };
   // What the worker printed since: to the log and its kept tail; its stderr closed at end of file.
   auto read_stderr = [&](Worker& w) {
@@ -477,6 +643,8 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
         throw std::runtime_error(worker_name + " did not start: " + what + last_lines(w.err_tail));
       if (++start_failures >= 3)
         throw std::runtime_error(worker_name + " failed to start three times: " + what +
+                                 " before its hello, while loading the library and asking for "
+                                 "its device" +
                                  last_lines(w.err_tail));
     }
   };

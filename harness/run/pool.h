@@ -1,8 +1,10 @@
 // Crash and hang isolation: cases run in worker processes (`attncheck worker`, started by fork +
 // exec of /proc/self/exe, so nothing of the parent's state — and never an initialized GPU
-// runtime — is inherited). Each worker is the leader of its own process group, so a timeout, a
-// memory overrun or the end of the run kills it together with every process its kernels or
-// adapters started.
+// runtime — is inherited). Each worker leads its own session and process group and is a child
+// subreaper, and the parent is one too, so a timeout, a memory overrun or the end of the run kills
+// it together with every process its kernels or adapters started, whatever group or session they
+// moved to (setsid, double forks): the worker's tree is stopped and killed, and what outlived a
+// worker, reparented to the parent, is killed and reaped there.
 //
 // Protocol (docs/verification.md "Worker isolation"): the parent writes one request per line,
 // {"seq": n, "id": "<case id>", "case": <Case JSON>}, and reads one answer per line,
@@ -130,6 +132,22 @@ class WorkerChannel {
 
 // Processes (not zombies) of process group `pgid`, except `exclude`.
 std::vector<pid_t> live_group_members(pid_t pgid, pid_t exclude);
+// Processes (not zombies) below `root` (by parent pid) in a session other than root's: started
+// by it and detached with setsid (a worker is a child subreaper, so even one whose parent exited
+// stays below it); and, in the same scan of /proc, the members of process group `pgid` (0: none)
+// other than `root` and `exclude`.
+std::vector<pid_t> detached_descendants(pid_t root, pid_t pgid = 0, pid_t exclude = 0);
+
+// What run_self saw of the process it ran.
+struct SelfRun {
+  std::string out, err;    // its stdout, and the last 4 KiB of its stderr
+  int status = 0;          // its wait status
+  bool timed_out = false;  // killed at the limit, with everything it started
+};
+// Runs this executable with `args` (after argv[0]) in a session of its own, as a worker is run
+// (its stdin /dev/null), and waits for its end, at most `timeout_s` seconds: past it, the process
+// and every process it started are killed. Throws std::runtime_error when it cannot start.
+SelfRun run_self(const std::vector<std::string>& args, double timeout_s);
 
 // "SIGSEGV (segmentation fault)" for a wait status, or "exit status 3".
 std::string describe_wait_status(int status);

@@ -2,6 +2,7 @@
 
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -251,31 +252,33 @@ Result unreadable_request(const std::string& id, const std::string& why) {
   return r;
 }
 
-// Processes started during a case that still run after it (the worker's own process group,
-// without the worker and a wrapper that started it); none when the worker is not a group leader
-// (run by hand from a shell).
+// Processes started during a case that still run after it: the worker's own process group,
+// without the worker and a wrapper that started it (none when the worker is not a group leader:
+// run by hand from a shell), and the processes below it that detached into sessions of their own.
 std::vector<pid_t> leftover_processes() {
   const pid_t group = ::getpgrp();
-  if (group != ::getpid() && group != ::getppid()) return {};
-  auto pids = live_group_members(group, ::getpid());
-  std::erase(pids, ::getppid());
-  return pids;
+  const bool leads = group == ::getpid() || group == ::getppid();
+  return detached_descendants(::getpid(), leads ? group : 0, ::getppid());
 }
 
 }  // namespace
 
-std::unique_ptr<CaseContext> make_context_within_limit(
-    const WorkerConfig& cfg, const std::function<void(const std::string&)>& report) {
-  if (!(cfg.import_timeout_s > 0)) return make_context(cfg);
+namespace {
+// Runs `load`; past `seconds` (0: no limit), `report` gets {"fatal": message} and the process
+// exits with status 2, since a hung load cannot be interrupted.
+void within_limit(double seconds, const std::string& message,
+                  const std::function<void(const nlohmann::json&)>& report,
+                  const std::function<void()>& load) {
+  if (!(seconds > 0)) return load();
   std::mutex m;
   std::condition_variable cv;
   bool finished = false;
-  const std::string message = import_timeout_message(cfg);
   std::thread watchdog([&] {
     std::unique_lock<std::mutex> lock(m);
-    const auto limit = std::chrono::duration<double>(cfg.import_timeout_s);
+    const auto limit = std::chrono::duration<double>(seconds);
     if (cv.wait_for(lock, limit, [&] { return finished; })) return;
-    report(message);
+    report({{"fatal", message}});
+    std::fflush(nullptr);
     ::_exit(2);  // the hung import holds its thread; nothing can unwind it
   });
   auto stop = [&] {
@@ -287,13 +290,23 @@ std::unique_ptr<CaseContext> make_context_within_limit(
     watchdog.join();
   };
   try {
-    auto ctx = make_context(cfg);
+    load();
     stop();
-    return ctx;
   } catch (...) {
     stop();
     throw;
   }
+}
+}  // namespace
+
+std::unique_ptr<CaseContext> make_context_within_limit(
+    const WorkerConfig& cfg, const std::function<void(const std::string&)>& report) {
+  std::unique_ptr<CaseContext> ctx;
+  within_limit(
+      cfg.import_timeout_s, import_timeout_message(cfg),
+      [&](const nlohmann::json& j) { report(j["fatal"].get<std::string>()); },
+      [&] { ctx = make_context(cfg); });
+  return ctx;
 }
 
 namespace {
@@ -381,8 +394,8 @@ class Answering {
       std::cerr << "attncheck worker: " << leftovers.size() << " process(es) started during case "
                 << id << (others_running ? " or a case beside it" : "") << " still run (pid";
       for (pid_t p : leftovers) std::cerr << " " << p;
-      std::cerr << "); this worker retires and they are killed with its process group, so that "
-                   "they cannot touch the next case\n"
+      std::cerr << "); this worker retires and they are killed with it, so that they cannot touch "
+                   "the next case\n"
                 << std::flush;
     }
     // The request's parsing and the process scan are this worker's time on the case too: the
@@ -446,9 +459,83 @@ class Answering {
 
 }  // namespace
 
+int load_library_main(const std::string& kernels, bool with_device, double timeout_s) {
+  WorkerChannel& channel = WorkerChannel::claim();  // what the library prints goes to stderr
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  auto emit = [&](const nlohmann::json& j) {
+    channel.write_line(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  };
+  WorkerConfig cfg;
+  cfg.kernels = kernels;
+  cfg.import_timeout_s = timeout_s;
+  try {
+    std::unique_ptr<KernelLibrary> lib;
+    std::optional<DeviceInfo> device;
+    std::string why;
+    nlohmann::json partial = nlohmann::json::object();  // entry -> declared text, where one is
+    within_limit(timeout_s, import_timeout_message(cfg), emit, [&] {
+      lib = KernelLibrary::open(kernels);
+      for (const auto& entry : lib->entries())
+        if (auto text = lib->declared_partial(entry); !text.empty()) partial[entry] = text;
+      if (with_device) device = lib->device(&why);
+    });
+    nlohmann::json hello = {
+        {"library", lib->library()}, {"entries", lib->entries()}, {"partial", partial}};
+    if (device) {
+      hello["device"] = device->name;
+      hello["arch"] = device->arch;
+    } else if (with_device) {  // the command says what no device means for it
+      hello["no_device"] = why.empty() ? std::string("the library gave no reason") : why;
+    }
+    emit({{"hello", hello}});
+  } catch (const std::exception& e) {
+    emit({{"fatal", e.what()}});
+    std::fflush(nullptr);
+    ::_exit(2);
+  }
+  std::fflush(nullptr);
+  ::_exit(0);  // the library's destructors and atexit handlers are no business of the probe's
+}
+
+nlohmann::json load_library_isolated(const std::string& kernels, bool with_device,
+                                     double timeout_s) {
+  std::vector<std::string> args = {"load-library", "--kernels", kernels, "--import-timeout",
+                                   std::to_string(timeout_s)};
+  if (with_device) args.push_back("--device");
+  // The child reports a hang itself at timeout_s; this limit is the backstop.
+  const SelfRun run = run_self(args, timeout_s > 0 ? timeout_s + 30 : 0);
+  const std::string named = "kernel library '" + kernels + "'";
+  auto output = [&] {
+    std::string tail = run.err;
+    while (!tail.empty() && (tail.back() == '\n' || tail.back() == ' ')) tail.pop_back();
+    return tail.empty() ? std::string() : "; its output ends:\n" + tail;
+  };
+  nlohmann::json line;
+  try {
+    line = nlohmann::json::parse(run.out.substr(0, run.out.find('\n')));
+  } catch (const std::exception&) {
+  }
+  if (line.is_object() && line.contains("fatal") && line["fatal"].is_string())
+    throw std::runtime_error(line["fatal"].get<std::string>());
+  if (run.timed_out)
+    throw std::runtime_error(named + " did not finish loading within " +
+                             std::to_string(static_cast<int64_t>(timeout_s + 30)) +
+                             " s; the process loading it was killed" + output());
+  if (!line.is_object() || !line.contains("hello") || !line["hello"].is_object() ||
+      !WIFEXITED(run.status) || WEXITSTATUS(run.status) != 0)
+    throw std::runtime_error(named + " could not be loaded: the process loading it ended with " +
+                             describe_wait_status(run.status) + " before it reported the library" +
+                             (with_device ? " and its device" : "") +
+                             " (a constructor of the library, or its device query, ended it)" +
+                             output());
+  return line["hello"];
+}
+
 int worker_main(const WorkerConfig& cfg) {
   WorkerChannel& channel = WorkerChannel::claim();
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // a wrapper between the run and this worker dies with it
+  // What the library starts stays below the worker even when it detaches (leftover_processes).
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   auto emit_alone = [&](const nlohmann::json& j) {
     channel.write_line(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   };

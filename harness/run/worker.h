@@ -106,6 +106,20 @@ nlohmann::json context_hello(const CaseContext& ctx);
 nlohmann::json case_to_json(const Case& c);
 Case case_from_json(const nlohmann::json& j);
 
+// A kernel library loaded in a process of its own (`attncheck load-library`), before a command
+// loads it in its own process (`kernels`, `repro`, `bench`): what can end or stall a process
+// while a library loads (a constructor that crashes, hangs or exits, a NULL function in its table,
+// a device query that hangs) ends that process instead, and comes back here as a
+// std::runtime_error naming the library's path and the reason. Returns {"library", "entries",
+// and with `with_device`, "device" and "arch", or "no_device": the library's reason}. Past
+// `timeout_s` (the import limit) the load is reported as hung.
+nlohmann::json load_library_isolated(const std::string& kernels, bool with_device,
+                                     double timeout_s);
+
+// `attncheck load-library`: loads the library (and asks for the device), writes one line,
+// {"hello": {...}} or {"fatal": why}, and exits.
+int load_library_main(const std::string& kernels, bool with_device, double timeout_s);
+
 // `attncheck worker`: hello, then one answer per request, until the end of the requests.
 int worker_main(const WorkerConfig& cfg);
 

@@ -14,6 +14,9 @@ set, is a file that receives the pid of every process the adapter starts, one pe
     thread           a thread writes into the output buffer (256 bytes: the bridge's host
                      allocation granularity) from 0.3 s to 2.3 s after the entry returned
     hang_with_child  start `sleep 300`, then hang: the timeout must kill both
+    detach           start `sleep 3600` in a session of its own (setsid), then return: it must
+                     end with its worker
+    detach_and_hang  the same, then hang: the timeout must kill it too
     memory           allocate (and touch) up to 3 GiB, then hang
     import_hang      hang while the module is imported
 """
@@ -129,6 +132,11 @@ def _misbehave(t):
         child = subprocess.Popen(["sleep", "300"])
         _record_pid(child.pid)
         time.sleep(3600)
+    elif MODE in ("detach", "detach_and_hang"):
+        child = subprocess.Popen(["sleep", "3600"], start_new_session=True)
+        _record_pid(child.pid)
+        if MODE == "detach_and_hang":
+            time.sleep(3600)
     elif MODE == "memory":
         hoard = []
         for _ in range(48):

@@ -160,4 +160,26 @@ TEST_F(MutantsCli, BadLibrariesAreRefusedBeforeAnyCase) {
   EXPECT_FALSE(fs::exists(tmp_ / "run.json"));
 }
 
+// Regression: mutants locked --out but not the libraries' directories below it; a `run --out
+// D/<library>` beside it replaced a mutant's results.jsonl under the mutant's run.json, and both
+// exited 0.
+TEST_F(MutantsCli, ARunIntoALibrarysDirectoryIsRefusedWhileMutantsWritesIt) {
+  const fs::path out = dir("out");
+  // The mutants run hangs in its first launch until it is killed; setsid: its own process group,
+  // killed as a whole at the end.
+  const std::string first = "ATTNCHECK_FAKE_FAULT=hang setsid " + at() +
+                            " mutants --tier smoke --library " + library("libclean") +
+                            " --timeout 60 --out " + out.string();
+  const fs::path run_json = out / "libclean" / "run.json";
+  const Output o =
+      sh(first + " >/dev/null 2>&1 & pid=$!; for i in $(seq 100); do [ -s " + run_json.string() +
+         " ] && break; sleep 0.1; done; " + at() + " run --tier smoke --kernels " +
+         library("libclean") + " --out " + (out / "libclean").string() +
+         " 2>&1; echo status=$?; kill -9 -$pid; wait $pid 2>/dev/null; true");
+  EXPECT_TRUE(has(o.text, "status=2")) << o.text;
+  EXPECT_TRUE(has(o.text, "--out '" + (out / "libclean").string() + "' is in use")) << o.text;
+  EXPECT_FALSE(fs::exists(out / "libclean" / "results.jsonl") &&
+               has(read(out / "libclean" / "results.jsonl"), "\"passed\""))
+      << "the run wrote into the mutant's directory";
+}
 }  // namespace

@@ -17,6 +17,8 @@
 //   abort, segfault, hang   crash or never return (for the worker-isolation tests)
 //   fork            fork(); both copies return from the launch (the child into the harness)
 //   spawn_and_hang  start `sleep 300` (its pid appended to $ATTNCHECK_FAKE_PID_FILE), then hang
+//   detach          start `setsid sleep $ATTNCHECK_FAKE_SLEEP` (a session of its own), then run
+//   detach_and_hang start it through `setsid -f` (a double fork), then hang
 //   forge           write forged worker-protocol lines to fd 1 and to every pipe or socket
 //                   descriptor of the process
 //   beyond_default   (ops whose budgets depend on the arithmetic contract) move element 0 of the
@@ -91,8 +93,16 @@ namespace {
 
 using namespace attncheck;
 
+// $ATTNCHECK_FAKE_UNTERMINATED=1: every string buffer (device name, arch, messages) is filled to
+// its last byte with the text repeated and no terminating NUL, as the ABI's length allows; the
+// contract and properties strings are 5000 bytes before their NUL.
 void put(char* dst, size_t n, const std::string& s) {
-  if (dst && n) std::snprintf(dst, n, "%s", s.c_str());
+  if (!dst || !n) return;
+  if (std::getenv("ATTNCHECK_FAKE_UNTERMINATED") && !s.empty()) {
+    for (size_t i = 0; i < n; ++i) dst[i] = s[i % s.size()];
+    return;
+  }
+  std::snprintf(dst, n, "%s", s.c_str());
 }
 
 std::mutex g_mutex;
@@ -110,8 +120,17 @@ std::string env(const char* name) {
 // its last answer: what a worker says on its way out must still reach worker.log.
 // $ATTNCHECK_FAKE_TIMELINE=1: "fake library: loaded by <pid>" as the library is loaded, the order
 // in which workers start (with $ATTNCHECK_FAKE_SLOW_WHEN, below).
+// $ATTNCHECK_FAKE_LOAD, how loading the library goes wrong: "segfault", "hang" or "exit" (_exit(0))
+// in its constructor, "null_table" (a table whose run and roofline are NULL), "hang_device"
+// (device_info never returns).
 struct Farewell {
   Farewell() {
+    const char* load = std::getenv("ATTNCHECK_FAKE_LOAD");
+    const std::string how = load ? load : "";
+    if (how == "segfault") ::raise(SIGSEGV);
+    if (how == "exit") ::_exit(0);
+    if (how == "hang")
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
     if (std::getenv("ATTNCHECK_FAKE_TIMELINE")) {
       std::fprintf(stderr, "fake library: loaded by %d\n", static_cast<int>(::getpid()));
       std::fflush(stderr);
@@ -284,6 +303,22 @@ int run_impl(const char* op_name, const char* params_json, const attncheck_arg* 
       }
     }
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+  // `setsid sleep S` (S: $ATTNCHECK_FAKE_SLEEP, default 3600), a process in a session of its own;
+  // detach_and_hang starts it through a double fork (`setsid -f`: its parent exits at once) and
+  // hangs, detach returns normally.
+  if (fault == "detach" || fault == "detach_and_hang") {
+    const std::string seconds =
+        env("ATTNCHECK_FAKE_SLEEP").empty() ? "3600" : env("ATTNCHECK_FAKE_SLEEP");
+    if (const pid_t child = ::fork(); child == 0) {
+      if (fault == "detach")
+        ::execlp("setsid", "setsid", "sleep", seconds.c_str(), static_cast<char*>(nullptr));
+      else
+        ::execlp("setsid", "setsid", "-f", "sleep", seconds.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    } else if (fault == "detach_and_hang") {
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
   }
   if (fault == "forge") forge_protocol_lines();
   // A real device fault breaks the process's GPU context: with $ATTNCHECK_FAKE_STICKY_ERROR every
@@ -514,6 +549,8 @@ const char* ops() {
 
 int device_info(char* name, size_t name_len, char* arch, size_t arch_len, char* msg,
                 size_t msg_len) {
+  if (env("ATTNCHECK_FAKE_LOAD") == "hang_device")
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   if (env("ATTNCHECK_FAKE_NO_DEVICE") == "1") {
     put(msg, msg_len, "fake library: no device (ATTNCHECK_FAKE_NO_DEVICE=1)");
     return ATTNCHECK_NO_DEVICE;
@@ -800,5 +837,14 @@ attncheck_plugin_ext_v1_get(void) {
 
 extern "C" __attribute__((visibility("default"))) const attncheck_plugin_v1*
 attncheck_plugin_v1_get(void) {
+  if (env("ATTNCHECK_FAKE_LOAD") == "null_table") {
+    static attncheck_plugin_v1 partial = [] {
+      attncheck_plugin_v1 t = kTable;
+      t.run = nullptr;
+      t.roofline = nullptr;
+      return t;
+    }();
+    return &partial;
+  }
   return &kTable;
 }

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -40,6 +41,24 @@ TEST(Sha256, KnownVectors) {
     left -= n;
   }
   EXPECT_EQ(h.hex(), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+// The hashes come from OpenSSL's libcrypto (run/sha256.h), not from a hand-written SHA-256; a
+// file's hash is the one `sha256sum` computes.
+TEST(Sha256, IsOpenSslsAndAgreesWithSha256sum) {
+  EXPECT_EQ(sha256_provider().rfind("OpenSSL ", 0), 0u) << sha256_provider();
+  const fs::path file = fs::temp_directory_path() / ("attncheck_sha_" + std::to_string(::getpid()));
+  std::string data;
+  for (int i = 0; i < 200003; ++i) data += static_cast<char>((i * 131) ^ (i >> 7));
+  std::ofstream(file, std::ios::binary) << data;
+  FILE* p = ::popen(("sha256sum " + file.string()).c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  char line[256] = {0};
+  ASSERT_NE(std::fgets(line, sizeof line, p), nullptr);
+  ::pclose(p);
+  EXPECT_EQ(sha256_file(file.string()), std::string(line).substr(0, 64));
+  EXPECT_EQ(sha256_hex(data), std::string(line).substr(0, 64));
+  fs::remove(file);
 }
 
 class Goldens : public ::testing::Test {
