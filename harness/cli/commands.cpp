@@ -206,7 +206,7 @@ int cmd_repro(const Paths& p, const ReproArgs& a) {
     found = find_case(ctx->files, a.id);
   }
   if (!found) {
-    std::cerr << "attncheck: no case '" << a.id << "' in " << p.cases << "; nearest:";
+    std::cerr << "attncheck: no case '" << shown_id(a.id) << "' in " << p.cases << "; nearest:";
     for (const auto& id : nearest_case_ids(ctx->files, a.id)) std::cerr << "\n  " << id;
     std::cerr << "\n";
     return 2;

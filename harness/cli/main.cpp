@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "run/cases.h"
 #include "run/provenance.h"
 
 namespace {
@@ -63,9 +64,10 @@ int main(int argc, char** argv) {
   auto* cases_opt = app.add_option("--cases", paths.cases, "case file directory [<root>/cases]");
   auto* golden_opt = app.add_option("--golden", paths.golden, "golden directory [<root>/golden]");
   int64_t max_cases = 0;
+  // $ATTNCHECK_MAX_CASES is read (and refused, by its own name) by case_limits(), not here.
   app.add_option("--max-cases", max_cases,
-                 "most cases all case files together may hold (all tiers) [200000]")
-      ->envname("ATTNCHECK_MAX_CASES")
+                 "most cases all case files together may hold (all tiers) [200000; "
+                 "$ATTNCHECK_MAX_CASES]")
       ->check(CLI::Range(int64_t{1}, int64_t{100000000}));
   const std::vector<std::string> tiers = {"smoke", "quick", "full", "bench", "all"};
 
@@ -378,6 +380,15 @@ int main(int argc, char** argv) {
   }
   // case_limits() (run/cases.h) reads it, here and in the workers, which inherit the environment.
   if (max_cases > 0) ::setenv("ATTNCHECK_MAX_CASES", std::to_string(max_cases).c_str(), 1);
+  // The limits from the environment, checked once here: a bad value is bad input naming its
+  // variable (exit 2), before any command reads it.
+  try {
+    (void)attncheck::case_limits();
+    (void)attncheck::size_limits();
+  } catch (const std::exception& e) {
+    std::cerr << "attncheck: " << e.what() << "\n";
+    return 2;
+  }
   paths.cases_given = cases_opt->count() > 0;
   paths.golden_given = golden_opt->count() > 0;
   if (!paths.cases_given) paths.cases = (std::filesystem::path(paths.root) / "cases").string();

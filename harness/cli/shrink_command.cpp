@@ -82,7 +82,7 @@ int cmd_shrink(const Paths& paths, const ShrinkArgs& a) {
     return 2;
   }
   if (!start) {
-    std::cerr << "attncheck: no case '" << a.id << "' in " << paths.cases
+    std::cerr << "attncheck: no case '" << shown_id(a.id) << "' in " << paths.cases
               << " (an ad-hoc case needs --params JSON); nearest:";
     for (const auto& id : nearest_case_ids(files, a.id)) std::cerr << "\n  " << id;
     std::cerr << "\n";

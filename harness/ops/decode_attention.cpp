@@ -252,6 +252,30 @@ class DecodeAttentionOp final : public ContractDependentTypedOp<DecodeAttentionP
 
   std::optional<std::string> invalid(const P& p) const override { return refusal(p); }
 
+  // q, the held pages of the caches (a large-offset cache holds those only; cross_layer
+  // interleaves two layers of rows D + 3 wide), o and lse with their gaps; every query head reads
+  // every token of its request.
+  CaseSize size(const P& p) const override {
+    const double B = static_cast<double>(p.batch), hq = static_cast<double>(p.heads);
+    const double lk = static_cast<double>(p.lk()), lv = static_cast<double>(p.lv());
+    const double qs = static_cast<double>(dtype_size(p.dtype));
+    const double ks = static_cast<double>(dtype_size(p.cache_dtype()));
+    const double rows = paged_blocks(p.batch, p.max_ctx, p.page_size) *
+                        static_cast<double>(p.page_size) * static_cast<double>(p.kv_heads);
+    const double layers = p.layout == Layout::cross_layer ? 2 * (lk + 3) / lk : 1;
+    CaseSize s;
+    s.input_bytes = B * hq * (lk + 48) * qs + rows * (lk + (p.is_mla ? 0 : lv)) * ks * layers +
+                    paged_layout_bytes(p.batch, p.max_ctx, p.page_size);
+    s.output_bytes = B * (hq + 5) * ((lv + 24) * qs + 4);
+    s.work = 2 * B * static_cast<double>(p.max_ctx) * hq * (lk + lv);
+    return s.count("batch", p.batch)
+        .count("max_ctx", p.max_ctx)
+        .count("heads", p.heads)
+        .count("kv_heads", p.kv_heads)
+        .count("page_size", p.page_size)
+        .count("splits", p.splits);
+  }
+
   Problem make(const Case& c, const P& p) const override {
     const int64_t lk = p.lk(), lv = p.lv(), hq = p.heads, hkv = p.kv_heads, page_size = p.page_size;
     const int64_t B = p.batch;

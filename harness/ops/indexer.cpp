@@ -282,6 +282,18 @@ class IndexerKCacheOp final : public TypedOp<KCacheParams> {
     return block_size_problem(p.block_size);
   }
 
+  // The k rows (k_stride wide), the slots, and the cache of twice the pages the tokens need
+  // (a large-offset cache holds those only).
+  CaseSize size(const P& p) const override {
+    const double T = static_cast<double>(p.tokens), bs = static_cast<double>(p.block_size);
+    const double pages = 2 * std::ceil(T / std::max(bs, 1.0)) + 2;
+    CaseSize s;
+    s.input_bytes = 2 * (T + 3) * static_cast<double>(p.k_stride) + 8 * T;
+    s.output_bytes = pages * (bs * ix::kTokenBytes + static_cast<double>(p.pad));
+    s.work = T * ix::kHeadDim;
+    return s.count("tokens", p.tokens).count("block_size", p.block_size);
+  }
+
   Problem make(const Case& c, const P& p) const override {
     const int64_t bs = p.block_size, T = p.tokens;
     // Half the pages are mapped, in a random order; the others must keep their 0xFF sentinels.
@@ -370,6 +382,19 @@ class IndexerGatherOp final : public TypedOp<GatherParams> {
     return block_size_problem(p.block_size);
   }
 
+  // The held cache pages, the layout, and the gathered values and scales of every token.
+  CaseSize size(const P& p) const override {
+    const double N = static_cast<double>(p.batch) * static_cast<double>(p.max_ctx) + 2;
+    CaseSize s;
+    s.input_bytes =
+        paged_blocks(p.batch, p.max_ctx, p.block_size) *
+            (static_cast<double>(p.block_size) * ix::kTokenBytes + static_cast<double>(p.pad)) +
+        paged_layout_bytes(p.batch, p.max_ctx, p.block_size) + 4 * static_cast<double>(p.batch + 1);
+    s.output_bytes = N * ix::kTokenBytes;
+    s.work = N * ix::kTokenBytes;
+    return s.count("batch", p.batch).count("max_ctx", p.max_ctx).count("block_size", p.block_size);
+  }
+
   Problem make(const Case& c, const P& p) const override {
     const auto in = paged_inputs(c.id, p, RowMix::edges, CacheCodes::copied);
     const Tensor cu = ref::cumulative_lengths(in.layout.seq_lens);
@@ -432,6 +457,16 @@ class IndexerQQuantOp final : public TypedOp<QQuantParams> {
   std::optional<std::string> unbuildable(const P& p) const override {
     if (p.tokens < 1 || p.heads < 1) return "tokens and heads must be >= 1";
     return std::nullopt;
+  }
+
+  // q and the fused k|weights rows in bf16, the fp8 q with its scales and weights.
+  CaseSize size(const P& p) const override {
+    const double T = static_cast<double>(p.tokens), H = static_cast<double>(p.heads);
+    CaseSize s;
+    s.input_bytes = 2 * T * H * ix::kHeadDim + 2 * T * (ix::kHeadDim + H);
+    s.output_bytes = T * H * (ix::kHeadDim + 8);
+    s.work = T * H * ix::kHeadDim;
+    return s.count("tokens", p.tokens).count("heads", p.heads);
   }
 
   Problem make(const Case& c, const P& p) const override {

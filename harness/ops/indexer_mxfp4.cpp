@@ -181,6 +181,18 @@ class IndexerMxfp4KCacheOp final : public TypedOp<KCacheParams> {
     return geometry_problem(p.geometry());
   }
 
+  // The bf16 rows, the slots, and a cache of up to twice the pages the tokens need.
+  CaseSize size(const P& p) const override {
+    const double T = static_cast<double>(p.tokens), bs = static_cast<double>(p.block_size);
+    const double D = static_cast<double>(p.head_dim);
+    const double pages = 2 * std::ceil(T / std::max(bs, 1.0)) + 4;
+    CaseSize s;
+    s.input_bytes = 2 * (T + 3) * D + 8 * T;
+    s.output_bytes = pages * (bs * D + static_cast<double>(p.pad) + 64);
+    s.work = T * D;
+    return s.count("tokens", p.tokens).count("block_size", p.block_size);
+  }
+
   Problem make(const Case& c, const P& prm) const override {
     const mx::CacheGeometry g = prm.geometry();
     const int64_t T = prm.tokens, seed = prm.seed;
@@ -290,6 +302,24 @@ class IndexerMxfp4LogitsDecodeOp final : public TypedOp<LogitsParams> {
   std::optional<std::string> unbuildable(const P& p) const override {
     if (auto f = format_problem(p.format, p.global_scale)) return f;
     return geometry_problem(p.geometry());
+  }
+
+  // The cache pages the requests own, the table, q (bf16 and packed) with its weights, and
+  // logits as wide as the context; each logit sums every head's dot product.
+  CaseSize size(const P& p) const override {
+    const double B = static_cast<double>(p.batch), ctx = static_cast<double>(p.max_ctx);
+    const double rows = B * static_cast<double>(p.next_n), H = static_cast<double>(p.heads);
+    const double D = static_cast<double>(p.head_dim);
+    CaseSize s;
+    const double per_request = std::ceil(ctx / std::max(static_cast<double>(p.block_size), 1.0));
+    s.input_bytes = (B * per_request + 2) * (static_cast<double>(p.block_size) * D + 16) +
+                    4 * B * (per_request + 2) + rows * H * (3 * D + 4);
+    s.output_bytes = 4 * rows * (ctx + 21);
+    s.work = rows * ctx * H * D;
+    return s.count("batch", p.batch)
+        .count("max_ctx", p.max_ctx)
+        .count("next_n", p.next_n)
+        .count("block_size", p.block_size);
   }
 
   Problem make(const Case& c, const P& prm) const override {

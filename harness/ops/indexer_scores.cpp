@@ -107,6 +107,18 @@ class IndexerLogitsPrefillOp final : public TypedOp<LogitsPrefillParams> {
 
   std::optional<std::string> invalid(const P& p) const override { return heads_problem(p.heads); }
 
+  // q rows (at most qlen per request) against every key of the batch: logits [M, N].
+  CaseSize size(const P& p) const override {
+    const double M = static_cast<double>(p.batch) * static_cast<double>(p.qlen);
+    const double N = static_cast<double>(p.batch) * static_cast<double>(p.max_ctx);
+    const double H = static_cast<double>(p.heads);
+    CaseSize s;
+    s.input_bytes = M * H * (3 * ix::kHeadDim + 8) + N * (2 * ix::kHeadDim + ix::kTokenBytes);
+    s.output_bytes = 4 * M * (N + 48);
+    s.work = M * N * (H * ix::kHeadDim + 1);
+    return s.count("batch", p.batch).count("max_ctx", p.max_ctx).count("qlen", p.qlen);
+  }
+
   Problem make(const Case& c, const P& p) const override {
     const auto w = prefill_windows(c.id, p, p.seed);
     const int64_t H = p.heads;
@@ -203,6 +215,23 @@ class IndexerLogitsDecodeOp final : public TypedOp<LogitsDecodeParams> {
     if (H % std::min(cq, H) != 0)
       return "heads " + std::to_string(H) + " not a multiple of chunk_q " + std::to_string(cq);
     return page_stride_problem(p.pad);
+  }
+
+  // The held cache pages, the layout, q with its weights, and logits as wide as the context.
+  CaseSize size(const P& p) const override {
+    const double rows = static_cast<double>(p.batch) * static_cast<double>(p.next_n);
+    const double ctx = static_cast<double>(p.max_ctx), H = static_cast<double>(p.heads);
+    CaseSize s;
+    s.input_bytes =
+        paged_blocks(p.batch, p.max_ctx, p.block_size) *
+            (static_cast<double>(p.block_size) * ix::kTokenBytes + static_cast<double>(p.pad)) +
+        paged_layout_bytes(p.batch, p.max_ctx, p.block_size) + rows * H * (3 * ix::kHeadDim + 8);
+    s.output_bytes = 4 * rows * (ctx + 37 + 32);
+    s.work = rows * ctx * (H * ix::kHeadDim + 1);
+    return s.count("batch", p.batch)
+        .count("max_ctx", p.max_ctx)
+        .count("next_n", p.next_n)
+        .count("block_size", p.block_size);
   }
 
   Problem make(const Case& c, const P& p) const override {
@@ -339,6 +368,17 @@ class IndexerTopkPrefillOp final : public TypedOp<TopkPrefillParams> {
     return windows_unbuildable(p);
   }
 
+  // Logits [M, N] (at most qlen rows per request, every key of the batch) and the top-k.
+  CaseSize size(const P& p) const override {
+    const double M = static_cast<double>(p.batch) * static_cast<double>(p.qlen);
+    const double N = static_cast<double>(p.batch) * static_cast<double>(p.max_ctx);
+    CaseSize s;
+    s.input_bytes = 4 * M * (N + 48) + 8 * M;
+    s.output_bytes = 4 * (M + 1) * static_cast<double>(p.topk);
+    s.work = M * N;
+    return s.count("batch", p.batch).count("max_ctx", p.max_ctx).count("qlen", p.qlen);
+  }
+
   Problem make(const Case& c, const P& p) const override {
     const auto w = prefill_windows(c.id, p, p.seed);
     Tensor logits = padded_rows(DType::f32, {w.M, w.N}, padded_stride(w.N));
@@ -398,6 +438,16 @@ class IndexerTopkDecodeOp final : public TypedOp<TopkDecodeParams> {
   std::optional<std::string> unbuildable(const P& p) const override {
     if (p.topk < 1 || p.next_n < 1 || p.batch < 1 || p.max_ctx < 1) return "sizes must be >= 1";
     return std::nullopt;
+  }
+
+  // Logits as wide as the context per row, the lengths, and the top-k.
+  CaseSize size(const P& p) const override {
+    const double rows = static_cast<double>(p.batch) * static_cast<double>(p.next_n);
+    CaseSize s;
+    s.input_bytes = 4 * rows * (static_cast<double>(p.max_ctx) + 37 + 32) + 4 * rows;
+    s.output_bytes = 4 * (rows + 1) * static_cast<double>(p.topk);
+    s.work = rows * static_cast<double>(p.max_ctx);
+    return s.count("batch", p.batch).count("max_ctx", p.max_ctx).count("next_n", p.next_n);
   }
 
   Problem make(const Case& c, const P& p) const override {

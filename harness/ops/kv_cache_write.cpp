@@ -205,6 +205,22 @@ class KvCacheWriteOp final : public TypedOp<KvCacheWriteParams> {
     return std::nullopt;
   }
 
+  // The tokens (in a fused qkv row at most four times as wide), the slots, and a cache of up
+  // to twice the blocks the tokens need with per-token scales; each element is written once.
+  CaseSize size(const P& p) const override {
+    const double T = static_cast<double>(p.tokens), bs = static_cast<double>(p.block_size);
+    const double row = static_cast<double>(p.heads) * static_cast<double>(p.head_dim);
+    const double slots = (2 * std::ceil(T / std::max(bs, 1.0)) + 4) * bs;
+    CaseSize s;
+    s.input_bytes = 4 * T * row * static_cast<double>(dtype_size(p.dtype)) + 8 * T;
+    s.output_bytes = 2 * slots * (row * 4 + 8 * static_cast<double>(p.heads));
+    s.work = 2 * T * row;
+    return s.count("tokens", p.tokens)
+        .count("heads", p.heads)
+        .count("head_dim", p.head_dim)
+        .count("block_size", p.block_size);
+  }
+
   Problem make(const Case& c, const P& p) const override {
     return p.quant == Quant::per_token ? make_pertoken(c, p) : make_per_tensor(c, p);
   }

@@ -168,6 +168,25 @@ class KvGatherOp final : public TypedOp<KvGatherParams> {
     return std::nullopt;
   }
 
+  // The held blocks of both caches (a large-offset cache holds those only), the layout, and the
+  // key/value workspace of every request's tokens; each token row is copied once.
+  CaseSize size(const P& p) const override {
+    const double row = static_cast<double>(p.heads) * static_cast<double>(p.head_dim);
+    const double tokens = static_cast<double>(p.batch) * static_cast<double>(p.max_ctx) + 8;
+    CaseSize s;
+    s.input_bytes = 2 * paged_blocks(p.batch, p.max_ctx, p.block_size) *
+                        static_cast<double>(p.block_size) * row * 4 +
+                    paged_layout_bytes(p.batch, p.max_ctx, p.block_size) +
+                    16 * static_cast<double>(p.batch + 2);
+    s.output_bytes = 2 * (tokens + 6) * row * static_cast<double>(dtype_size(p.dtype));
+    s.work = 2 * tokens * row;
+    return s.count("batch", p.batch)
+        .count("max_ctx", p.max_ctx)
+        .count("heads", p.heads)
+        .count("head_dim", p.head_dim)
+        .count("block_size", p.block_size);
+  }
+
   Problem make(const Case& c, const P& p) const override {
     const DType cache_dtype = cache_dtype_of(p);
     const int64_t Hkv = p.heads, D = p.head_dim, bs = p.block_size;

@@ -80,6 +80,14 @@ class MlaDecodeOp final : public ContractDependentTypedOp<MlaDecodeParams> {
   }
   std::optional<std::string> invalid(const P& p) const override { return mla::invalid(p); }
 
+  // The common MLA inputs (ops/mla_inputs.h); every query row reads its request's context.
+  CaseSize size(const P& p) const override {
+    CaseSize s = mla::common_size(p);
+    s.work = 2 * static_cast<double>(p.batch * p.qlen) * static_cast<double>(p.ctx) *
+             static_cast<double>(p.heads) * static_cast<double>(p.lk() + p.lv());
+    return s;
+  }
+
   Problem make(const Case& c, const P& p) const override {
     const mla::Inputs in = mla::make_inputs(c.id, p);
     const int64_t B = p.batch, lk = p.lk(), lv = p.lv();

@@ -252,6 +252,27 @@ struct Inputs {
   int64_t tokens = 0;  // T = batch * qlen query rows
 };
 
+// What make_inputs holds (CaseSize, ops/op.h; the op adds its own arguments and its work): q,
+// the held blocks of the cache (with the readable flags), out and lse, with the gaps of their
+// layouts.
+inline CaseSize common_size(const CommonParams& p) {
+  const double T = static_cast<double>(p.batch * p.qlen), N = static_cast<double>(p.heads);
+  const double lk = static_cast<double>(p.lk()), lv = static_cast<double>(p.lv());
+  const double qs = static_cast<double>(dtype_size(p.dtype));
+  const double slots =
+      paged_blocks(p.batch, p.ctx, p.block_size) * static_cast<double>(p.block_size);
+  CaseSize s;
+  s.input_bytes = ((T + 1) * N * lk + 128) * qs +
+                  slots * (lk * static_cast<double>(dtype_size(p.cache_dtype())) + 1) +
+                  paged_layout_bytes(p.batch, p.ctx, p.block_size) + 4 * (T + 2);
+  s.output_bytes = ((T + 1) * N * lv + 128) * qs + 4 * (T + 1) * (N + 3);
+  return s.count("batch", p.batch)
+      .count("ctx", p.ctx)
+      .count("heads", p.heads)
+      .count("qlen", p.qlen)
+      .count("block_size", p.block_size);
+}
+
 inline Inputs make_inputs(const std::string& case_id, const CommonParams& p) {
   const int64_t P = p.block_size, lk = p.lk();
   const DType kvd = p.cache_dtype();

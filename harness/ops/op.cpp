@@ -1,6 +1,10 @@
 #include "op.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <iomanip>
 #include <sstream>
 
 #include "core/dtype.h"
@@ -134,6 +138,7 @@ Case Op::make_case(const Params& given, std::vector<std::string> tiers) const {
   c.params = complete(given);
   c.id = name() + "/" + vars(c.params);
   c.tiers = std::move(tiers);
+  if (const auto why = size_error(c.params, size_limits())) throw CaseSizeError(c.id + ": " + *why);
   return c;
 }
 
@@ -150,6 +155,109 @@ std::vector<OutputRegion> logits_past_context_region() {
   return {{"logits", kPastContext,
            "the columns at or past each request's context length (context_lens), which a top-k "
            "over the context never reads"}};
+}
+
+namespace {
+
+double env_size_limit(const char* name, double fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  errno = 0;
+  const long long n = std::strtoll(v, &end, 10);
+  if (*end || n <= 0 || errno == ERANGE)
+    throw std::invalid_argument(std::string("$") + name + "='" + v +
+                                "': expected a positive integer");
+  return static_cast<double>(n);
+}
+
+// 12.3 GB, 4294 MB, 65536 bytes: bytes as people read them.
+std::string bytes_text(double b) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(1);
+  if (b >= 1e9)
+    os << b / 1e9 << " GB";
+  else if (b >= 1e6)
+    os << b / 1e6 << " MB";
+  else
+    os << static_cast<int64_t>(b) << " bytes";
+  return os.str();
+}
+
+// Whole numbers in full (bounds, limits: 131072, not 1.31e+05); others with six digits.
+std::string number_text(double v) {
+  std::ostringstream os;
+  if (std::fabs(v) < 1e18 && v == std::floor(v))
+    os << static_cast<int64_t>(v);
+  else
+    os << std::setprecision(6) << v;
+  return os.str();
+}
+
+}  // namespace
+
+std::optional<std::string> count_error(const CaseSize& size) {
+  for (const auto& c : size.counts)
+    if (c.value < c.min)
+      return "axis '" + c.axis + "' = " + std::to_string(c.value) + " counts nothing: it must be " +
+             "at least " + std::to_string(c.min);
+  return std::nullopt;
+}
+
+SizeLimits size_limits() {
+  SizeLimits l;
+  l.bytes = env_size_limit("ATTNCHECK_MAX_CASE_BYTES", l.bytes);
+  l.work = env_size_limit("ATTNCHECK_MAX_CASE_WORK", l.work);
+  return l;
+}
+
+std::optional<std::string> Op::size_error(const Params& params, const SizeLimits& limits) const {
+  const auto ax = axes();
+  for (const auto& a : ax) {
+    const auto it = params.find(a.name);
+    if (it == params.end() || !it->is_number()) continue;
+    const double v = it->get<double>();
+    if (!(v >= a.min && v <= a.max))
+      return "axis '" + a.name + "' = " + it->dump() + " is outside op '" + name() +
+             "''s bounds [" + number_text(a.min) + ", " + number_text(a.max) + "]";
+  }
+  const CaseSize s = size(params);
+  const bool bytes_over = !(s.bytes() <= limits.bytes);
+  const bool work_over = !(s.work <= limits.work);
+  if (!bytes_over && !work_over) return std::nullopt;
+  const auto measure = [&](const CaseSize& x) { return bytes_over ? x.bytes() : x.work; };
+  // The axis that weighs most: the numeric axis whose return to its default (or to 1) cuts the
+  // size most.
+  std::string heaviest;
+  double least = measure(s);
+  for (const auto& a : ax) {
+    const auto& v = params.at(a.name);
+    if (!v.is_number_integer()) continue;
+    for (const nlohmann::json& smaller : {a.default_value, nlohmann::json(1)}) {
+      if (!smaller.is_number_integer() || smaller.get<int64_t>() >= v.get<int64_t>()) continue;
+      Params p = params;
+      p[a.name] = smaller;
+      double m = 0;
+      try {
+        m = measure(size(p));
+      } catch (const std::exception&) {
+        continue;
+      }
+      if (m < least) {
+        least = m;
+        heaviest = "axis '" + a.name + "' = " + v.dump();
+      }
+    }
+  }
+  std::string why = bytes_over
+                        ? bytes_text(s.bytes()) +
+                              " of inputs, outputs and workspace, over "
+                              "the limit of " +
+                              bytes_text(limits.bytes) + " per case ($ATTNCHECK_MAX_CASE_BYTES)"
+                        : number_text(s.work) + " units of work, over the limit of " +
+                              number_text(limits.work) + " per case ($ATTNCHECK_MAX_CASE_WORK)";
+  return "too large: " + (heaviest.empty() ? "" : heaviest + " makes ") + why +
+         " (narrow the axes, or raise the limit)";
 }
 
 }  // namespace attncheck

@@ -56,6 +56,50 @@ inline constexpr const char* kPastContext = "past_context";
 bool logits_past_context(const Problem& p, const Index& idx);
 std::vector<OutputRegion> logits_past_context_region();
 
+// What one case costs, declared by its op from the parameters alone, before anything is
+// allocated (TypedOp::size; docs/cases.md "Size budget"): the bytes the host holds for its inputs,
+// outputs and workspace (a sparse storage counts its held window, not its extent: docs/abi.md
+// "Large-offset cases"), and its work (the reference's multiply-adds or element visits). An upper
+// estimate, within a small factor of what make() allocates (ops/tests/case_size_test.cpp).
+struct CaseSize {
+  double input_bytes = 0;
+  double output_bytes = 0;
+  double workspace_bytes = 0;
+  double work = 0;
+  // Axes that count things (requests, heads, tokens): below `min` a case describes no problem.
+  struct Count {
+    std::string axis;
+    int64_t value = 0;
+    int64_t min = 1;
+  };
+  std::vector<Count> counts;
+  CaseSize& count(std::string axis, int64_t value, int64_t min = 1) {
+    counts.push_back({std::move(axis), value, min});
+    return *this;
+  }
+  double bytes() const { return input_bytes + output_bytes + workspace_bytes; }
+};
+// The first count below its minimum ("axis 'batch' = 0 counts nothing: ..."), or nothing: part of
+// the case error (Op::case_error) of typed ops, after the op's own unbuildable().
+std::optional<std::string> count_error(const CaseSize& size);
+
+// The budget every case must fit: 4 GiB of host bytes and 2^39 units of work by default (smoke,
+// quick and full cases fit a quarter of it, bench cases the whole: mla_decode's take 7.3e10 of
+// work). $ATTNCHECK_MAX_CASE_BYTES and $ATTNCHECK_MAX_CASE_WORK override them.
+struct SizeLimits {
+  double bytes = 4.0 * (1ull << 30);
+  double work = static_cast<double>(1ull << 39);
+};
+// The defaults with the environment's overrides; throws std::invalid_argument naming the variable
+// for a value that is not a positive integer.
+SizeLimits size_limits();
+
+// A case over the size budget or with a count below its minimum: bad input (exit 2), not a
+// verdict. what() names the case, the axis and the limit.
+struct CaseSizeError : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+
 class Op {
  public:
   virtual ~Op() = default;
@@ -125,6 +169,13 @@ class Op {
     return std::nullopt;
   }
 
+  // The case's declared size (CaseSize), from its completed parameters; nothing is allocated.
+  virtual CaseSize size(const Params& params) const = 0;
+  // Why these completed parameters are no case to build: a numeric axis outside its bounds, or a
+  // size over the budget (naming the axis that weighs most and the limit); nothing when the case
+  // fits.
+  std::optional<std::string> size_error(const Params& params, const SizeLimits& limits) const;
+
   // The axes as the ABI's case_context lists them: name, type, default, allowed, min, max.
   nlohmann::json field_list() const;
 
@@ -133,6 +184,9 @@ class Op {
 
   // Fills defaults, rejects unknown axes and disallowed values (message names the axis).
   Params complete(const Params& given) const;
+  // complete(), the case's id, and size_error() against size_limits(): throws CaseSizeError
+  // ("<id>: <why>") for a case outside its bounds or over the budget, so no caller (case files,
+  // --params, shrink, coverage) builds one.
   Case make_case(const Params& given, std::vector<std::string> tiers = {}) const;
 };
 

@@ -71,6 +71,16 @@ class PageIndicesOp final : public TypedOp<PageIndicesParams> {
     return std::nullopt;
   }
 
+  // The table and lengths, and the output with its tail; the reference visits each token once.
+  CaseSize size(const P& p) const override {
+    const double B = static_cast<double>(p.batch), ctx = static_cast<double>(p.max_ctx);
+    CaseSize s;
+    s.input_bytes = paged_layout_bytes(p.batch, p.max_ctx, p.block_size) + 4 * (B + 1);
+    s.output_bytes = 4 * (B * ctx + 37);
+    s.work = B * ctx;
+    return s.count("batch", p.batch).count("max_ctx", p.max_ctx);
+  }
+
   Problem make(const Case& c, const P& p) const override {
     const auto layout = layout_of(p, c.id);
     int64_t total = 0;

@@ -3,6 +3,8 @@
 // Also the two detection axes those ops share (issue 14): caches whose blocks lie past byte 2^31 /
 // 2^32 (sparse storages, docs/abi.md), and fp8 special codes in the inputs (docs/formats.md).
 #pragma once
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
@@ -25,6 +27,18 @@ struct PagedLayout {
 // strided_table: the table is a view into rows of width W + 5 (row stride != W).
 PagedLayout paged_layout(const std::string& case_id, int64_t batch, int64_t max_ctx,
                          int64_t block_size, bool strided_table, int64_t seed, int64_t min_len = 0);
+
+// Upper estimates for the ops' size() (CaseSize, ops/op.h), from the axes alone: the blocks of
+// the pool (those the requests own and the spares; a large-offset cache holds these only), and
+// the host bytes of the table (a strided table's wider rows included) and the lengths.
+inline double paged_blocks(int64_t batch, int64_t max_ctx, int64_t K) {
+  const double k = static_cast<double>(std::max<int64_t>(K, 1));
+  return static_cast<double>(batch) * std::ceil(static_cast<double>(max_ctx) / k) + 3;
+}
+inline double paged_layout_bytes(int64_t batch, int64_t max_ctx, int64_t K) {
+  const double k = static_cast<double>(std::max<int64_t>(K, 1));
+  return 4 * static_cast<double>(batch) * (std::ceil(static_cast<double>(max_ctx) / k) + 8);
+}
 
 // ---- large offsets ----
 // offset_log2 in {0, 31, 32}, out of case ids at 0; `help` says what lies past the offset.

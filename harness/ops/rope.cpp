@@ -191,6 +191,18 @@ class RopeOp final : public TypedOp<RopeParams> {
 
   std::optional<std::string> unbuildable(const P& p) const override { return rope_unbuildable(p); }
 
+  // q (H heads, in a transposed view too) and k, their outputs, positions and the cos/sin cache.
+  CaseSize size(const P& p) const override {
+    const double T = static_cast<double>(p.tokens), H = static_cast<double>(p.heads);
+    const double hd = static_cast<double>(std::max(p.head_dim, p.rot));
+    const double es = static_cast<double>(dtype_size(p.dtype));
+    CaseSize s;
+    s.input_bytes = T * (H + 1) * hd * es + 8 * T + 4.0 * 8192 * static_cast<double>(p.rot);
+    s.output_bytes = T * (H + 1) * static_cast<double>(p.rot) * es;
+    s.work = T * (H + 1) * static_cast<double>(p.rot);
+    return s.count("tokens", p.tokens).count("heads", p.heads);
+  }
+
   Problem make(const Case& c, const P& p) const override {
     const DType dt = p.dtype;
     const int64_t T = p.tokens, H = p.heads, hd = p.head_dim, rot = p.rot;
@@ -284,6 +296,16 @@ class IndexerQkRopeOp final : public TypedOp<IndexerQkRopeParams> {
   }
 
   std::optional<std::string> unbuildable(const P& p) const override { return rope_unbuildable(p); }
+
+  // q [T, H, 128], the k|weights rows, positions and the cos/sin cache (64 wide).
+  CaseSize size(const P& p) const override {
+    const double T = static_cast<double>(p.tokens), H = static_cast<double>(p.heads);
+    const double es = static_cast<double>(dtype_size(p.dtype));
+    CaseSize s;
+    s.input_bytes = T * (H * 128 + 128 + H) * es + 8 * T + 4.0 * 8192 * 64;
+    s.work = T * (H + 1) * 64;
+    return s.count("tokens", p.tokens).count("heads", p.heads);
+  }
 
   Problem make(const Case& c, const P& p) const override {
     const int64_t T = p.tokens, H = p.heads, D = 128, rot = 64;

@@ -115,6 +115,16 @@ class SparseMlaOp final : public ContractDependentTypedOp<SparseMlaParams> {
   }
   std::optional<std::string> invalid(const P& p) const override { return mla::invalid(p); }
 
+  // The common MLA inputs (ops/mla_inputs.h) and the top-k indices; every query row reads topk
+  // tokens.
+  CaseSize size(const P& p) const override {
+    CaseSize s = mla::common_size(p);
+    const double T = static_cast<double>(p.batch * p.qlen), k = static_cast<double>(p.topk);
+    s.input_bytes += 4 * (T + 1) * (k + 5) + 4 * T;
+    s.work = 2 * T * k * static_cast<double>(p.heads) * static_cast<double>(p.lk() + p.lv());
+    return s.count("topk", p.topk);
+  }
+
   Problem make(const Case& c, const P& p) const override {
     const mla::Inputs in = mla::make_inputs(c.id, p);
     const int64_t T = in.tokens, lk = p.lk(), lv = p.lv();

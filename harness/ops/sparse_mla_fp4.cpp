@@ -175,6 +175,28 @@ class SparseMlaFp4Op final : public TypedOp<SparseMlaFp4Params> {
     return std::nullopt;
   }
 
+  // q, the held pages of packed records, the top-k indices and the output; every query row
+  // reads topk records.
+  CaseSize size(const P& p) const override {
+    const double T = static_cast<double>(p.batch * p.qlen), H = static_cast<double>(p.heads);
+    const double k = static_cast<double>(p.topk), qs = static_cast<double>(dtype_size(p.dtype));
+    const double record = static_cast<double>(rec::record_bytes(p.kv_format));
+    CaseSize s;
+    s.input_bytes = (T + 1) * (H + 1) * 576 * qs +
+                    paged_blocks(p.batch, p.ctx, p.block_size) *
+                        (static_cast<double>(p.block_size) * record + 64) +
+                    4 * (T + 1) * (k + 5) + 4 * T +
+                    paged_layout_bytes(p.batch, p.ctx, p.block_size);
+    s.output_bytes = (T + 1) * (H + 3) * (512 * qs + 4);
+    s.work = 2 * T * k * H * (576 + 512);
+    return s.count("batch", p.batch)
+        .count("ctx", p.ctx)
+        .count("heads", p.heads)
+        .count("qlen", p.qlen)
+        .count("topk", p.topk)
+        .count("block_size", p.block_size);
+  }
+
   Problem make(const Case& c, const P& p) const override {
     const int64_t Pg = p.block_size, T = p.batch * p.qlen,
                   rec_bytes = rec::record_bytes(p.kv_format);

@@ -87,6 +87,19 @@ class SparseMlaFp4KCacheOp final : public TypedOp<Fp4KCacheParams> {
         .out_of_id_at_default();
   }
 
+  // The bf16 rows, the slots and the cache pages the tokens write.
+  CaseSize size(const P& p) const override {
+    const double T = static_cast<double>(p.tokens), bs = static_cast<double>(p.block_size);
+    const double pages = std::ceil(T / std::max(bs, 1.0)) + 2;
+    CaseSize s;
+    s.input_bytes = 2 * (T + 4) * (rec::kDims + 24) + 8 * T;
+    s.output_bytes = pages * (bs * static_cast<double>(rec::record_bytes(p.kv_format)) +
+                              static_cast<double>(p.pad)) +
+                     64;
+    s.work = T * rec::kDims;
+    return s.count("tokens", p.tokens).count("block_size", p.block_size);
+  }
+
   Problem make(const Case& c, const P& p) const override {
     const int64_t T = p.tokens, Pg = p.block_size, rb = rec::record_bytes(p.kv_format);
     const int64_t pages = (T + Pg - 1) / Pg + 2, stride = Pg * rb + p.pad;

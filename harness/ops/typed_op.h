@@ -9,6 +9,9 @@
 //   invalid(P)        the configuration's refusal reason, or nothing (PyTorch OpInfo's error
 //                     inputs): decided here once; evaluate(), golden generation and the bridge's
 //                     adapters all ask this, and references never decide validity
+//   size(P)           what a case costs (CaseSize, ops/op.h): bytes of inputs, outputs and
+//                     workspace, and work, from P alone; Op::make_case refuses a case over the
+//                     budget before anything is allocated
 //   make(case, P)     inputs, generated deterministically from the case (also for invalid P: the
 //                     kernel must receive them and refuse)
 //   kernel_params(P, inputs)
@@ -147,6 +150,7 @@ class TypedOp : public Op {
   virtual Fields<P> fields() const = 0;
   virtual std::optional<std::string> unbuildable(const P&) const { return std::nullopt; }
   virtual std::optional<std::string> invalid(const P&) const { return std::nullopt; }
+  virtual CaseSize size(const P&) const = 0;
   virtual Problem make(const Case& c, const P& p) const = 0;
   virtual nlohmann::json kernel_params(const P& p, const Problem& inputs) const = 0;
   virtual TensorMap reference(const Problem& prob, const P& p) const = 0;
@@ -197,12 +201,16 @@ class TypedOp : public Op {
     return invalid(bind(params));
   }
   std::any bind_any(const attncheck::Params& params) const final { return bind(params); }
+  CaseSize size(const attncheck::Params& params) const final { return size(bind(params)); }
+  // The op's unbuildable(), then its counts (CaseSize::counts) below their minimum.
   std::optional<std::string> case_error(const attncheck::Params& params) const final {
-    return unbuildable(bind(params));
+    const P p = bind(params);
+    if (auto why = unbuildable(p)) return why;
+    return count_error(size(p));
   }
   Problem make(const Case& c) const final {
     const P p = bind(c);
-    if (const auto why = unbuildable(p)) throw std::invalid_argument(c.id + ": " + *why);
+    if (const auto why = case_error(c.params)) throw std::invalid_argument(c.id + ": " + *why);
     Problem prob = make(c, p);
     // The storage_offset axis of the ops that declare it (ops/storage_offset.h).
     if constexpr (requires { p.storage_offset; })

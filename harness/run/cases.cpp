@@ -19,6 +19,9 @@ namespace attncheck {
 
 namespace {
 
+// An exclude rule becomes one forbidden assignment per combination of its listed values.
+constexpr uint64_t kMaxExcludeCombinations = 100000;
+
 // [[known_bug]] arch patterns are short alternatives of arch names ("gfx942|gfx950").
 constexpr size_t kMaxArchRegexBytes = 256;
 
@@ -116,6 +119,26 @@ uint64_t row_bound(const CaseGroup& g, const std::string& how) {
   for (const auto& [axis, values] : g.axes)
     if (__builtin_mul_overflow(n, static_cast<uint64_t>(values.size()), &n)) return UINT64_MAX;
   return n;  // pairwise covers with fewer rows than the product
+}
+
+// What a pairwise expansion of the group costs before it is built: the value pairs of any two
+// axes it must cover (its time and memory grow with them), and the rows that the two largest axes
+// alone need (each of their pairs takes a row of its own).
+struct PairwiseCost {
+  uint64_t pairs = 0, axis_pairs = 0, floor = 0;
+};
+PairwiseCost pairwise_cost(const CaseGroup& g) {
+  PairwiseCost c;
+  for (size_t a = 0; a < g.axes.size(); ++a)
+    for (size_t b = a + 1; b < g.axes.size(); ++b) {
+      const uint64_t n = static_cast<uint64_t>(g.axes[a].second.size()) *
+                         static_cast<uint64_t>(g.axes[b].second.size());
+      c.pairs += n;
+      c.floor = std::max(c.floor, n);
+      ++c.axis_pairs;
+    }
+  if (g.axes.size() == 1) c.floor = g.axes.front().second.size();
+  return c;
 }
 
 std::string json_text(const nlohmann::json& v) {
@@ -263,6 +286,15 @@ std::vector<Case> expand_group(const Op& op, const CaseFile& file, const CaseGro
         choices.push_back(options);
       }
       if (!can_fire) continue;
+      // One forbidden assignment per combination of the rule's values: bounded before expanding.
+      uint64_t combinations = 1;
+      for (const auto& options : choices)
+        if (__builtin_mul_overflow(combinations, static_cast<uint64_t>(options.size()),
+                                   &combinations) ||
+            combinations > kMaxExcludeCombinations)
+          throw std::invalid_argument("an exclude rule lists more than " +
+                                      std::to_string(kMaxExcludeCombinations) +
+                                      " combinations of values (split it, or list fewer values)");
       std::vector<CoverConstraint> expanded = {{}};
       for (const auto& options : choices) {
         std::vector<CoverConstraint> next;
@@ -292,7 +324,12 @@ std::vector<Case> expand_group(const Op& op, const CaseFile& file, const CaseGro
 
   std::vector<Case> out;
   for (size_t i = 0; i < rows.size(); ++i) {
-    Case c = op.make_case(rows[i]);
+    Case c;
+    try {
+      c = op.make_case(rows[i]);  // bounds and size budget (CaseSizeError): before any row runs
+    } catch (const CaseSizeError& e) {
+      throw CaseSizeError(sources[i] + ": " + e.what());
+    }
     if (how == "list" && std::any_of(g.excludes.begin(), g.excludes.end(), [&](const auto& rule) {
           return exclude_matches(rule, c.params);
         }))
@@ -466,13 +503,13 @@ CaseFile load_case_file(const std::string& path) {
         }
         auto values = value_list(path, v, field, false);
         const auto* arr = v.as_array();
+        std::set<nlohmann::json> listed;  // n log n: an axis of 100,000 values answers at once
         for (size_t i = 0; i < values.size(); ++i) {
           Params one = Params::object();
           one[axis] = values[i];
           validate(one, *arr->get(i), field);
-          for (size_t j = 0; j < i; ++j)
-            if (values[j] == values[i])
-              fail(path, *arr->get(i), field + ": value " + json_text(values[i]) + " listed twice");
+          if (!listed.insert(values[i]).second)
+            fail(path, *arr->get(i), field + ": value " + json_text(values[i]) + " listed twice");
         }
         g.axes.emplace_back(axis, std::move(values));
       }
@@ -596,6 +633,22 @@ CaseFile load_case_file(const std::string& path) {
       if (how == "cartesian") {
         const uint64_t bound = row_bound(g, how);
         over_limit(g, tier, saturating_add(per_tier[tier], bound), saturating_add(in_file, bound));
+      } else if (how == "pairwise") {
+        // Sized before it is built: more pairs than the tier's limit of rows could cover (each
+        // row covers one pair of every two axes) is refused, and so are rows the two largest axes
+        // need alone.
+        const PairwiseCost cost = pairwise_cost(g);
+        const auto room = static_cast<uint64_t>(limits.per_tier);
+        if (cost.pairs > room * std::max<uint64_t>(cost.axis_pairs, 1))
+          throw CaseFileError(g.source + ": " + where_group(g) + " tier '" + tier +
+                              "' (pairwise): its axes hold " + std::to_string(cost.pairs) +
+                              " value pairs to cover, more than " + std::to_string(room) +
+                              " cases (the limit per tier) can cover; the two largest axes "
+                              "alone need " +
+                              std::to_string(cost.floor) +
+                              " cases (narrow the axes, or raise $ATTNCHECK_MAX_CASES_PER_TIER)");
+        over_limit(g, tier, saturating_add(per_tier[tier], cost.floor),
+                   saturating_add(in_file, cost.floor));
       }
       std::vector<Case> cs;
       try {
@@ -774,6 +827,12 @@ std::vector<Case> select_cases(const std::vector<CaseFile>& files, const Selecti
     out.push_back(*c);
   }
   return out;
+}
+
+std::string shown_id(std::string_view id) {
+  constexpr size_t kShown = 200;
+  if (id.size() <= kShown) return std::string(id);
+  return std::string(id.substr(0, kShown)) + "... (" + std::to_string(id.size()) + " characters)";
 }
 
 std::optional<Case> find_case(const std::vector<CaseFile>& files, std::string_view id) {

@@ -136,6 +136,10 @@ struct Selection {
 // regex.
 std::vector<Case> select_cases(const std::vector<CaseFile>& files, const Selection& sel);
 
+// An id as error messages show it: whole up to 200 characters, else its start and its length
+// (an unknown id of 100,000 characters is not echoed back).
+std::string shown_id(std::string_view id);
+
 // The case with this id in any tier, or nullopt.
 std::optional<Case> find_case(const std::vector<CaseFile>& files, std::string_view id);
 

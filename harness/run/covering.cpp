@@ -35,6 +35,21 @@ class PairIndex {
            static_cast<size_t>(x) * static_cast<size_t>(counts_[static_cast<size_t>(b)]) +
            static_cast<size_t>(y);
   }
+  // The pair (a, x, b, y) of `index`, the inverse of of(): found in O(axes^2), not by visiting
+  // every pair (once per row, that made expansion quadratic in the pairs).
+  template <class Fn>
+  void at(size_t index, Fn fn) const {  // fn(a, x, b, y)
+    const int n = static_cast<int>(counts_.size());
+    for (int a = 0; a < n; ++a)
+      for (int b = a + 1; b < n; ++b) {
+        const size_t base = base_[static_cast<size_t>(a) * counts_.size() + static_cast<size_t>(b)];
+        const auto cb = static_cast<size_t>(counts_[static_cast<size_t>(b)]);
+        const size_t size = static_cast<size_t>(counts_[static_cast<size_t>(a)]) * cb;
+        if (index < base || index >= base + size) continue;
+        fn(a, static_cast<int>((index - base) / cb), b, static_cast<int>((index - base) % cb));
+        return;
+      }
+  }
   template <class Fn>
   void for_each(Fn fn) const {  // fn(a, x, b, y, index)
     const int n = static_cast<int>(counts_.size());
@@ -123,11 +138,9 @@ std::vector<CoverRow> pairwise_rows(const std::vector<int>& counts,
   while (uncovered > 0) {
     while (covered[next_seed]) ++next_seed;
     CoverRow row(counts.size(), -1);
-    pairs.for_each([&](int a, int x, int b, int y, size_t p) {
-      if (p == next_seed) {
-        row[static_cast<size_t>(a)] = x;
-        row[static_cast<size_t>(b)] = y;
-      }
+    pairs.at(next_seed, [&](int a, int x, int b, int y) {
+      row[static_cast<size_t>(a)] = x;
+      row[static_cast<size_t>(b)] = y;
     });
     for (int c = 0; c < n; ++c) {
       const auto cu = static_cast<size_t>(c);

@@ -348,14 +348,15 @@ std::string shrunk_repro_command(const Op& op, const Case& c, const RunOptions& 
 Case adhoc_case(const std::string& id_or_op, const nlohmann::json& params) {
   const std::string op_name = id_or_op.substr(0, id_or_op.find('/'));
   const Op* op = find_op(op_name);
-  if (!op) throw std::invalid_argument("--params: unknown op '" + op_name + "'");
+  if (!op) throw std::invalid_argument("--params: unknown op '" + shown_id(op_name) + "'");
   if (!params.is_object())
     throw std::invalid_argument("--params: expected a JSON object of axis values, got " +
                                 params.dump());
   Case c = op->make_case(params);
-  if (const auto why = op->case_error(c.params)) throw std::invalid_argument("--params: " + *why);
+  if (const auto why = op->case_error(c.params)) throw std::invalid_argument(c.id + ": " + *why);
   if (id_or_op.find('/') != std::string::npos && id_or_op != c.id)
-    throw std::invalid_argument("--params describe case '" + c.id + "', not '" + id_or_op + "'");
+    throw std::invalid_argument("--params describe case '" + c.id + "', not '" +
+                                shown_id(id_or_op) + "'");
   c.source = "--params";
   return c;
 }

@@ -13,6 +13,8 @@
 #include <filesystem>
 #include <iostream>
 #include <mutex>
+#include <set>
+#include <string_view>
 #include <thread>
 
 #include "run/pool.h"
@@ -89,13 +91,16 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 
 std::vector<std::string> nearest_case_ids(const std::vector<CaseFile>& files, const std::string& id,
                                           size_t n) {
+  // Bounded: only the id's first kNearestIdChars characters are compared (case ids are far
+  // shorter), and each id is scored once, so a 100,000-character id answers at once.
+  constexpr size_t kNearestIdChars = 256;
+  const std::string probe = id.substr(0, kNearestIdChars);
   std::vector<std::pair<size_t, std::string>> scored;
+  std::set<std::string_view> seen;
   for (const auto& f : files)
     for (const auto& [tier, cases] : f.tiers)
       for (const auto& c : cases)
-        if (std::none_of(scored.begin(), scored.end(),
-                         [&](const auto& s) { return s.second == c.id; }))
-          scored.emplace_back(edit_distance(id, c.id), c.id);
+        if (seen.insert(c.id).second) scored.emplace_back(edit_distance(probe, c.id), c.id);
   std::stable_sort(scored.begin(), scored.end(),
                    [](const auto& x, const auto& y) { return x.first < y.first; });
   std::vector<std::string> out;

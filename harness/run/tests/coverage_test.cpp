@@ -43,6 +43,12 @@ class ProbeOp final : public TypedOp<ProbeParams> {
     if (p.x == 3) return "x = 3 is refused";
     return std::nullopt;
   }
+  CaseSize size(const P& p) const override {
+    CaseSize s;
+    s.input_bytes = 4 * static_cast<double>(p.x) * static_cast<double>(p.y);
+    return s;
+  }
+
   Problem make(const Case&, const P& p) const override {
     Problem prob;
     prob.args = {{"t", Tensor::zeros(DType::f32, {p.x, p.y}), Role::input}};

@@ -46,6 +46,16 @@ class SelftestAxpyOp final : public TypedOp<AxpyParams> {
     return std::nullopt;
   }
 
+  // x and out, each [heads, n + 7] at most.
+  CaseSize size(const P& p) const override {
+    const double row = static_cast<double>(p.n + 7) * static_cast<double>(dtype_size(p.dtype));
+    CaseSize s;
+    s.input_bytes = static_cast<double>(p.heads + 8) * row;
+    s.output_bytes = static_cast<double>(p.heads) * row;
+    s.work = static_cast<double>(p.heads) * static_cast<double>(p.n);
+    return s;
+  }
+
   Problem make(const Case& c, const P& p) const override {
     const int64_t pitch = p.layout == Layout::strided ? p.n + 7 : p.n;
     Tensor x = p.layout == Layout::sparse
