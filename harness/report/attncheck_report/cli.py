@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import stat
 import sys
 from pathlib import Path
 
@@ -73,6 +74,23 @@ def annotate(report, limit: int = 20) -> None:
               + escape("passed although marked as a known bug: remove or narrow the mark"))
 
 
+def make_out_dir(out: Path) -> None:
+    """Creates --out (and its parents); OSError with a one-line reason when it cannot be a
+    directory to write into (a file or device there, a file above it, a read-only file system)."""
+    try:
+        st = out.stat()  # a link to a directory is followed: the files are written inside it
+    except FileNotFoundError:
+        st = None
+    except OSError as e:  # a file above it (ENOTDIR), a loop of links, ...
+        raise OSError(f"--out '{out}': cannot be used ({e.strerror or e})") from None
+    if st is not None and not stat.S_ISDIR(st.st_mode):
+        raise OSError(f"--out '{out}': exists and is not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OSError(f"--out '{out}': cannot be created ({e.strerror or e})") from None
+
+
 def flatten(groups):
     return [d for g in groups for d in g]
 
@@ -115,10 +133,10 @@ def main(argv=None) -> int:
             return EXIT_BAD_INPUT
         print(f"attncheck_report: {drawn} heatmap(s) drawn into {cache}")
         return EXIT_OK
-    out.mkdir(parents=True, exist_ok=True)
     report.coverage = coverage
     html, summary = out / "report.html", out / "summary.md"
     try:
+        make_out_dir(out)
         write_html(report, html, cache)
         write_markdown(report, summary, top=args.top)
     except OSError as e:  # UnsafeTarget (a link, FIFO or directory there), a full disk
