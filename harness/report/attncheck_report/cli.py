@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import stat
 import sys
 from pathlib import Path
 
+from . import safe_write
 from .analysis import compare_to_baseline, load_mutant_specs, mutation_analysis
 from .coverage import load_coverage
 from .results import ResultsError, all_cases, load_run, load_runs
@@ -74,23 +74,6 @@ def annotate(report, limit: int = 20) -> None:
               + escape("passed although marked as a known bug: remove or narrow the mark"))
 
 
-def make_out_dir(out: Path) -> None:
-    """Creates --out (and its parents); OSError with a one-line reason when it cannot be a
-    directory to write into (a file or device there, a file above it, a read-only file system)."""
-    try:
-        st = out.stat()  # a link to a directory is followed: the files are written inside it
-    except FileNotFoundError:
-        st = None
-    except OSError as e:  # a file above it (ENOTDIR), a loop of links, ...
-        raise OSError(f"--out '{out}': cannot be used ({e.strerror or e})") from None
-    if st is not None and not stat.S_ISDIR(st.st_mode):
-        raise OSError(f"--out '{out}': exists and is not a directory")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise OSError(f"--out '{out}': cannot be created ({e.strerror or e})") from None
-
-
 def flatten(groups):
     return [d for g in groups for d in g]
 
@@ -136,7 +119,7 @@ def main(argv=None) -> int:
     report.coverage = coverage
     html, summary = out / "report.html", out / "summary.md"
     try:
-        make_out_dir(out)
+        safe_write.make_directory(out, "--out")
         write_html(report, html, cache)
         write_markdown(report, summary, top=args.top)
     except OSError as e:  # UnsafeTarget (a link, FIFO or directory there), a full disk

@@ -1,27 +1,30 @@
 """Input no report can be made from, and output directories it cannot write: a one-line error and
 exit status 2, never a traceback. JSON nested deeper than the report reads (jsonread.MAX_DEPTH)
-is bad JSON, whichever file holds it; --out must be a directory that can be created and written."""
+is bad JSON, whichever file holds it; --out (of the report and of the shard merge) must be a
+directory that can be created and written."""
 
 import errno
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
 import synthetic
 from attncheck_report import cli, jsonread
-from conftest import run_report
+from conftest import PACKAGE_PARENT, run_report
 from test_report import passing_records
 
 DEEP = 100_000
 
 
-def one_line_error(proc, *needles):
-    """Exit 2 with exactly one line on stderr, `attncheck_report: error: ...` holding `needles`."""
+def one_line_error(proc, *needles, prog="attncheck_report"):
+    """Exit 2 with exactly one line on stderr, `PROG: error: ...` holding `needles`."""
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("attncheck_report: error: "), proc.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"{prog}: error: "), proc.stderr
     for needle in needles:
         assert needle in lines[0], lines[0]
 
@@ -72,15 +75,24 @@ def test_nesting_limit_is_exact_and_checked_below_the_interpreters_limit(results
                    "nested deeper than 64 levels")
 
 
+def run_merge(*args):
+    """`python3 -m attncheck_report.merge ARGS` (the shard merge, the same --out rules)."""
+    env = dict(os.environ, PYTHONPATH=str(PACKAGE_PARENT))
+    return subprocess.run([sys.executable, "-m", "attncheck_report.merge", *map(str, args)],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+@pytest.mark.parametrize("tool", ["report", "merge"])
 @pytest.mark.parametrize("where", ["file", "/dev/null", "under_file"])
-def test_out_that_cannot_be_a_directory(results, tmp_path, where):
+def test_out_that_cannot_be_a_directory(results, tmp_path, where, tool):
     a_file = tmp_path / "a_file"
     a_file.write_text("keep me")
     out = {"file": a_file, "/dev/null": "/dev/null", "under_file": a_file / "sub"}[where]
-    proc = run_report(results, "--out", out)
+    proc = (run_report if tool == "report" else run_merge)(results, "--out", out)
     reason = "cannot be used (Not a directory)" if where == "under_file" else \
         "exists and is not a directory"
-    one_line_error(proc, f"--out '{out}': {reason}")
+    one_line_error(proc, f"--out '{out}': {reason}",
+                   prog="attncheck_report" + (".merge" if tool == "merge" else ""))
     assert a_file.read_text() == "keep me"
 
 
