@@ -401,8 +401,6 @@ def test_decode_passes_no_scales_where_the_revision_takes_none(fresh, monkeypatc
 
 
 def test_decode_declares_the_contract_of_both_kernel_paths():
-    if not hasattr(vllm_triton.ADAPTER, "contract_of"):
-        pytest.skip("this bridge has no per-entry contracts yet")
     assert vllm_triton.ADAPTER.contract_of("decode_attention") == "qk-products-in-input-type+p-in-input-type"
     for exact in ("kv_cache_write", "kv_gather", "indexer_k_cache", "indexer_gather"):
         assert vllm_triton.ADAPTER.contract_of(exact) == "fp32-accumulate"

@@ -1,10 +1,11 @@
 // Sparse MLA reference: the index conversion against hand-written expectations, the packing with
-// -1 anywhere in a row, the empty-row contract, and the dense equivalence (the full causal index
-// set of every token gives the dense decode).
+// -1 anywhere in a row, the empty-row contract, and the full causal index set of every token
+// against a second formulation of the attention (and the dense decode, which shares attend_rows).
 #include "reference/sparse_mla.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -98,37 +99,96 @@ TEST(SparseMla, InvalidHeadCountsAreRefused) {
   }
 }
 
+// A second formulation of causal MLA attention, independent of attend_rows (which sparse_mla and
+// mla_decode share): per (token, head) a naive two-pass softmax in long double, max first, then
+// exp(s - max) and the sums, over the token's request-local positions 0..last read straight from
+// the paged cache through the block table. out [T][N][Lv], lse [T][N].
+struct SecondFormulation {
+  std::vector<std::vector<std::vector<long double>>> out;
+  std::vector<std::vector<long double>> lse;
+};
+SecondFormulation naive_causal_mla(const Tensor& q, const Tensor& cache, const Tensor& table,
+                                   const std::vector<int32_t>& req,
+                                   const std::vector<int32_t>& last, double scale, int64_t lv) {
+  const int64_t T = q.size(0), N = q.size(1), Lk = q.size(2), P = cache.size(1);
+  SecondFormulation r;
+  for (int64_t t = 0; t < T; ++t) {
+    const auto ts = static_cast<size_t>(t);
+    std::vector<Index> rows;  // (block, offset) of each visible key
+    for (int64_t pos = 0; pos <= last[ts]; ++pos)
+      rows.push_back({table.at<int32_t>({req[ts], pos / P}), pos % P});
+    r.out.emplace_back();
+    r.lse.emplace_back();
+    for (int64_t h = 0; h < N; ++h) {
+      std::vector<long double> s;
+      long double m = -std::numeric_limits<long double>::infinity(), l = 0;
+      for (const auto& row : rows) {
+        long double dot = 0;
+        for (int64_t d = 0; d < Lk; ++d)
+          dot += static_cast<long double>(q.get({t, h, d})) * cache.get({row[0], row[1], d});
+        s.push_back(scale * dot);
+        m = std::max(m, s.back());
+      }
+      std::vector<long double> o(static_cast<size_t>(lv), 0);
+      for (size_t j = 0; j < rows.size(); ++j) {
+        const long double w = std::exp(s[j] - m);
+        l += w;
+        for (int64_t d = 0; d < lv; ++d)
+          o[static_cast<size_t>(d)] += w * cache.get({rows[j][0], rows[j][1], d});
+      }
+      for (auto& x : o) x /= l;
+      r.out.back().push_back(o);
+      r.lse.back().push_back(m + std::log(l));
+    }
+  }
+  return r;
+}
+
 // The full causal index set of every query token (all request-local positions 0..kv_len - qlen + i,
-// shuffled, -1 padded) through conversion and packing equals the dense decode over the same
-// paged cache: the same keys, so the same bits.
-TEST(SparseMla, FullCausalIndexSetEqualsDenseDecode) {
+// shuffled, -1 padded) through conversion and packing: the sparse reference and the dense decode
+// over the same paged cache both agree with the second formulation above (f64 against long double,
+// keys summed in other orders: agreement to 1e-12, not bits).
+TEST(SparseMla, FullCausalIndexSetMatchesASecondFormulationAndTheDenseDecode) {
   const int64_t P = 16, Lk = 576, Lv = 512, N = 8;
   const std::vector<int32_t> lens = {3, 40, 17}, qlens = {2, 1, 3};
   const int64_t T = 6, W = 3, topk = 48;
+  const double scale = 0.07;
   const Tensor table = i32({3, W}, {4, -7, -7, 0, 6, 2, 1, 5, -7});
   Tensor cache = random_tensor(DType::bf16, {7, P, Lk}, "dense_cache");
   const Tensor q = random_tensor(DType::bf16, {T, N, Lk}, "dense_q", 2.0);
-  std::vector<int32_t> req, local;
+  std::vector<int32_t> req, local, lasts;
   Rng rng("sparse_mla_test", "shuffle");
   for (int32_t b = 0; b < 3; ++b)
     for (int32_t i = 0; i < qlens[static_cast<size_t>(b)]; ++i) {
       req.push_back(b);
       const int32_t last = lens[static_cast<size_t>(b)] - qlens[static_cast<size_t>(b)] + i;
+      lasts.push_back(last);
       std::vector<int64_t> order = permutation(last + 1, rng);
       for (int64_t j = 0; j < topk; ++j)
         local.push_back(j <= last ? static_cast<int32_t>(order[static_cast<size_t>(j)]) : -1);
     }
   const Tensor g = sparse_mla_global_indices(i32({T, topk}, local), i32({T}, req), table, P);
-  const auto sparse = sparse_mla(q, {cache, 1.0}, sparse_mla_pack(g), 0.07, Lv);
+  const auto sparse = sparse_mla(q, {cache, 1.0}, sparse_mla_pack(g), scale, Lv);
   const auto dense =
-      mla_decode(q, {cache, 1.0}, table, i32({3}, lens), i32({4}, {0, 2, 3, 6}), 0.07, Lv);
-  // Keys arrive in another order, so the sums round differently: f64 agreement, not bits.
-  double worst = 0;
-  const auto a = sparse.out.to_vector(), b = dense.out.to_vector();
-  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
-  EXPECT_LT(worst, 1e-12);
-  const auto la = sparse.lse.to_vector(), lb = dense.lse.to_vector();
-  for (size_t i = 0; i < la.size(); ++i) EXPECT_NEAR(la[i], lb[i], 1e-12);
+      mla_decode(q, {cache, 1.0}, table, i32({3}, lens), i32({4}, {0, 2, 3, 6}), scale, Lv);
+  const SecondFormulation second = naive_causal_mla(q, cache, table, req, lasts, scale, Lv);
+  for (const auto* result : {&sparse, &dense}) {
+    SCOPED_TRACE(result == &sparse ? "sparse_mla" : "mla_decode");
+    double worst = 0, worst_lse = 0;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < N; ++h) {
+        const auto ts = static_cast<size_t>(t), hs = static_cast<size_t>(h);
+        worst_lse =
+            std::max(worst_lse,
+                     static_cast<double>(std::fabs(result->lse.get({t, h}) - second.lse[ts][hs])));
+        for (int64_t d = 0; d < Lv; ++d)
+          worst = std::max(
+              worst, static_cast<double>(std::fabs(result->out.get({t, h, d}) -
+                                                   second.out[ts][hs][static_cast<size_t>(d)])));
+      }
+    EXPECT_LT(worst, 1e-12);
+    EXPECT_LT(worst_lse, 1e-12);
+  }
 }
 
 }  // namespace

@@ -10,6 +10,7 @@ import os
 import sys
 from pathlib import Path
 
+from . import safe_write
 from .analysis import compare_to_baseline, load_mutant_specs, mutation_analysis
 from .coverage import load_coverage
 from .results import ResultsError, all_cases, load_run, load_runs
@@ -115,10 +116,10 @@ def main(argv=None) -> int:
             return EXIT_BAD_INPUT
         print(f"attncheck_report: {drawn} heatmap(s) drawn into {cache}")
         return EXIT_OK
-    out.mkdir(parents=True, exist_ok=True)
     report.coverage = coverage
     html, summary = out / "report.html", out / "summary.md"
     try:
+        safe_write.make_directory(out, "--out")
         write_html(report, html, cache)
         write_markdown(report, summary, top=args.top)
     except OSError as e:  # UnsafeTarget (a link, FIFO or directory there), a full disk

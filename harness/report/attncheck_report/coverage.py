@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from . import jsonread
 from .results import ResultsError
 
 FILE_NAME = "coverage.json"
@@ -23,7 +24,7 @@ def load_coverage(dirs) -> dict | None:
 
 def _context(path: Path) -> dict:
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = jsonread.loads(path.read_text(encoding="utf-8"))
         ops = []
         for op in doc["ops"]:
             flags = [{"argument": a["name"], "flag": f["flag"], "detail": f["detail"],

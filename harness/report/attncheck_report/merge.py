@@ -69,7 +69,7 @@ def merge(shards, out: Path) -> dict:
                 f"shards disagree on {key}: {', '.join(sorted(values))} (merge shards of one run"
                 " only; give different runs to the report side by side instead)"
             )
-    out.mkdir(parents=True, exist_ok=True)
+    safe_write.make_directory(out, "--out")
     if any(out.resolve() == Path(s).resolve() for s in shards):
         raise ResultsError(f"{out}: the output directory is one of the shards")
 

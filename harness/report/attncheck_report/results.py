@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from . import MODES, VERDICTS
+from . import MODES, VERDICTS, jsonread
 
 INF = math.inf
 # attncheck's default arithmetic contract (harness/core/policy.h, kDefaultContractName).
@@ -379,9 +379,11 @@ def load_run(path: str | Path) -> Run:
     if not run_json.is_file():
         raise ResultsError(f"{run_json}: missing (every results directory has run.json)")
     try:
-        meta = json.loads(run_json.read_text(encoding="utf-8"))
+        meta = jsonread.loads(run_json.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ResultsError(f"{run_json}: not valid JSON ({e})") from None
+    except OSError as e:
+        raise ResultsError(f"{run_json}: cannot be read ({e.strerror or e})") from None
     if not isinstance(meta, dict):
         raise ResultsError(f"{run_json}: expected a JSON object, got {type(meta).__name__}")
     run = Run(path=path, meta=meta)
@@ -390,17 +392,19 @@ def load_run(path: str | Path) -> Run:
     if not results.is_file():
         raise ResultsError(f"{results}: missing (every results directory has results.jsonl)")
     seen: dict = {}
-    with results.open(encoding="utf-8", errors="strict") as fh:
-        try:
+    try:
+        with results.open(encoding="utf-8", errors="strict") as fh:
             lines = list(fh)
-        except UnicodeDecodeError as e:
-            raise ResultsError(f"{results}: not UTF-8 text ({e})") from None
+    except UnicodeDecodeError as e:
+        raise ResultsError(f"{results}: not UTF-8 text ({e})") from None
+    except OSError as e:
+        raise ResultsError(f"{results}: cannot be read ({e.strerror or e})") from None
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         where = f"{results}:{number}"
         try:
-            raw = json.loads(line)
+            raw = jsonread.loads(line)
         except json.JSONDecodeError as e:
             raise ResultsError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
         case = _parse_case(raw, run, where)

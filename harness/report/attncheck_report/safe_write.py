@@ -36,6 +36,25 @@ def require_replaceable(path: Path) -> None:
                            " paths and regular files are written)")
 
 
+def make_directory(path: Path, name: str) -> None:
+    """Creates the directory `path` (and its parents) for writing into; OSError with a one-line
+    reason, naming it as `name` (the option it came from), when it cannot be one: a file or device
+    there, a file above it, a read-only file system."""
+    path = Path(path)
+    try:
+        st = path.stat()  # a link to a directory is followed: the files are written inside it
+    except FileNotFoundError:
+        st = None
+    except OSError as e:  # a file above it (ENOTDIR), a loop of links, ...
+        raise OSError(f"{name} '{path}': cannot be used ({e.strerror or e})") from None
+    if st is not None and not stat.S_ISDIR(st.st_mode):
+        raise OSError(f"{name} '{path}': exists and is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OSError(f"{name} '{path}': cannot be created ({e.strerror or e})") from None
+
+
 def _replace_with(path: Path, fill) -> None:
     path = Path(path)
     require_replaceable(path)

@@ -211,3 +211,40 @@ def test_mutant_kills_follow_the_failing_field(tmp_path, loaded):
                                 kernels_library="x/libattncheck_kernels_mutant_mla_pad_heads.so")
     outcome, = mutation_analysis([load_run(d)], loaded["cases"], loaded["specs"]).outcomes
     assert outcome.killed and [c.id for c in outcome.killers] == [killer["id"]]
+
+
+def test_a_mutant_killed_only_by_unexpected_cases_is_flagged(tmp_path, synth, loaded):
+    """Killed, but not by the cases its spec expects (the regex in kernels_under_test/<op>.mutants):
+    the analysis says so (expected_hit False) and report.html flags the regex "not among the
+    killers"; a kill by an expected case, or no kill, is not flagged."""
+    from attncheck_report.cli import main as report_main
+    from attncheck_report.results import load_run
+    normal = {c.id: c for c in loaded["cases"] if c.arch == "gfx942"}
+    records = synthetic.mla_cases("gfx942")
+    # mla_no_causal's spec expects the -q3-/-q8- cases; here only a q1 case fails with it.
+    killer = next(r for r in records if "-q1-" in r["id"] and not normal[r["id"]].failing)
+    synthetic.set_verdict(killer, "failed", [synthetic.numeric_check("out", 80.0)])
+    assert not any(r["failing"] for r in records if r is not killer and not normal[r["id"]].failing)
+    d = synthetic.write_results(tmp_path / "m", records, "gfx942",
+                                kernels_library="x/libattncheck_kernels_mutant_mla_no_causal.so")
+    outcome = mutation_analysis([load_run(d)], loaded["cases"], loaded["specs"]).outcomes[0]
+    assert outcome.killed and [c.id for c in outcome.killers] == [killer["id"]]
+    assert outcome.expected_hit is False
+
+    def mutation_rows(*mutant_dirs):
+        out = tmp_path / f"r{len(list(tmp_path.iterdir()))}"
+        rc = report_main([str(p) for p in synth["current"]] +
+                         ["--mutants", *map(str, mutant_dirs),
+                          "--mutant-specs", str(synth["specs"]), "--out", str(out)])
+        assert rc == 0
+        html = (out / "report.html").read_text(encoding="utf-8")
+        section = html[html.index('<section id="mutation">'):]
+        section = section[:section.index("</section>")]
+        return {row.split("</td>")[0].split(">")[-1]: row for row in section.split("<tr>")[2:]}
+
+    flagged = mutation_rows(d, synth["mutants"][1])  # mla_no_causal off target, kv_stride survives
+    assert "not among the killers" in flagged["mla_no_causal"]
+    assert "not among the killers" not in flagged["kv_ignore_stride"]
+    on_target = mutation_rows(*synth["mutants"])  # mla_no_causal killed by its -q3-/-q8- cases
+    assert "killed" in on_target["mla_no_causal"]
+    assert "not among the killers" not in on_target["mla_no_causal"]

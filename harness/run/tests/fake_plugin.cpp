@@ -28,6 +28,11 @@
 //   batch_of_one     flip the lowest bit of element 0 of the first output when that output's dim 0
 //                    is 1 (a batch of one request): a kernel whose result depends on the batch,
 //                    far within every budget
+//   guard_before_at  write byte -$ATTNCHECK_FAKE_GUARD_BYTE of the leading guard (1 is the last
+//                    byte before the buffer, DeviceRunner::kGuardBytes the first)
+//   gap_in_view      write the first byte inside the first output's extent that none of its
+//                    elements covers (the gap between the rows of a strided view)
+//   write_then_refuse  (an invalid configuration) flip a byte of the first input, then refuse
 //
 // Graph capture (docs/abi.md "Graph capture") records the call and replays it on the buffers'
 // current contents, as a correct capture would; $ATTNCHECK_FAKE_GRAPH, read at each call, varies
@@ -273,6 +278,31 @@ bool leaves_unwritten(const nlohmann::json& partial, const std::string& name) {
   return false;
 }
 
+// write_then_refuse: the first input's first element changed on the "device" before the refusal.
+void write_first_input(const Problem& p, const std::vector<Mirror>& mirrors) {
+  for (const auto& a : p.args) {
+    if (a.role != Role::input || a.tensor.numel() == 0) continue;
+    Index zero(a.tensor.shape().size(), 0);
+    a.tensor.set_bits(zero, a.tensor.get_bits(zero) ^ 1u);
+    break;
+  }
+  for (const auto& m : mirrors) std::memcpy(m.base, m.host->bytes.data(), m.bytes);
+}
+
+// gap_in_view: the first element offset inside the view's extent that no element of the view
+// has (none for a dense view: nothing is written).
+void write_first_gap(const Tensor& view, std::vector<std::byte>& bytes) {
+  const auto [lo, hi] = view.extent();
+  std::vector<bool> covered(static_cast<size_t>(hi - lo), false);
+  view.for_each_index([&](const Index& idx, int64_t) {
+    covered[static_cast<size_t>(view.element_offset(idx) - lo)] = true;
+  });
+  const auto gap = std::find(covered.begin(), covered.end(), false);
+  if (gap == covered.end()) return;
+  const auto offset = (lo + (gap - covered.begin())) * static_cast<int64_t>(view.element_size());
+  bytes[static_cast<size_t>(offset)] ^= std::byte{0x5A};
+}
+
 int run_impl(const char* op_name, const char* params_json, const attncheck_arg* args, int n_args,
              char* msg, size_t msg_len) {
   const Op* op = op_for_kernel(op_name ? op_name : "");
@@ -420,6 +450,7 @@ int run_impl(const char* op_name, const char* params_json, const attncheck_arg* 
   }
   if (!invalid.empty()) {
     if (fault == "run_invalid") return ATTNCHECK_OK;
+    if (fault == "write_then_refuse") write_first_input(p, mirrors);
     put(msg, msg_len, "fake kernel refuses: " + invalid);
     return ATTNCHECK_REFUSED;
   }
@@ -493,6 +524,11 @@ int run_impl(const char* op_name, const char* params_json, const attncheck_arg* 
       m.host->bytes[m.bytes - G] ^= std::byte{0x5A};
     } else if (fault == "guard_before") {
       m.host->bytes[G - 1] ^= std::byte{0x5A};
+    } else if (fault == "guard_before_at") {
+      const size_t back = std::strtoul(env("ATTNCHECK_FAKE_GUARD_BYTE").c_str(), nullptr, 10);
+      if (back >= 1 && back <= G) m.host->bytes[G - back] ^= std::byte{0x5A};
+    } else if (fault == "gap_in_view") {
+      write_first_gap(*first_out, m.host->bytes);
     }
   }
   if (fault == "beyond_default" || fault == "beyond_contract") {
