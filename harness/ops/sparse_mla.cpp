@@ -73,6 +73,8 @@ class SparseMlaOp final : public ContractDependentTypedOp<SparseMlaParams> {
  public:
   using P = SparseMlaParams;
   std::string name() const override { return "sparse_mla"; }
+  // pad_strides: a padded kv_cache, which the ABI refuses (mla::invalid).
+  std::vector<std::string> padded_args(const P&) const override { return {"kv_cache"}; }
   Fields<P> fields() const override {
     const mla::AxisTexts texts{
         .block_size = "cache block size",
