@@ -405,6 +405,11 @@ class IndexerTopkDecodeOp final : public TypedOp<TopkDecodeParams> {
  public:
   using P = TopkDecodeParams;
   std::string name() const override { return "indexer_topk_decode"; }
+  // far_rows (next_n = 1: one logits row per request): each row is ranked alone.
+  FarRows far_rows_args(const P& p) const override {
+    if (p.next_n != 1) throw std::invalid_argument("indexer_topk_decode: far_rows needs next_n 1");
+    return {{"logits", "topk_indices"}, {}, {"seq_lens"}};
+  }
   // compact: the arguments built strided here that docs/ops also allows contiguous.
   std::vector<std::string> compacted_args(const P&) const override { return {"logits"}; }
   // pad_strides: the arguments docs/ops lets a caller pass with any outer strides.
