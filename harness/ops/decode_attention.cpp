@@ -102,7 +102,7 @@ struct DecodeAttentionParams {
 
 // Why the kernel must refuse this configuration, or nothing.
 // partials_log2: the requests whose o rows are held and compared (all of them past the limit).
-constexpr int64_t kFarRowsHeld = 8;
+constexpr int64_t kFarRowsHeld = 2;
 
 std::optional<std::string> refusal(const DecodeAttentionParams& p) {
   if (p.kv_heads < 1 || p.heads % p.kv_heads != 0)
@@ -264,7 +264,7 @@ class DecodeAttentionOp final : public ContractDependentTypedOp<DecodeAttentionP
              "31: batch x heads x splits x (Lv + 1) put the split partials of the last requests "
              "(the kernel's fp32 workspace [B, Hq, S, Lv + 1], upstream's attn_logits) past "
              "element 2^31; requests before the last seven are 1 token long, and o holds (and "
-             "compares) the last requests' rows only (a sparse storage). contiguous only")
+             "compares) the last two requests' rows only (a sparse storage). contiguous only")
         .only({0, 31})
         .out_of_id_at_default();
     add_table_step(f, &P::table_step);

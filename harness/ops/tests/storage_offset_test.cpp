@@ -107,7 +107,7 @@ TEST(Issue21Axes, OnlyTheLastRowOfALargeOutputIsExpected) {
 }
 
 // partials_log2 (issue 37): the kernel's split partials [B, Hq, S, Lv + 1] reach past element
-// 2^31 for the last eight requests, which alone o holds and the reference returns; the requests
+// 2^31 for the last two requests, which alone o holds and the reference returns; the requests
 // before the last seven are 1 token long, so a batch of hundreds stays cheap.
 TEST(Issue37Axes, TheLastRequestsPartialsLiePastElement2To31) {
   const Problem d = problem("decode_attention", {{"lk_lv", "576x512"},
@@ -118,15 +118,15 @@ TEST(Issue37Axes, TheLastRequestsPartialsLiePastElement2To31) {
                                                  {"partials_log2", 31}});
   const int64_t B = d.arg("q").size(0), per = 16 * 512 * 513;
   ASSERT_EQ(B, 600);
-  EXPECT_GE((B - 8) * per, int64_t{1} << 31);  // every held request's partial rows
+  EXPECT_GE((B - 2) * per, int64_t{1} << 31);  // every held request's partial rows
   EXPECT_LT(500 * per, int64_t{1} << 31);      // vLLM's measured right shape stays below
   const Tensor& lens = d.arg("b_seq_len");
   for (int64_t b = 0; b < B - 7; ++b) ASSERT_EQ(lens.at<int32_t>({b}), 1) << b;
   EXPECT_EQ(lens.at<int32_t>({B - 1}), 1024);
   EXPECT_TRUE(d.arg("o").storage()->sparse());
-  EXPECT_EQ(d.arg("o").held_rows().size(0), 8);
+  EXPECT_EQ(d.arg("o").held_rows().size(0), 2);
   const TensorMap e = registered_op("decode_attention").reference(d);
-  EXPECT_EQ(e.at("o").size(0), 8);
+  EXPECT_EQ(e.at("o").size(0), 2);
   EXPECT_EQ(e.at("lse").size(0), B);
   // Too small a batch for the limit is not built (it would test nothing past 2^31).
   const Op& op = registered_op("decode_attention");
