@@ -210,7 +210,14 @@ __global__ void __launch_bounds__(kThreads) decode_stage1(Stage1Args a) {
   const auto* q = static_cast<const uint16_t*>(a.q);
   for (int i = tid; i < a.block_h * a.lk; i += nt) {
     const int h = i / a.lk, d = i % a.lk;
+#if defined(AC_MUTANT_DECODE_Q_OFFSET_INT32)
+    // Seed bug: q's row offset in int32, which wraps once q's batch stride reaches past 2^31.
+    const uint32_t at = static_cast<uint32_t>(b) * static_cast<uint32_t>(a.q_sb) +
+                        static_cast<uint32_t>((h0 + h) * a.q_sh + d);
+    q_s[i] = h < nh ? q[static_cast<int32_t>(at)] : 0;
+#else
     q_s[i] = h < nh ? q[b * a.q_sb + (h0 + h) * a.q_sh + d] : 0;
+#endif
   }
   for (int h = tid; h < a.block_h; h += nt) {
     m_s[h] = -INFINITY;
@@ -230,7 +237,13 @@ __global__ void __launch_bounds__(kThreads) decode_stage1(Stage1Args a) {
 #else
       if (n < end) {
 #endif
+#if defined(AC_MUTANT_DECODE_TABLE_UNIT_STRIDE)
+        // Seed bug (vLLM's Triton decode reads Req_to_tokens + b * stride(0) + column): the
+        // table's innermost stride taken as 1.
+        const int64_t page = a.table[b * a.t_sb + n / a.page_size];
+#else
         const int64_t page = a.table[b * a.t_sb + (n / a.page_size) * a.t_sc];
+#endif
         const int64_t slot = n % a.page_size;
 #if defined(AC_MUTANT_DECODE_PAGE_OFFSET_INT32)
         // Element offsets in 32-bit arithmetic: wraps once page * page_stride passes 2^31.
@@ -339,8 +352,15 @@ __global__ void __launch_bounds__(kThreads) decode_stage1(Stage1Args a) {
   const int64_t slot_w = a.lv + 1;
   for (int h = 0; h < MAX_H; ++h) {
     if (h >= nh) break;
+#if defined(AC_MUTANT_DECODE_PARTIALS_OFFSET_INT32)
+    // Seed bug (vLLM's Triton decode, issue 37): the partials row offset in int32 arithmetic,
+    // which wraps once batch x heads x splits x (Lv + 1) passes 2^31.
+    const uint32_t row = (static_cast<uint32_t>(b) * a.hq + h0 + h) * a.splits + split;
+    float* out = a.partials + static_cast<int32_t>(row * static_cast<uint32_t>(slot_w));
+#else
     float* out =
         a.partials + ((static_cast<int64_t>(b) * a.hq + h0 + h) * a.splits + split) * slot_w;
+#endif
     const float scale = a.acc_scale / l_s[h];
     for (int c = 0; c < COLS; ++c) {
       const int d = tid + c * nt;
@@ -370,7 +390,12 @@ __global__ void decode_stage2(Stage2Args a) {
 #endif
   const int per = (len + a.splits - 1) / a.splits;
   const int64_t slot_w = a.lv + 1;
+#if defined(AC_MUTANT_DECODE_PARTIALS_OFFSET_INT32)
+  const uint32_t row = (static_cast<uint32_t>(b) * a.hq + h) * a.splits;
+  const float* base = a.partials + static_cast<int32_t>(row * static_cast<uint32_t>(slot_w));
+#else
   const float* base = a.partials + (static_cast<int64_t>(b) * a.hq + h) * a.splits * slot_w;
+#endif
 #if defined(AC_MUTANT_DECODE_OUT_OFFSET_INT32)
   // The output row offset in int32: wraps once o's batch stride reaches past element 2^31.
   auto* o = static_cast<uint16_t*>(a.o) + static_cast<int32_t>(b * a.o_sb + h * a.o_sh);

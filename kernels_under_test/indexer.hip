@@ -136,6 +136,10 @@ __global__ void indexer_gather_k(const uint8_t* cache, int64_t block_stride, int
   const uint8_t* page = page_at(cache, block, block_stride);
   const int64_t t = pos % block_size;
   const int d0 = 4 * lane;
+#if defined(AC_MUTANT_INDEXER_GATHER_CONTIGUOUS_OUT)
+  // Seed bug: a contiguous-only path, k_fp8 rows taken as 128 bytes apart (its row stride dropped).
+  out_rs = kHeadDim;
+#endif
   *reinterpret_cast<uint32_t*>(out + i * out_rs + d0) =
       *reinterpret_cast<const uint32_t*>(page + idx::value_offset(shuffle, t, d0));
   if (lane == 0)
@@ -343,7 +347,12 @@ void run_paged_logits(const ack::KParams& p, const ack::KArgs& args) {
                        std::to_string(chunk));
   const int64_t chunks = H / chunk;
 #endif
+#if defined(AC_MUTANT_INDEXER_DECODE_BATCH8)
+  // Seed bug: the launch sized for a batch of 8 (a captured graph's padded batch) whatever B is.
+  const int64_t rows = 8 * NN, width = out.size(1);
+#else
   const int64_t rows = B * NN, width = out.size(1);
+#endif
   if (rows == 0 || width == 0) return;
   DecodeArgs a{};
   a.q = q.ptr<uint8_t>();

@@ -44,6 +44,18 @@ AC_DEVICE int64_t cache_offset(const WriteCache& c, int64_t blk, int64_t s, int6
 #endif
 }
 
+// key / value's innermost stride. The mutant assumes it is 1 (a unit-innermost-stride shortcut:
+// every case had one before issue 37's interleave cases).
+#if defined(AC_MUTANT_KV_CACHE_WRITE_UNIT_INNER_STRIDE)
+inline int64_t token_inner_stride(const ack::KTensor&) {
+  return 1;
+}
+#else
+inline int64_t token_inner_stride(const ack::KTensor& t) {
+  return t.stride(2);
+}
+#endif
+
 struct Tokens {
   const uint16_t* base;  // bf16/f16 bits
   int64_t stride[3];
@@ -245,7 +257,8 @@ void run_kv_cache_write(const ack::KParams& p, const ack::KArgs& a) {
   const int src_bf16 = key.dtype.code == kDLBfloat ? 1 : 0;
   for (int v = 0; v < 2; ++v) {
     const auto& src = v ? value : key;
-    const Tokens tokens{src.ptr<uint16_t>(), {src.stride(0), src.stride(1), src.stride(2)}};
+    const Tokens tokens{src.ptr<uint16_t>(),
+                        {src.stride(0), src.stride(1), token_inner_stride(src)}};
     const WriteCache c = describe_cache(v ? vc : kc, shuffle ? (v ? kShuffleV : kShuffleK) : kNhd,
                                         nb, P, Hkv, D, shuffle ? x : 1);
     const float* scale = quant ? a.get(v ? "v_scale" : "k_scale").ptr<float>() : nullptr;
@@ -340,7 +353,8 @@ void run_kv_cache_write_pertoken_quant(const ack::KParams& p, const ack::KArgs& 
   const int src_bf16 = key.dtype.code == kDLBfloat ? 1 : 0;
   for (int v = 0; v < 2; ++v) {
     const auto& src = v ? value : key;
-    const Tokens tokens{src.ptr<uint16_t>(), {src.stride(0), src.stride(1), src.stride(2)}};
+    const Tokens tokens{src.ptr<uint16_t>(),
+                        {src.stride(0), src.stride(1), token_inner_stride(src)}};
     const int layout = v ? (asm_layout ? kShuffleV : kPagedV) : kShuffleK;
     const WriteCache c = describe_cache(v ? vc : kc, layout, nb, P, Hkv, D, x);
     const auto& sc = v ? vs : ks;

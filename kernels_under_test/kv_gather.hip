@@ -104,7 +104,12 @@ __global__ void gather_kv(GatherCache cache, uint8_t* out, int64_t out_token_str
   // Steps 1-2 of the procedure: request, logical position, physical block and slot.
   const int32_t b = m.token_to_batch[t];
   const int64_t pos = t - m.cu_seqlens_kv[b] + m.seq_starts[b];
+#if defined(AC_MUTANT_KV_GATHER_TABLE_UNIT_STRIDE)
+  // Seed bug: the block table's innermost stride taken as 1 (row stride honoured).
+  const int64_t blk = m.block_tables[b * m.table_row_stride + pos / cache.P];
+#else
   const int64_t blk = m.block_tables[b * m.table_row_stride + (pos / cache.P) * m.table_col_stride];
+#endif
   const int64_t s = pos % cache.P;
   const float sc = DEQUANT ? *scale : 1.0f;
   for (int64_t d0 = static_cast<int64_t>(threadIdx.x) * VEC; d0 < cache.D;

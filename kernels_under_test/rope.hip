@@ -49,7 +49,13 @@ __global__ void rope_rotate(View3 in, View3 out, const void* positions, int pos_
     const float s = load_cache(cache, cache_base + (half + i) * cache_col_stride, cache_kind);
     const int64_t ia = NEOX ? i : 2 * i;
     const int64_t ib = NEOX ? i + half : 2 * i + 1;
+#if defined(AC_MUTANT_ROPE_TOKEN_OFFSET_INT32)
+    // Seed bug: the input token row's offset in int32, which wraps once q / k reach past 2^31.
+    const uint16_t* src =
+        in.data + static_cast<int32_t>(static_cast<uint32_t>(t * in.st_t + h * in.st_h));
+#else
     const uint16_t* src = in.data + t * in.st_t + h * in.st_h;
+#endif
     const float a = load16(src + ia * in.st_w, is_bf16);
     const float b = load16(src + ib * in.st_w, is_bf16);
     uint16_t* dst = out.data + t * out.st_t + h * out.st_h;

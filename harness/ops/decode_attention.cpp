@@ -6,6 +6,7 @@
 // request's pages or through the wrong stride, caches whose page stride is not P * token stride
 // (cross-layer views), heads mapped to the wrong KV head, fp8 scales applied twice or not at all,
 // and writes outside o / lse.
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <string>
@@ -64,9 +65,19 @@ struct DecodeAttentionParams {
   values::Values values = values::Values::typical;
   Scales scales = Scales::lk;
   int64_t o_offset_log2 = 0;
+  int64_t partials_log2 = 0;
+  int64_t table_step = 1;  // ops/paged.h
+  int64_t q_offset_log2 = 0;
   bool storage_offset = false;  // ops/storage_offset.h
 
   int64_t lk() const { return kHeadDims[static_cast<size_t>(lk_lv)].lk; }
+  // The elements of one request's split partials [Hq, S, Lv + 1] (upstream's attn_logits row).
+  int64_t partials_per_request() const { return heads * splits * (lv() + 1); }
+  // partials_log2 > 0: the first request whose partials start at or past element 2^partials_log2.
+  int64_t first_far_request() const {
+    const int64_t limit = int64_t{1} << partials_log2, per = partials_per_request();
+    return (limit + per - 1) / per;
+  }
   int64_t lv() const { return kHeadDims[static_cast<size_t>(lk_lv)].lv; }
   DType cache_dtype() const {
     return kv_dtype == KvDtype::same     ? dtype
@@ -90,6 +101,9 @@ struct DecodeAttentionParams {
 };
 
 // Why the kernel must refuse this configuration, or nothing.
+// partials_log2: the requests whose o rows are held and compared (all of them past the limit).
+constexpr int64_t kFarRowsHeld = 2;
+
 std::optional<std::string> refusal(const DecodeAttentionParams& p) {
   if (p.kv_heads < 1 || p.heads % p.kv_heads != 0)
     return "heads " + std::to_string(p.heads) + " is not a multiple of kv_heads " +
@@ -100,6 +114,8 @@ std::optional<std::string> refusal(const DecodeAttentionParams& p) {
   return std::nullopt;
 }
 
+// q_offset_log2: only the last request's q row exists on the host (a sparse storage), so the
+// reference and its error terms see that request alone.
 ref::DecodeAttentionInputs inputs_of(const Problem& prob, const DecodeAttentionParams& p) {
   ref::DecodeAttentionInputs in;
   in.q = prob.arg("q");
@@ -107,6 +123,12 @@ ref::DecodeAttentionInputs inputs_of(const Problem& prob, const DecodeAttentionP
   in.v_buffer = prob.arg("v_buffer");
   in.req_to_token = prob.arg("req_to_token");
   in.seq_lens = prob.arg("b_seq_len");
+  if (p.q_offset_log2 > 0) {
+    const int64_t B = in.q.size(0);
+    in.q = in.q.held_rows();
+    in.req_to_token = in.req_to_token.slice(0, B - 1, B);
+    in.seq_lens = in.seq_lens.slice(0, B - 1, B);
+  }
   in.sm_scale = p.sm_scale();
   in.logit_cap = static_cast<double>(p.logit_cap);
   in.k_scale = p.k_scale();
@@ -231,7 +253,21 @@ class DecodeAttentionOp final : public ContractDependentTypedOp<DecodeAttentionP
              "31: o's batch stride puts the last request's row past element 2^31 (byte 2^32); "
              "a sparse storage holds only that row, which alone is compared. contiguous only")
         .only({0, 31})
+        .out_of_id_at_default()
+        .add("q_offset_log2", "qoff", &P::q_offset_log2,
+             "31: q's batch stride puts the last request's row past element 2^31 (byte 2^32); q, "
+             "o and lse are sparse storages holding only the last request's rows, which alone are "
+             "read on the host and compared (the other q rows are NaN poison). contiguous only")
+        .only({0, 31})
+        .out_of_id_at_default()
+        .add("partials_log2", "plog", &P::partials_log2,
+             "31: batch x heads x splits x (Lv + 1) put the split partials of the last requests "
+             "(the kernel's fp32 workspace [B, Hq, S, Lv + 1], upstream's attn_logits) past "
+             "element 2^31; requests before the last seven are 1 token long, and o holds (and "
+             "compares) the last two requests' rows only (a sparse storage). contiguous only")
+        .only({0, 31})
         .out_of_id_at_default();
+    add_table_step(f, &P::table_step);
     values::add_field(f, &P::values);
     return f;
   }
@@ -247,6 +283,23 @@ class DecodeAttentionOp final : public ContractDependentTypedOp<DecodeAttentionP
       return "decode_attention: " + *why;
     if (p.o_offset_log2 != 0 && (p.layout != Layout::contiguous || p.batch < 2))
       return "decode_attention: o_offset_log2 needs the contiguous layout and batch >= 2";
+    if (p.q_offset_log2 != 0 &&
+        (p.layout != Layout::contiguous || p.batch < 2 || p.offset_log2 != 0 ||
+         p.o_offset_log2 != 0 || p.partials_log2 != 0 || p.values != values::Values::typical ||
+         p.fp8_codes != Fp8Codes::ordinary))
+      return "decode_attention: q_offset_log2 needs the contiguous layout, batch >= 2, typical "
+             "ordinary values and no other large offset";
+    if (p.partials_log2 != 0) {
+      if (p.layout != Layout::contiguous || p.offset_log2 != 0 || p.o_offset_log2 != 0)
+        return "decode_attention: partials_log2 needs the contiguous layout, no offset_log2 and "
+               "no o_offset_log2";
+      if (p.first_far_request() + kFarRowsHeld > p.batch)
+        return "decode_attention: partials_log2 = " + std::to_string(p.partials_log2) +
+               " needs the last " + std::to_string(kFarRowsHeld) +
+               " requests' partials past it: batch " + std::to_string(p.batch) + " < " +
+               std::to_string(p.first_far_request() + kFarRowsHeld) +
+               " at heads x splits x (Lv + 1) = " + std::to_string(p.partials_per_request());
+    }
     return std::nullopt;
   }
 
@@ -284,8 +337,11 @@ class DecodeAttentionOp final : public ContractDependentTypedOp<DecodeAttentionP
     const bool strided = p.layout == Layout::strided;
 
     Problem prob;
+    // partials_log2: only the last seven requests get the edge lengths and max_ctx.
+    const int64_t long_from = p.partials_log2 > 0 ? std::max<int64_t>(0, B - 7) : 0;
     const auto pl = paged_layout(c.id, B, p.max_ctx, page_size, strided, p.seed,
-                                 /*min_len=*/1);  // L = 0 is undefined upstream (0 / 0)
+                                 /*min_len=*/1, long_from,  // L = 0 is undefined upstream (0 / 0)
+                                 p.table_step);
     // Large offsets: the pages in use are ids [first_page, first_page + num_blocks), the first
     // one starting past byte 2^offset_log2 of the larger cache (K's; V's is no larger).
     int64_t first_page = 0;
@@ -304,10 +360,12 @@ class DecodeAttentionOp final : public ContractDependentTypedOp<DecodeAttentionP
     Tensor q;
     if (strided) {
       q = Tensor::full(qt, {B, hq, lk + 48}, 3.0).slice(2, 16, 16 + lk);
+    } else if (p.q_offset_log2 > 0) {
+      q = far_last_row(qt, {B, hq, lk}, p.q_offset_log2);
     } else {
       q = Tensor::empty(qt, {B, hq, lk});
     }
-    fill_normal(q, Rng(c.id, "q", u64), 0.0, p.logit_cap > 0 ? 4.0 : 1.0);
+    fill_normal(q.held_rows(), Rng(c.id, "q", u64), 0.0, p.logit_cap > 0 ? 4.0 : 1.0);
 
     // Caches: every byte random (spare pages and the other layer too), so a read of the wrong
     // page, layer or head shows.
@@ -334,7 +392,7 @@ class DecodeAttentionOp final : public ContractDependentTypedOp<DecodeAttentionP
     };
     const Tensor k = cache("k_buffer", lk);
     const Tensor v = p.is_mla ? k.slice(-1, 0, std::min(lv, lk)) : cache("v_buffer", lv);
-    shape_values(p, q, k, v);
+    shape_values(p, q.held_rows(), k, v);
     if (p.fp8_codes == Fp8Codes::special) {
       plant_fp8_specials(k, pl, page_size, first_page);
       if (!p.is_mla) plant_fp8_specials(v, pl, page_size, first_page);
@@ -347,6 +405,16 @@ class DecodeAttentionOp final : public ContractDependentTypedOp<DecodeAttentionP
       lse = Tensor::empty(DType::f32, {B, hq + 5}).slice(1, 2, 2 + hq);
     } else if (p.o_offset_log2 > 0) {
       o = far_last_row(qt, {B, hq, lv}, p.o_offset_log2);
+      lse = Tensor::empty(DType::f32, {B, hq});
+    } else if (p.q_offset_log2 > 0) {
+      // Only the last rows are compared, so o and lse hold those (not far: o_offset_log2's job).
+      o = far_last_row(qt, {B, hq, lv}, 16);
+      lse = far_last_row(DType::f32, {B, hq}, 16);
+    } else if (p.partials_log2 > 0) {
+      // o stays contiguous; its host window is the last requests' rows, whose partials lie past
+      // 2^partials_log2 (a workspace indexed in 32 bits writes them elsewhere or faults).
+      const int64_t row = hq * lv;
+      o = Tensor::sparse(qt, {B, hq, lv}, (B - kFarRowsHeld) * row, kFarRowsHeld * row);
       lse = Tensor::empty(DType::f32, {B, hq});
     } else {
       o = Tensor::empty(qt, {B, hq, lv});
@@ -413,6 +481,7 @@ class DecodeAttentionOp final : public ContractDependentTypedOp<DecodeAttentionP
 
   TensorMap reference(const Problem& prob, const P& p) const override {
     auto r = ref::decode_attention(inputs_of(prob, p));
+    if (p.q_offset_log2 > 0) return {{"o", r.o}, {"lse", r.lse}};  // the last request's rows
     return {{"o", held_rows_of(r.o, prob.arg("o"))}, {"lse", r.lse}};
   }
 

@@ -138,7 +138,8 @@ Tensor paged_cache(const std::string& case_id, const PagedLayout& layout, int64_
 PagedInputs paged_inputs(const std::string& case_id, const PagedReadParams& p, RowMix mix,
                          CacheCodes special_codes) {
   PagedInputs in{
-      paged_layout(case_id, p.batch, p.max_ctx, p.block_size, p.table == Table::strided, p.seed),
+      paged_layout(case_id, p.batch, p.max_ctx, p.block_size, p.table == Table::strided, p.seed,
+                   /*min_len=*/0, /*long_from=*/0, p.table_step),
       Tensor()};
   const int64_t first = first_block_past(p.offset_log2, p.block_size * ix::kTokenBytes + p.pad);
   shift_block_ids(in.layout, first);
@@ -362,6 +363,10 @@ class IndexerGatherOp final : public TypedOp<GatherParams> {
  public:
   using P = GatherParams;
   std::string name() const override { return "indexer_gather"; }
+  // far_rows: each gathered row is one token; the reference gathers them all (kept: the last).
+  FarRows far_rows_args(const P&) const override { return {{"k_fp8"}, {"k_scale"}, {}}; }
+  // pad_strides: the arguments docs/ops lets a caller pass with any outer strides.
+  std::vector<std::string> padded_args(const P&) const override { return {"k_fp8"}; }
   Fields<P> fields() const override {
     Fields<P> f;
     add_paged_layout(f, {"cache block size", "requests",
@@ -443,6 +448,16 @@ class IndexerQQuantOp final : public TypedOp<QQuantParams> {
  public:
   using P = QQuantParams;
   std::string name() const override { return "indexer_q_quant"; }
+  // far_rows: tokens are independent; q and q_fp8 past 2^31, the other outputs hold the last row.
+  FarRows far_rows_args(const P&) const override {
+    return {{"q", "q_fp8"}, {"q_scale", "weights"}, {"weights_raw"}};
+  }
+  // compact: the arguments built strided here that docs/ops also allows contiguous.
+  std::vector<std::string> compacted_args(const P&) const override { return {"weights_raw"}; }
+  // pad_strides: the arguments docs/ops lets a caller pass with any outer strides.
+  std::vector<std::string> padded_args(const P&) const override {
+    return {"q", "q_fp8", "q_scale", "weights"};
+  }
   Fields<P> fields() const override {
     Fields<P> f;
     f.add("tokens", "t", &P::tokens, "tokens")

@@ -29,6 +29,9 @@ enum class TopkData { random, ties };
 struct SeedParams {
   int64_t seed = 0;
   bool storage_offset = false;  // ops/storage_offset.h
+  bool pad_strides = false;     // ops/storage_offset.h
+  bool compact = false;         // ops/storage_offset.h
+  bool far_rows = false;        // ops/storage_offset.h
 };
 struct Fp8Params : SeedParams {
   DType fp8 = DType::e4m3fn;
@@ -46,6 +49,7 @@ struct PagedReadParams : Fp8Params {
   Table table = Table::contiguous;
   Fp8Codes fp8_codes = Fp8Codes::ordinary;
   int64_t offset_log2 = 0;
+  int64_t table_step = 1;  // ops/paged.h
 };
 // Prefill chunks (indexer_logits_prefill, indexer_topk_prefill).
 struct WindowParams {
@@ -81,6 +85,9 @@ template <class P>
 void add_seed(Fields<P>& f) {
   f.add("seed", "s", member<P>(&P::seed), "input seed");
   add_storage_offset(f, member<P>(&P::storage_offset));
+  add_pad_strides(f, member<P>(&P::pad_strides));
+  add_compact(f, member<P>(&P::compact));
+  add_far_rows(f, member<P>(&P::far_rows));
 }
 // The help texts of fields every op that has them words its own way.
 struct LayoutHelp {
@@ -138,6 +145,7 @@ void add_paged_read_tail(Fields<P>& f, const std::string& fp8_codes_help) {
   add_offset_log2(f,
                   "31 / 32: every page a request reads starts past byte 2^31 / 2^32 of the "
                   "cache; the host holds only those pages");
+  add_table_step(f, &P::table_step);
 }
 
 // ---- validity ----

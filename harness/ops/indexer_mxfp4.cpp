@@ -77,6 +77,9 @@ Fields<P> add_key_format_fields(Fields<P>& f) {
       .out_of_id_at_default()
       .add("seed", "s", &P::seed, "input seed");
   add_storage_offset(f, &P::storage_offset);
+  add_pad_strides(f, &P::pad_strides);
+  add_compact(f, &P::compact);
+  add_far_rows(f, &P::far_rows);
   return f;
 }
 
@@ -142,6 +145,9 @@ struct KCacheParams {
   GlobalScale global_scale = GlobalScale::odd;
   int64_t seed = 0;
   bool storage_offset = false;  // ops/storage_offset.h
+  bool pad_strides = false;     // ops/storage_offset.h
+  bool compact = false;         // ops/storage_offset.h
+  bool far_rows = false;        // ops/storage_offset.h
   mx::CacheGeometry geometry() const {
     return {head_dim, block_size, n_per_tile_of(layout), format, global_scale_value(global_scale)};
   }
@@ -151,6 +157,8 @@ class IndexerMxfp4KCacheOp final : public TypedOp<KCacheParams> {
  public:
   using P = KCacheParams;
   std::string name() const override { return "indexer_mxfp4_k_cache"; }
+  // pad_strides: the arguments docs/ops lets a caller pass with any outer strides.
+  std::vector<std::string> padded_args(const P&) const override { return {"k"}; }
   Fields<P> fields() const override {
     Fields<P> f;
     f.add("block_size", "bs", &P::block_size, "entries per cache page")
@@ -262,6 +270,9 @@ struct LogitsParams {
   GlobalScale global_scale = GlobalScale::odd;
   int64_t seed = 0;
   bool storage_offset = false;  // ops/storage_offset.h
+  bool pad_strides = false;     // ops/storage_offset.h
+  bool compact = false;         // ops/storage_offset.h
+  bool far_rows = false;        // ops/storage_offset.h
   mx::CacheGeometry geometry() const {
     return {head_dim, block_size, n_per_tile_of(layout), format, global_scale_value(global_scale)};
   }
@@ -275,6 +286,20 @@ class IndexerMxfp4LogitsDecodeOp final : public TypedOp<LogitsParams> {
   bool in_region(const std::string& output, const std::string& region, const Problem& prob,
                  const Index& idx) const override {
     return output == "logits" && region == kPastContext && logits_past_context(prob, idx);
+  }
+  // far_rows (next_n = 1: one logits row per request): each request reads only its own rows.
+  FarRows far_rows_args(const P& p) const override {
+    if (p.next_n != 1)
+      throw std::invalid_argument("indexer_mxfp4_logits_decode: far_rows needs next_n 1");
+    return {{"q", "logits"}, {}, {"q_scale", "weights", "context_lens", "block_table"}};
+  }
+  // compact: the arguments built strided here that docs/ops also allows contiguous.
+  std::vector<std::string> compacted_args(const P&) const override {
+    return {"kv_cache", "logits"};
+  }
+  // pad_strides: the arguments docs/ops lets a caller pass with any outer strides.
+  std::vector<std::string> padded_args(const P&) const override {
+    return {"q", "q_scale", "weights", "block_table"};
   }
   Fields<P> fields() const override {
     Fields<P> f;

@@ -84,6 +84,14 @@ class IndexerLogitsPrefillOp final : public TypedOp<LogitsPrefillParams> {
  public:
   using P = LogitsPrefillParams;
   std::string name() const override { return "indexer_logits_prefill"; }
+  // far_rows: each query row reads its own [ks, ke) of the shared keys.
+  FarRows far_rows_args(const P&) const override {
+    return {{"q", "logits"}, {}, {"weights", "cu_seqlen_ks", "cu_seqlen_ke"}};
+  }
+  // pad_strides: the arguments docs/ops lets a caller pass with any outer strides.
+  std::vector<std::string> padded_args(const P&) const override {
+    return {"q", "k_fp8", "weights"};
+  }
   Fields<P> fields() const override {
     Fields<P> f;
     f.add("heads", "h", &P::heads, "index heads");
@@ -184,6 +192,16 @@ class IndexerLogitsDecodeOp final : public TypedOp<LogitsDecodeParams> {
                  const Index& idx) const override {
     return output == "logits" && region == kPastContext && logits_past_context(prob, idx);
   }
+  // far_rows (next_n = 1: one logits row per request): each request reads only its own rows.
+  FarRows far_rows_args(const P& p) const override {
+    if (p.next_n != 1)
+      throw std::invalid_argument("indexer_logits_decode: far_rows needs next_n 1");
+    return {{"q", "logits"}, {}, {"weights", "context_lens", "block_table"}};
+  }
+  // compact: the arguments built strided here that docs/ops also allows contiguous.
+  std::vector<std::string> compacted_args(const P&) const override { return {"logits"}; }
+  // pad_strides: the arguments docs/ops lets a caller pass with any outer strides.
+  std::vector<std::string> padded_args(const P&) const override { return {"q", "weights"}; }
   Fields<P> fields() const override {
     Fields<P> f;
     f.add("heads", "h", &P::heads, "index heads: 8/16 per rank when sharded, 32 GLM-5, 64 DSv3.2")
@@ -354,6 +372,14 @@ class IndexerTopkPrefillOp final : public TypedOp<TopkPrefillParams> {
  public:
   using P = TopkPrefillParams;
   std::string name() const override { return "indexer_topk_prefill"; }
+  // far_rows: each logits row is ranked alone within its [ks, ke).
+  FarRows far_rows_args(const P&) const override {
+    return {{"logits", "topk_indices"}, {}, {"cu_seqlen_ks", "cu_seqlen_ke"}};
+  }
+  // compact: the arguments built strided here that docs/ops also allows contiguous.
+  std::vector<std::string> compacted_args(const P&) const override { return {"logits"}; }
+  // pad_strides: the arguments docs/ops lets a caller pass with any outer strides.
+  std::vector<std::string> padded_args(const P&) const override { return {"topk_indices"}; }
   Fields<P> fields() const override {
     Fields<P> f;
     f.add("topk", "k", &P::topk, "indices per row (2048 in the models)");
@@ -424,6 +450,15 @@ class IndexerTopkDecodeOp final : public TypedOp<TopkDecodeParams> {
  public:
   using P = TopkDecodeParams;
   std::string name() const override { return "indexer_topk_decode"; }
+  // far_rows (next_n = 1: one logits row per request): each row is ranked alone.
+  FarRows far_rows_args(const P& p) const override {
+    if (p.next_n != 1) throw std::invalid_argument("indexer_topk_decode: far_rows needs next_n 1");
+    return {{"logits", "topk_indices"}, {}, {"seq_lens"}};
+  }
+  // compact: the arguments built strided here that docs/ops also allows contiguous.
+  std::vector<std::string> compacted_args(const P&) const override { return {"logits"}; }
+  // pad_strides: the arguments docs/ops lets a caller pass with any outer strides.
+  std::vector<std::string> padded_args(const P&) const override { return {"topk_indices"}; }
   Fields<P> fields() const override {
     Fields<P> f;
     f.add("topk", "k", &P::topk, "indices per row")

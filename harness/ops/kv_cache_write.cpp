@@ -43,6 +43,8 @@ struct KvCacheWriteParams {
   Rows rows = Rows::normal;
   int64_t seed = 0;
   bool storage_offset = false;  // ops/storage_offset.h
+  bool pad_strides = false;     // ops/storage_offset.h
+  bool interleave = false;      // ops/storage_offset.h
 };
 
 constexpr int64_t kTrailingPad = 3;  // padding tokens at the end (slot -1), like a padded batch
@@ -143,6 +145,14 @@ class KvCacheWriteOp final : public TypedOp<KvCacheWriteParams> {
  public:
   using P = KvCacheWriteParams;
   std::string name() const override { return "kv_cache_write"; }
+  // pad_strides: the arguments docs/ops lets a caller pass with any outer strides.
+  std::vector<std::string> padded_args(const P&) const override {
+    return {"k_dequant_scales", "v_dequant_scales"};
+  }
+  // interleave: key, value and the caches take any strides, the innermost included.
+  std::vector<std::string> interleaved_args(const P&) const override {
+    return {"key", "value", "key_cache", "value_cache"};
+  }
   Fields<P> fields() const override {
     Fields<P> f;
     f.choice("quant", "", &P::quant,
@@ -178,6 +188,8 @@ class KvCacheWriteOp final : public TypedOp<KvCacheWriteParams> {
         .add("seed", "s", &P::seed, "input seed")
         .add("storage_offset", "soff", &P::storage_offset, kStorageOffsetHelp)
         .out_of_id_at_default();
+    add_pad_strides(f, &P::pad_strides);
+    add_interleave(f, &P::interleave);
     return f;
   }
 

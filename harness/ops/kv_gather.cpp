@@ -44,6 +44,8 @@ struct KvGatherParams {
   KeyRows key_rows = KeyRows::exact;
   bool storage_offset = false;  // ops/storage_offset.h
   int64_t out_offset_log2 = 0;
+  int64_t table_step = 1;   // ops/paged.h
+  bool interleave = false;  // ops/storage_offset.h
 };
 
 // out_offset_log2: key and value in one sparse storage, their token rows `stride` apart and
@@ -100,6 +102,10 @@ class KvGatherOp final : public TypedOp<KvGatherParams> {
  public:
   using P = KvGatherParams;
   std::string name() const override { return "kv_gather"; }
+  // interleave: the caches take any strides, the innermost included (docs/ops/kv_gather.md).
+  std::vector<std::string> interleaved_args(const P&) const override {
+    return {"key_cache", "value_cache"};
+  }
   Fields<P> fields() const override {
     Fields<P> f;
     f.choice("layout", "", &P::layout,
@@ -137,6 +143,8 @@ class KvGatherOp final : public TypedOp<KvGatherParams> {
                     "31 / 32: every block a request reads starts past byte 2^31 / 2^32 of its "
                     "cache storage (hybrid, separate or packed strides); the host holds only "
                     "those blocks");
+    add_table_step(f, &P::table_step);
+    add_interleave(f, &P::interleave);
     f.choice("key_rows", "kr", &P::key_rows,
              {{KeyRows::exact, "exact"}, {KeyRows::longer, "longer"}},
              "exact: key / value are [total_tokens, Hkv, D]; longer: [total_tokens + 3, ...] "
@@ -191,8 +199,8 @@ class KvGatherOp final : public TypedOp<KvGatherParams> {
     const DType cache_dtype = cache_dtype_of(p);
     const int64_t Hkv = p.heads, D = p.head_dim, bs = p.block_size;
     const auto seed = static_cast<uint64_t>(p.seed);
-    const auto paged =
-        paged_layout(c.id, p.batch, p.max_ctx, bs, p.table == Table::strided, p.seed);
+    const auto paged = paged_layout(c.id, p.batch, p.max_ctx, bs, p.table == Table::strided, p.seed,
+                                    /*min_len=*/0, /*long_from=*/0, p.table_step);
     // token_to_batch entries past total_tokens (hold B); 8 beside key's 3 extra rows, so neither
     // extent tells total_tokens.
     const int64_t kPad = p.key_rows == KeyRows::longer ? 8 : 5;

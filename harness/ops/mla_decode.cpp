@@ -34,6 +34,8 @@ class MlaDecodeOp final : public ContractDependentTypedOp<MlaDecodeParams> {
  public:
   using P = MlaDecodeParams;
   std::string name() const override { return "mla_decode"; }
+  // pad_strides: a padded kv_cache, which the ABI refuses (mla::invalid).
+  std::vector<std::string> padded_args(const P&) const override { return {"kv_cache"}; }
   Fields<P> fields() const override {
     const mla::AxisTexts texts{
         .block_size = "cache block size = kernel block size",

@@ -62,6 +62,8 @@ struct CommonParams {
   Fp8Codes fp8_codes = Fp8Codes::ordinary;
   int64_t offset_log2 = 0;
   values::Values values = values::Values::typical;
+  int64_t table_step = 1;    // ops/paged.h
+  bool pad_strides = false;  // ops/storage_offset.h: kv_cache only, which the ABI refuses
 
   int64_t lk() const { return dims == Dims::d576x512 ? 576 : 96; }
   int64_t lv() const { return dims == Dims::d576x512 ? 512 : 64; }
@@ -138,6 +140,11 @@ void add_input_fields(Fields<P>& f, const AxisTexts& t) {
       .template add<int64_t>("offset_log2", "offlog", &P::offset_log2, t.offset_log2)
       .only({0, 31, 32})
       .out_of_id_at_default();
+  add_table_step(f, &P::table_step);
+  f.template add<bool>("pad_strides", "pstr", &P::pad_strides,
+                       "true: kv_cache's block stride 16 bytes longer; the ABI requires it "
+                       "contiguous, so the kernel must refuse")
+      .out_of_id_at_default();
   values::add_field<P>(f, &P::values);
 }
 
@@ -145,12 +152,17 @@ void add_input_fields(Fields<P>& f, const AxisTexts& t) {
 inline std::optional<std::string> unbuildable(const CommonParams& p) {
   if (p.special_codes() && !is_fp8(p.cache_dtype()))
     return "fp8_codes = special needs an fp8 kv_dtype";
+  if (p.pad_strides && p.offset_log2 != 0)
+    return "pad_strides needs offset_log2 = 0 (a sparse cache is not padded)";
   return values::unbuildable(p.values, p.special_codes(), p.offset_log2);
 }
 
 // Both ops' refusal: aiter's 16-head rule.
 inline std::optional<std::string> invalid(const CommonParams& p) {
   if (!ref::mla_num_heads_valid(p.heads)) return ref::mla_num_heads_message(p.heads);
+  if (p.pad_strides)
+    return "kv_cache must be contiguous in its last three dims ([num_blocks, P, Lk]: all of "
+           "them); its block stride is 16 bytes longer";
   return std::nullopt;
 }
 
@@ -277,7 +289,8 @@ inline Inputs make_inputs(const std::string& case_id, const CommonParams& p) {
   const int64_t P = p.block_size, lk = p.lk();
   const DType kvd = p.cache_dtype();
   Inputs in;
-  in.pages = paged_layout(case_id, p.batch, p.ctx, P, p.layout == Layout::strided, p.seed, p.qlen);
+  in.pages = paged_layout(case_id, p.batch, p.ctx, P, p.layout == Layout::strided, p.seed, p.qlen,
+                          /*long_from=*/0, p.table_step);
   in.tokens = p.batch * p.qlen;
   const PagedLayout& pl = in.pages;
   std::vector<bool> readable(static_cast<size_t>(pl.num_blocks * P), false);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 #include <stdexcept>
+#include <string>
 
 #include "core/numeric.h"
 #include "core/rng.h"
@@ -10,17 +11,27 @@
 namespace attncheck {
 
 PagedLayout paged_layout(const std::string& case_id, int64_t batch, int64_t max_ctx, int64_t K,
-                         bool strided, int64_t seed, int64_t min_len) {
+                         bool strided, int64_t seed, int64_t min_len, int64_t long_from,
+                         int64_t column_step) {
   if (batch < 1 || max_ctx < 1 || K < 1)
     throw std::invalid_argument("paged_layout: batch, max_ctx, K must be >= 1");
+  if (long_from < 0 || long_from >= batch)
+    throw std::invalid_argument("paged_layout: long_from " + std::to_string(long_from) +
+                                " is not a request of " + std::to_string(batch));
+  if (column_step < 1)
+    throw std::invalid_argument("paged_layout: column_step " + std::to_string(column_step) +
+                                " is not >= 1");
   Rng rng(case_id, "paged_layout", static_cast<uint64_t>(seed));
   // Edge lengths first, the rest random; the last request is always max_ctx long.
   std::vector<int64_t> edges = {0, 1, K - 1, K, K + 1, 2 * K + 1};
   Tensor seq_lens = Tensor::empty(DType::i32, {batch});
+  const int64_t edged = batch - long_from;  // the requests edges and random lengths apply to
   for (int64_t r = 0; r < batch; ++r) {
+    const int64_t e = r - long_from;
     int64_t len = r + 1 == batch ? max_ctx
-                  : r < static_cast<int64_t>(edges.size()) && batch > 2
-                      ? edges[r]
+                  : e < 0        ? 1
+                  : e < static_cast<int64_t>(edges.size()) && edged > 2
+                      ? edges[e]
                       : rng.uniform_int(1, max_ctx);
     len = std::clamp<int64_t>(len, min_len, max_ctx);
     seq_lens.at<int32_t>({r}) = static_cast<int32_t>(len);
@@ -31,9 +42,14 @@ PagedLayout paged_layout(const std::string& case_id, int64_t batch, int64_t max_
   const int64_t num_blocks = needed + 3;  // spare blocks nobody owns
   Rng prng(case_id, "block_ids", static_cast<uint64_t>(seed));
   const auto ids = permutation(num_blocks, prng);
-  const int64_t row_stride = strided ? W + 5 : W;
-  Tensor storage = Tensor::full(DType::i32, {batch, row_stride}, -7);
-  Tensor table = storage.slice(1, 0, W);
+  const int64_t row_stride = (strided ? W + 5 : W) * column_step;
+  // The entries between interleaved columns hold the first spare block (ids[needed]): a valid
+  // page of random data, so a unit-stride reader gets a wrong answer rather than a fault.
+  const double filler = column_step > 1 ? static_cast<double>(ids[needed]) : -7.0;
+  Tensor storage = Tensor::full(DType::i32, {batch, row_stride}, filler);
+  Tensor table = storage.as_strided({batch, W}, {row_stride, column_step}, 0);
+  for (int64_t r = 0; r < batch; ++r)
+    for (int64_t j = 0; j < W; ++j) table.at<int32_t>({r, j}) = -7;
   int64_t next = 0;
   for (int64_t r = 0; r < batch; ++r) {
     const int64_t nb = (seq_lens.at<int32_t>({r}) + K - 1) / K;

@@ -25,8 +25,23 @@ struct PagedLayout {
 };
 
 // strided_table: the table is a view into rows of width W + 5 (row stride != W).
+// long_from: requests before it are min_len (at least 1) tokens long, and the edge lengths start
+// there (a large batch whose only purpose is its size stays cheap to generate and to check).
+// column_step: the table's innermost stride (2: the columns interleave with entries holding a spare
+// block id nobody owns, so a kernel that assumes a unit innermost stride reads a wrong page).
 PagedLayout paged_layout(const std::string& case_id, int64_t batch, int64_t max_ctx,
-                         int64_t block_size, bool strided_table, int64_t seed, int64_t min_len = 0);
+                         int64_t block_size, bool strided_table, int64_t seed, int64_t min_len = 0,
+                         int64_t long_from = 0, int64_t column_step = 1);
+
+// table_step in {1, 2} (issue 37), out of case ids at 1: paged_layout's column_step.
+template <class P>
+void add_table_step(Fields<P>& f, std::type_identity_t<int64_t P::*> member) {
+  f.add("table_step", "tstep", member,
+        "the block table's innermost stride; 2: its columns interleave with a spare block id "
+        "nobody owns (docs/ops allow any table strides)")
+      .only({1, 2})
+      .out_of_id_at_default();
+}
 
 // Upper estimates for the ops' size() (CaseSize, ops/op.h), from the axes alone: the blocks of
 // the pool (those the requests own and the spares; a large-offset cache holds these only), and

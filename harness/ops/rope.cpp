@@ -34,6 +34,9 @@ struct RopeCommonParams {
   int64_t tokens = 8;
   int64_t seed = 0;
   bool storage_offset = false;  // ops/storage_offset.h
+  bool pad_strides = false;     // ops/storage_offset.h
+  bool compact = false;         // ops/storage_offset.h
+  bool far_rows = false;        // ops/storage_offset.h
 };
 
 // The members named here live in the base RopeCommonParams: the explicit template arguments let
@@ -61,6 +64,12 @@ void add_tokens_seed(Fields<P>& f) {
   f.template add<int64_t>("tokens", "t", &P::tokens, "tokens")
       .template add<int64_t>("seed", "s", &P::seed, "input seed")
       .template add<bool>("storage_offset", "soff", &P::storage_offset, kStorageOffsetHelp)
+      .out_of_id_at_default()
+      .template add<bool>("pad_strides", "pstr", &P::pad_strides, kPadStridesHelp)
+      .out_of_id_at_default()
+      .template add<bool>("compact", "cmp", &P::compact, kCompactHelp)
+      .out_of_id_at_default()
+      .template add<bool>("far_rows", "far", &P::far_rows, kFarRowsHelp)
       .out_of_id_at_default();
 }
 
@@ -155,6 +164,17 @@ class RopeOp final : public TypedOp<RopeParams> {
  public:
   using P = RopeParams;
   std::string name() const override { return "rope"; }
+  // far_rows: every token's rows are independent; positions is contiguous by the ABI.
+  FarRows far_rows_args(const P& p) const override {
+    // In place q and k are far; out of place the outputs (inputs dense: 8 GB, not 16, per case).
+    if (p.contract == Contract::inplace) return {{"q", "k"}, {}, {"positions"}};
+    return {{"q_out", "k_out"}, {}, {"q", "k", "positions"}};
+  }
+  // pad_strides: the arguments docs/ops lets a caller pass with any outer strides.
+  std::vector<std::string> padded_args(const P& p) const override {
+    if (p.contract == Contract::inplace) return {"cos_sin_cache"};
+    return {"cos_sin_cache", "q_out", "k_out"};
+  }
   Fields<P> fields() const override {
     Fields<P> f;
     add_style(f, "pairs (i, i+rot/2) or (2i, 2i+1)");
@@ -177,8 +197,8 @@ class RopeOp final : public TypedOp<RopeParams> {
         .add("rot", "rot", &P::rot, "rotary dims")
         .only({32, 64});
     add_tokens_seed(f);
-    values::add_field(f, &P::values, {values::Values::typical, values::Values::large,
-                                      values::Values::tiny},
+    values::add_field(f, &P::values,
+                      {values::Values::typical, values::Values::large, values::Values::tiny},
                       "input value distribution (harness/ops/rope.cpp): typical N(0, 1); large "
                       "= |x| up to an eighth of the dtype's largest finite value; tiny = about "
                       "twice the dtype's smallest normal (subnormal outputs)");
@@ -284,6 +304,12 @@ class IndexerQkRopeOp final : public TypedOp<IndexerQkRopeParams> {
  public:
   using P = IndexerQkRopeParams;
   std::string name() const override { return "indexer_qk_rope"; }
+  // far_rows: every token's rows are independent; positions is contiguous by the ABI.
+  FarRows far_rows_args(const P&) const override { return {{"q", "k"}, {}, {"positions"}}; }
+  // compact: the arguments built strided here that docs/ops also allows contiguous.
+  std::vector<std::string> compacted_args(const P&) const override { return {"k"}; }
+  // pad_strides: the arguments docs/ops lets a caller pass with any outer strides.
+  std::vector<std::string> padded_args(const P&) const override { return {"cos_sin_cache", "q"}; }
   Fields<P> fields() const override {
     Fields<P> f;
     add_style(f, "NeoX (DeepSeek-V3.2) or GPT-J (GLM-5)");

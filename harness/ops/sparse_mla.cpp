@@ -22,6 +22,7 @@ struct SparseMlaParams : mla::CommonParams {
   Pattern pattern = Pattern::random;
   bool storage_offset = false;  // ops/storage_offset.h
   int64_t out_offset_log2 = 0;
+  bool far_rows = false;  // ops/storage_offset.h
   // sparse_mla's defaults where they differ from mla_decode's.
   SparseMlaParams() {
     block_size = 64;
@@ -73,6 +74,12 @@ class SparseMlaOp final : public ContractDependentTypedOp<SparseMlaParams> {
  public:
   using P = SparseMlaParams;
   std::string name() const override { return "sparse_mla"; }
+  // far_rows: each query token reads its own top-k slots (req_id_per_token names its table row).
+  FarRows far_rows_args(const P&) const override {
+    return {{"q", "topk_indices"}, {"out", "lse"}, {"req_id_per_token"}};
+  }
+  // pad_strides: a padded kv_cache, which the ABI refuses (mla::invalid).
+  std::vector<std::string> padded_args(const P&) const override { return {"kv_cache"}; }
   Fields<P> fields() const override {
     const mla::AxisTexts texts{
         .block_size = "cache block size",
@@ -99,6 +106,7 @@ class SparseMlaOp final : public ContractDependentTypedOp<SparseMlaParams> {
             "index pattern");
     mla::add_input_fields(f, texts);
     f.add("storage_offset", "soff", &P::storage_offset, kStorageOffsetHelp).out_of_id_at_default();
+    add_far_rows(f, &P::far_rows);
     f.add("out_offset_log2", "ooff", &P::out_offset_log2,
           "31: out's token stride puts the last token's row past element 2^31 (byte 2^32); a "
           "sparse storage holds only that row, which alone is compared. contiguous layout")

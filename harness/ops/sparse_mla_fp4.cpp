@@ -43,6 +43,7 @@ struct SparseMlaFp4Params {
   mla::Scale scale = mla::Scale::yarn;
   int64_t seed = 0;
   bool storage_offset = false;  // ops/storage_offset.h
+  int64_t table_step = 1;       // ops/paged.h
   // "yarn": DeepSeek-V3's production softmax scale (mla_inputs.h); "lk": 1/sqrt(512).
   double softmax_scale() const {
     if (scale == mla::Scale::lk) return 1.0 / std::sqrt(static_cast<double>(rec::kDims));
@@ -121,9 +122,9 @@ class SparseMlaFp4Op final : public TypedOp<SparseMlaFp4Params> {
   using P = SparseMlaFp4Params;
   std::string name() const override { return "sparse_mla_fp4"; }
   Fields<P> fields() const override {
-    return Fields<P>()
-        .add<int64_t>("heads", "h", &P::heads,
-                      "query heads; 3, 5, 12, 24, 40 break the 16-head rule and must be refused")
+    Fields<P> f;
+    f.add<int64_t>("heads", "h", &P::heads,
+                   "query heads; 3, 5, 12, 24, 40 break the 16-head rule and must be refused")
         .only(mla::kHeadValues)
         .add<int64_t>("block_size", "bs", &P::block_size, "cache page size (tokens)")
         .only({1, 16, 64})
@@ -161,6 +162,8 @@ class SparseMlaFp4Op final : public TypedOp<SparseMlaFp4Params> {
         .add<int64_t>("seed", "s", &P::seed, "input seed")
         .add("storage_offset", "soff", &P::storage_offset, kStorageOffsetHelp)
         .out_of_id_at_default();
+    add_table_step(f, &P::table_step);
+    return f;
   }
 
   std::optional<std::string> unbuildable(const P& p) const override {
@@ -201,7 +204,8 @@ class SparseMlaFp4Op final : public TypedOp<SparseMlaFp4Params> {
     const int64_t Pg = p.block_size, T = p.batch * p.qlen,
                   rec_bytes = rec::record_bytes(p.kv_format);
     const bool strided = p.layout == mla::Layout::strided;
-    const PagedLayout pages = paged_layout(c.id, p.batch, p.ctx, Pg, strided, p.seed, p.qlen);
+    const PagedLayout pages =
+        paged_layout(c.id, p.batch, p.ctx, Pg, strided, p.seed, p.qlen, 0, p.table_step);
     // Unread bytes 0xFF, pages 64 bytes apart (the kernel must use the page stride); the strided
     // layout starts the view 64 bytes into its storage.
     const int64_t stride = Pg * rec_bytes + 64, offset = strided ? 64 : 0;

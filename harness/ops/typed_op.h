@@ -191,6 +191,31 @@ class TypedOp : public Op {
     return *p;
   }
 
+  // pad_strides (ops/storage_offset.h): the arguments whose outer strides the op's contract
+  // leaves free.
+  virtual std::vector<std::string> padded_args(const P&) const { return {}; }
+  // far_rows (ops/storage_offset.h): the row-independent arguments placed past 2^31.
+  virtual FarRows far_rows_args(const P&) const { return {}; }
+  // compact (ops/storage_offset.h): the arguments the op builds strided that may be contiguous.
+  virtual std::vector<std::string> compacted_args(const P&) const { return {}; }
+  // interleave (ops/storage_offset.h): the arguments whose innermost stride the contract leaves
+  // free.
+  virtual std::vector<std::string> interleaved_args(const P&) const { return {}; }
+
+  static bool far_rows_case(const Problem& prob) {
+    if constexpr (requires(const P& p) { p.far_rows; })
+      return typed(prob).far_rows;
+    else
+      return false;
+  }
+  Problem host_view(const Problem& prob) const {
+    if constexpr (requires(const P& p) { p.far_rows; }) {
+      const P& p = typed(prob);
+      if (p.far_rows) return last_rows_view(prob, far_rows_args(p));
+    }
+    return prob;
+  }
+
   // ---- Op ----
   std::vector<Axis> axes() const final {
     std::vector<Axis> out;
@@ -212,7 +237,15 @@ class TypedOp : public Op {
     const P p = bind(c);
     if (const auto why = case_error(c.params)) throw std::invalid_argument(c.id + ": " + *why);
     Problem prob = make(c, p);
-    // The storage_offset axis of the ops that declare it (ops/storage_offset.h).
+    // The pad_strides and storage_offset axes of the ops that declare them (ops/storage_offset.h).
+    if constexpr (requires { p.far_rows; })
+      if (p.far_rows) place_far_rows(prob, far_rows_args(p));
+    if constexpr (requires { p.pad_strides; })
+      if (p.pad_strides) pad_outer_strides(prob, padded_args(p));
+    if constexpr (requires { p.compact; })
+      if (p.compact) compact_args(prob, compacted_args(p));
+    if constexpr (requires { p.interleave; })
+      if (p.interleave) interleave_args(prob, interleaved_args(p));
     if constexpr (requires { p.storage_offset; })
       if (p.storage_offset) shift_storages(prob);
     prob.params = p;
@@ -220,13 +253,24 @@ class TypedOp : public Op {
     prob.expect_refusal = invalid(p).value_or("");
     return prob;
   }
-  TensorMap reference(const Problem& prob) const final { return reference(prob, typed(prob)); }
+  // far_rows cases: the reference and the budgets see the last row (all the host holds).
+  TensorMap reference(const Problem& prob) const final {
+    TensorMap out = reference(host_view(prob), typed(prob));
+    if (!far_rows_case(prob)) return out;
+    // An op whose far rows are outputs only computes them all: keep the rows the kernel's hold.
+    for (auto& [name, expected] : out)
+      for (const auto& a : prob.args)
+        if (a.name == name && a.tensor.storage() && a.tensor.storage()->sparse() &&
+            expected.ndim() > 0 && expected.size(0) == a.tensor.size(0) && a.tensor.size(0) > 1)
+          expected = held_rows_of(expected, a.tensor);
+    return out;
+  }
   std::vector<OutputCheck> checks(const Problem& prob, const TensorMap& expected) const final {
-    return checks(prob, typed(prob), expected);
+    return checks(host_view(prob), typed(prob), expected);
   }
   std::vector<OutputCheck> contract_checks(const Problem& prob, const TensorMap& expected,
                                            const Contract& contract) const final {
-    return contract_checks(prob, typed(prob), expected, contract);
+    return contract_checks(host_view(prob), typed(prob), expected, contract);
   }
 
  private:

@@ -405,7 +405,9 @@ TEST(DecodeAttentionOp, NoMaxSurvivesEveryTypicalQuickCase) {
   int killed = 0, typical = 0;
   for (const Case& c : f.tiers.at("quick")) {
     if (!op().problem(c).expect_refusal.empty() || c.params.value("offset_log2", 0) != 0 ||
-        c.params.value("max_ctx", 0) > 100 || c.params.at("heads") != c.params.at("kv_heads"))
+        c.params.value("q_offset_log2", 0) != 0 || c.params.value("partials_log2", 0) != 0 ||
+        c.params.value("o_offset_log2", 0) != 0 || c.params.value("max_ctx", 0) > 100 ||
+        c.params.at("heads") != c.params.at("kv_heads"))
       continue;  // refusals; sparse storages; long contexts (slow on the CPU, same logits); GQA
     const bool is_typical = c.params.value("values", "typical") == "typical";
     const bool fails = !judge(c, false, true).passed;

@@ -517,8 +517,8 @@ TEST(PageIndicesIds, TopIdsExpandExactlyAndOneMoreIsRefused) {
 // Every mutant of kernels_under_test/*.mutants names quick-tier cases that run (refusals, for
 // the one that runs what must be refused): the quick tier can kill it. The issue 14 mutants
 // (*_fp8_ordinary_only, *_offset_int32) name special-code or large-offset cases only (caches
-// past 2^31, -offlog3[12], or outputs, issue 21's -ooff31), so the other quick cases are their
-// controls.
+// past 2^31, -offlog3[12], or outputs, issue 21's -ooff31, or split partials, issue 37's
+// -plog31, or inputs, -qoff31 / -far1), so the other quick cases are their controls.
 TEST(Mutants, EveryMutantNamesQuickCasesThatCanKillIt) {
   std::vector<Case> quick;
   for (const CaseFile& f : load_case_dir(default_root() + "/cases"))
@@ -553,7 +553,10 @@ TEST(Mutants, EveryMutantNamesQuickCasesThatCanKillIt) {
         if (offsets) {
           EXPECT_TRUE(c.id.find("-offlog31") != std::string::npos ||
                       c.id.find("-offlog32") != std::string::npos ||
-                      c.id.find("-ooff31") != std::string::npos)
+                      c.id.find("-ooff31") != std::string::npos ||
+                      c.id.find("-plog31") != std::string::npos ||
+                      c.id.find("-qoff31") != std::string::npos ||
+                      c.id.find("-far1") != std::string::npos)
               << name << " names " << c.id;
         }
       }

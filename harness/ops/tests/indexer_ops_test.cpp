@@ -380,14 +380,22 @@ TEST(IndexerOps, UnclampedChunkQFailsEveryTargetedQuickCase) {
   const Op& o = op("indexer_logits_decode");
   int targeted = 0;
   for (const Case& c : f.tiers.at("quick")) {
-    if (!std::regex_search(c.id, re)) continue;
+    // far_rows cases hold one row of q and pad_strides cases pad its rows: the emulation widens
+    // every request's dense q (the mutant's regex still names them, for the device).
+    if (!std::regex_search(c.id, re) || c.params.value("far_rows", false) ||
+        c.params.value("pad_strides", false))
+      continue;
     const Problem p = o.make(c);
     if (!p.expect_refusal.empty()) continue;  // invalid configurations are refused either way
     ++targeted;
-    const TensorMap expected = o.reference(p);
-    const auto r =
-        judge(o, p, expected, {{"logits", o.reference(with_unclamped_chunk(p)).at("logits")}});
-    EXPECT_FALSE(all_pass(r)) << c.id << " escapes the emulated mutant";
+    try {
+      const TensorMap expected = o.reference(p);
+      const auto r =
+          judge(o, p, expected, {{"logits", o.reference(with_unclamped_chunk(p)).at("logits")}});
+      EXPECT_FALSE(all_pass(r)) << c.id << " escapes the emulated mutant";
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << c.id << ": " << e.what();
+    }
   }
   EXPECT_GT(targeted, 0);
 }

@@ -106,6 +106,85 @@ TEST(Issue21Axes, OnlyTheLastRowOfALargeOutputIsExpected) {
   EXPECT_EQ(registered_op("kv_gather").reference(g).at("value").size(0), 1);
 }
 
+// partials_log2 (issue 37): the kernel's split partials [B, Hq, S, Lv + 1] reach past element
+// 2^31 for the last two requests, which alone o holds and the reference returns; the requests
+// before the last seven are 1 token long, so a batch of hundreds stays cheap.
+TEST(Issue37Axes, TheLastRequestsPartialsLiePastElement2To31) {
+  const Problem d = problem("decode_attention", {{"lk_lv", "576x512"},
+                                                 {"heads", 16},
+                                                 {"splits", 512},
+                                                 {"batch", 600},
+                                                 {"max_ctx", 1024},
+                                                 {"partials_log2", 31}});
+  const int64_t B = d.arg("q").size(0), per = 16 * 512 * 513;
+  ASSERT_EQ(B, 600);
+  EXPECT_GE((B - 2) * per, int64_t{1} << 31);  // every held request's partial rows
+  EXPECT_LT(500 * per, int64_t{1} << 31);      // vLLM's measured right shape stays below
+  const Tensor& lens = d.arg("b_seq_len");
+  for (int64_t b = 0; b < B - 7; ++b) ASSERT_EQ(lens.at<int32_t>({b}), 1) << b;
+  EXPECT_EQ(lens.at<int32_t>({B - 1}), 1024);
+  EXPECT_TRUE(d.arg("o").storage()->sparse());
+  EXPECT_EQ(d.arg("o").held_rows().size(0), 2);
+  const TensorMap e = registered_op("decode_attention").reference(d);
+  EXPECT_EQ(e.at("o").size(0), 2);
+  EXPECT_EQ(e.at("lse").size(0), B);
+  // Too small a batch for the limit is not built (it would test nothing past 2^31).
+  const Op& op = registered_op("decode_attention");
+  EXPECT_ANY_THROW((void)op.problem(
+      op.make_case({{"heads", 16}, {"splits", 512}, {"batch", 500}, {"partials_log2", 31}})));
+}
+
+// q_offset_log2 (issue 37): q, o and lse hold the last request's rows only, q's past element 2^31;
+// the reference sees that request alone.
+TEST(Issue37Axes, OnlyTheLastRequestOfAFarQueryIsRead) {
+  const Problem d =
+      problem("decode_attention",
+              {{"lk_lv", "128x128"}, {"is_mla", false}, {"kv_heads", 2}, {"q_offset_log2", 31}});
+  const int64_t B = d.arg("q").size(0);
+  for (const char* name : {"q", "o", "lse"}) {
+    SCOPED_TRACE(name);
+    const Tensor& t = d.arg(name);
+    EXPECT_TRUE(t.storage()->sparse());
+    EXPECT_EQ(t.held_rows().size(0), 1);
+  }
+  EXPECT_GE((B - 1) * d.arg("q").stride(0), int64_t{1} << 31);
+  const TensorMap e = registered_op("decode_attention").reference(d);
+  EXPECT_EQ(e.at("o").size(0), 1);
+  EXPECT_EQ(e.at("lse").size(0), 1);
+  bool finite = true;  // computed from the held row only, never from the poisoned ones
+  e.at("o").for_each_index(
+      [&](const Index& i, int64_t) { finite = finite && std::isfinite(e.at("o").get(i)); });
+  EXPECT_TRUE(finite);
+}
+
+// pad_strides / compact / interleave (issue 37): same values, other strides, gaps 0xFF.
+TEST(Issue37Axes, RestridedArgumentsKeepTheirValues) {
+  const Problem plain = problem("kv_cache_write", {{"strides", "separate"}});
+  Problem moved = plain;
+  interleave_args(moved, {"key", "key_cache"});
+  for (const char* name : {"key", "key_cache"}) {
+    SCOPED_TRACE(name);
+    const Tensor &a = plain.arg(name), &b = moved.arg(name);
+    EXPECT_TRUE(same_values(a, b));
+    EXPECT_EQ(b.stride(-1), 2 * a.stride(-1));
+    EXPECT_EQ(b.storage()->bytes[static_cast<size_t>(b.element_size())], std::byte{0xFF});
+  }
+  Problem padded = plain;
+  pad_outer_strides(padded, {"key"});
+  EXPECT_TRUE(same_values(plain.arg("key"), padded.arg("key")));
+  EXPECT_EQ(padded.arg("key").stride(0), plain.arg("key").stride(0) + 8);  // 16 bytes of bf16
+  EXPECT_FALSE(padded.arg("key").is_contiguous());
+  Problem packed = padded;
+  compact_args(packed, {"key"});
+  EXPECT_TRUE(packed.arg("key").is_contiguous());
+  EXPECT_TRUE(same_values(plain.arg("key"), packed.arg("key")));
+  EXPECT_THROW(pad_outer_strides(padded, {"nope"}), std::logic_error);
+  // A cache the op marks for padding is refused where the ABI requires it contiguous.
+  const Problem mla = problem("mla_decode", {{"dims", "96x64"}, {"pad_strides", true}});
+  EXPECT_FALSE(mla.expect_refusal.empty());
+  EXPECT_FALSE(mla.arg("kv_cache").is_contiguous());
+}
+
 TEST(Issue21Axes, PassedValuesNoOtherArgumentDetermines) {
   const Problem lk = problem("decode_attention", Params::object());
   const Problem sm = problem("decode_attention", {{"scales", "sm"}});
