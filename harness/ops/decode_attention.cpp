@@ -313,14 +313,20 @@ class DecodeAttentionOp final : public ContractDependentTypedOp<DecodeAttentionP
     const double lk = static_cast<double>(p.lk()), lv = static_cast<double>(p.lv());
     const double qs = static_cast<double>(dtype_size(p.dtype));
     const double ks = static_cast<double>(dtype_size(p.cache_dtype()));
-    const double rows = paged_blocks(p.batch, p.max_ctx, p.page_size) *
+    // partials_log2: every request but the last seven is one token long (make()).
+    const int64_t long_requests = p.partials_log2 > 0 ? std::min<int64_t>(p.batch, 7) : p.batch;
+    const int64_t short_requests = p.batch - long_requests;
+    const double rows = (paged_blocks(long_requests, p.max_ctx, p.page_size) +
+                         static_cast<double>(short_requests)) *
                         static_cast<double>(p.page_size) * static_cast<double>(p.kv_heads);
     const double layers = p.layout == Layout::cross_layer ? 2 * (lk + 3) / lk : 1;
     CaseSize s;
     s.input_bytes = B * hq * (lk + 48) * qs + rows * (lk + (p.is_mla ? 0 : lv)) * ks * layers +
                     paged_layout_bytes(p.batch, p.max_ctx, p.page_size);
     s.output_bytes = B * (hq + 5) * ((lv + 24) * qs + 4);
-    s.work = 2 * B * static_cast<double>(p.max_ctx) * hq * (lk + lv);
+    s.work = 2 * (static_cast<double>(long_requests) * static_cast<double>(p.max_ctx) +
+                  static_cast<double>(short_requests)) *
+             hq * (lk + lv);
     return s.count("batch", p.batch)
         .count("max_ctx", p.max_ctx)
         .count("heads", p.heads)

@@ -198,7 +198,7 @@ class IndexerMxfp4KCacheOp final : public TypedOp<KCacheParams> {
     s.input_bytes = 2 * (T + 3) * D + 8 * T;
     s.output_bytes = pages * (bs * D + static_cast<double>(p.pad) + 64);
     s.work = T * D;
-    return s.count("tokens", p.tokens).count("block_size", p.block_size);
+    return s.count("tokens", p.tokens, /*min=*/0).count("block_size", p.block_size);
   }
 
   Problem make(const Case& c, const P& prm) const override {

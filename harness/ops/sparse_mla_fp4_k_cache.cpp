@@ -97,7 +97,7 @@ class SparseMlaFp4KCacheOp final : public TypedOp<Fp4KCacheParams> {
                               static_cast<double>(p.pad)) +
                      64;
     s.work = T * rec::kDims;
-    return s.count("tokens", p.tokens).count("block_size", p.block_size);
+    return s.count("tokens", p.tokens, /*min=*/0).count("block_size", p.block_size);
   }
 
   Problem make(const Case& c, const P& p) const override {
