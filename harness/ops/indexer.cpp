@@ -207,7 +207,8 @@ double key_factor(const Tensor& k_fp8, const Tensor& k_scale) {
 
 Budget logits_budget(const Tensor& q, const Tensor& weights, double max_key_factor) {
   const int64_t H = q.size(-2), rows = weights.size(0);
-  const Tensor qr = q.reshape({rows, H, ix::kHeadDim});
+  // q may come with padded outer strides (pad_strides): a contiguous copy reshapes.
+  const Tensor qr = (q.is_contiguous() ? q : q.contiguous()).reshape({rows, H, ix::kHeadDim});
   double max_row = 0;
   for (int64_t i = 0; i < rows; ++i) {
     double r = 0;

@@ -152,8 +152,11 @@ Tensor far_last_row(DType dtype, const Shape& shape, int64_t log2) {
   if (rows < 2) throw std::invalid_argument("far_last_row: needs at least two rows");
   Shape strides = Tensor::contiguous_strides(shape);
   const int64_t row = strides[0];
-  // The smallest dim-0 stride that puts row rows - 1 at or past element 2^log2, and no row overlap.
+  // The smallest dim-0 stride that puts row rows - 1 at or past element 2^log2, and no row overlap,
+  // rounded up to 16 elements: contracts may ask rows to be aligned (indexer_gather's k_fp8 rows
+  // are 4-byte aligned, docs/ops/indexer.md), as a real caller's rows are.
   strides[0] = ((int64_t{1} << log2) + rows - 2) / (rows - 1) + row;
+  strides[0] = (strides[0] + 15) / 16 * 16;
   const int64_t last = (rows - 1) * strides[0];
   const Tensor storage = Tensor::sparse(dtype, {last + row}, last, row);
   return storage.as_strided(shape, strides, 0);
