@@ -163,8 +163,9 @@ TEST(IndexerDevice, MutantsAreKilledByTheirCases) {
   const auto list = read_mutants("indexer");
   // indexer_shuffle_at_bs1, indexer_preshuffle_only_bs64, indexer_chunkq_unclamped,
   // indexer_fp8_ordinary_only, indexer_page_offset_int32 (which may fault the device: give it a
-  // process of its own through ATTNCHECK_INDEXER_MUTANT), indexer_weights_ftz.
-  ASSERT_EQ(list.size(), 6u);
+  // process of its own through ATTNCHECK_INDEXER_MUTANT), indexer_weights_ftz,
+  // indexer_gather_contiguous_out, indexer_decode_batch8.
+  ASSERT_EQ(list.size(), 8u);
   const char* only = std::getenv("ATTNCHECK_INDEXER_MUTANT");  // one mutant per process
   int tested = 0;
   for (const auto& [name, re] : list) {
