@@ -109,6 +109,8 @@ run_tier c_vllm_kv_cache_write "ATTNCHECK_VLLM_SRC=$VLLM_TREE" -- \
 FINDINGS=(
   "vllm_group24_head_mapping|vllm_triton|ATTNCHECK_VLLM_SRC|$VLLM_TREE|decode_attention/d128x128-mla0-h48-hkv2-p16-sp4-cap0-bf16-kvsame-b4-ctx70-contiguous-s4|b_vllm_quick|^decode_attention/.*-h48-hkv2-"
   "vllm_o_store_32bit|vllm_triton|ATTNCHECK_VLLM_SRC|$VLLM_TREE|decode_attention/d128x128-mla0-h16-hkv2-p16-sp4-cap0-bf16-kvsame-b4-ctx70-contiguous-s13-ooff31|b_vllm_quick|^decode_attention/.*-ooff31"
+  "vllm_partials_32bit|vllm_triton|ATTNCHECK_VLLM_SRC|$VLLM_TREE|decode_attention/d576x512-mla1-h16-hkv1-p16-sp512-cap0-bf16-kvsame-b600-ctx1024-contiguous-s14-plog31|b_vllm_quick|^decode_attention/.*-plog31"
+  "vllm_q_rows_32bit|vllm_triton|ATTNCHECK_VLLM_SRC|$VLLM_TREE|decode_attention/d128x128-mla0-h16-hkv2-p16-sp4-cap0-bf16-kvsame-b4-ctx70-contiguous-s16-qoff31|b_vllm_quick|^decode_attention/.*-qoff31"
   "vllm_shuffle_hybrid_gather|vllm_triton|ATTNCHECK_VLLM_SRC|$VLLM_TREE|kv_gather/shuffle-hybrid-kvmodel-bf16-h1-d64-bs16-full-sp20-b4-ctx50-contiguous-s2|b_vllm_quick|^kv_gather/shuffle-hybrid-"
   "aiter_sparse_mla_below_16_heads|rocm_aiter|ATTNCHECK_AITER_SRC|$AITER_TREE|sparse_mla/h4-bs64-q1-bf16-kvauto-b2-ctx65-k64-random-contiguous-d96x64-scyarn-s1|a_aiter|^sparse_mla/h(1|2|4|8)-bs(16|64)-"
   "aiter_sparse_mla_block_size_1|rocm_aiter|ATTNCHECK_AITER_SRC|$AITER_TREE|sparse_mla/h16-bs1-q3-bf16-kvauto-b2-ctx17-k16-causal-contiguous-d96x64-sclk-s0|a_aiter|^sparse_mla/h(16|32|48|64|128)-bs1-"
