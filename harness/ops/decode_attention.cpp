@@ -192,6 +192,54 @@ void shape_values(const DecodeAttentionParams& p, const Tensor& q, const Tensor&
   if (!p.is_mla) values::shape_values(p.values, v, p.kv_std());
 }
 
+// q: N(0, 1); with a soft-cap, scores reach the cap's non-linear range.
+Tensor make_q(const Case& c, const DecodeAttentionParams& p) {
+  const int64_t B = p.batch, hq = p.heads, lk = p.lk();
+  const DType qt = p.dtype;
+  Tensor q;
+  if (p.layout == Layout::strided) {
+    q = Tensor::full(qt, {B, hq, lk + 48}, 3.0).slice(2, 16, 16 + lk);
+  } else if (p.q_offset_log2 > 0) {
+    q = far_last_row(qt, {B, hq, lk}, p.q_offset_log2);
+  } else {
+    q = Tensor::empty(qt, {B, hq, lk});
+  }
+  fill_normal(q.held_rows(), Rng(c.id, "q", static_cast<uint64_t>(p.seed)), 0.0,
+              p.logit_cap > 0 ? 4.0 : 1.0);
+  return q;
+}
+
+// Outputs o and lse: NaN everywhere in their storages; the gaps of strided views must stay NaN.
+std::pair<Tensor, Tensor> make_outputs(const DecodeAttentionParams& p) {
+  const int64_t B = p.batch, hq = p.heads, lv = p.lv();
+  const DType qt = p.dtype;
+  const bool strided = p.layout == Layout::strided;
+  Tensor o, lse;
+  if (strided) {
+    o = Tensor::empty(qt, {B, hq + 2, lv + 24}).slice(1, 1, 1 + hq).slice(2, 8, 8 + lv);
+    lse = Tensor::empty(DType::f32, {B, hq + 5}).slice(1, 2, 2 + hq);
+  } else if (p.o_offset_log2 > 0) {
+    o = far_last_row(qt, {B, hq, lv}, p.o_offset_log2);
+    lse = Tensor::empty(DType::f32, {B, hq});
+  } else if (p.q_offset_log2 > 0) {
+    // Only the last rows are compared, so o and lse hold those (not far: o_offset_log2's job).
+    o = far_last_row(qt, {B, hq, lv}, 16);
+    lse = far_last_row(DType::f32, {B, hq}, 16);
+  } else if (p.partials_log2 > 0) {
+    // o stays contiguous; its host window is the last requests' rows, whose partials lie past
+    // 2^partials_log2 (a workspace indexed in 32 bits writes them elsewhere or faults).
+    const int64_t row = hq * lv;
+    o = Tensor::sparse(qt, {B, hq, lv}, (B - kFarRowsHeld) * row, kFarRowsHeld * row);
+    lse = Tensor::empty(DType::f32, {B, hq});
+  } else {
+    o = Tensor::empty(qt, {B, hq, lv});
+    lse = Tensor::empty(DType::f32, {B, hq});
+  }
+  poison(o);
+  poison(lse);
+  return {o, lse};
+}
+
 class DecodeAttentionOp final : public ContractDependentTypedOp<DecodeAttentionParams> {
  public:
   using P = DecodeAttentionParams;
@@ -324,8 +372,9 @@ class DecodeAttentionOp final : public ContractDependentTypedOp<DecodeAttentionP
     s.input_bytes = B * hq * (lk + 48) * qs + rows * (lk + (p.is_mla ? 0 : lv)) * ks * layers +
                     paged_layout_bytes(p.batch, p.max_ctx, p.page_size);
     s.output_bytes = B * (hq + 5) * ((lv + 24) * qs + 4);
-    s.work = 2 * (static_cast<double>(long_requests) * static_cast<double>(p.max_ctx) +
-                  static_cast<double>(short_requests)) *
+    s.work = 2 *
+             (static_cast<double>(long_requests) * static_cast<double>(p.max_ctx) +
+              static_cast<double>(short_requests)) *
              hq * (lk + lv);
     return s.count("batch", p.batch)
         .count("max_ctx", p.max_ctx)
@@ -362,16 +411,7 @@ class DecodeAttentionOp final : public ContractDependentTypedOp<DecodeAttentionP
     }
     const int64_t pages = first_page + pl.num_blocks;
 
-    // q: N(0, 1); with a soft-cap, scores reach the cap's non-linear range.
-    Tensor q;
-    if (strided) {
-      q = Tensor::full(qt, {B, hq, lk + 48}, 3.0).slice(2, 16, 16 + lk);
-    } else if (p.q_offset_log2 > 0) {
-      q = far_last_row(qt, {B, hq, lk}, p.q_offset_log2);
-    } else {
-      q = Tensor::empty(qt, {B, hq, lk});
-    }
-    fill_normal(q.held_rows(), Rng(c.id, "q", u64), 0.0, p.logit_cap > 0 ? 4.0 : 1.0);
+    const Tensor q = make_q(c, p);
 
     // Caches: every byte random (spare pages and the other layer too), so a read of the wrong
     // page, layer or head shows.
@@ -404,30 +444,7 @@ class DecodeAttentionOp final : public ContractDependentTypedOp<DecodeAttentionP
       if (!p.is_mla) plant_fp8_specials(v, pl, page_size, first_page);
     }
 
-    // Outputs: NaN everywhere in their storages; the gaps of strided views must stay NaN.
-    Tensor o, lse;
-    if (strided) {
-      o = Tensor::empty(qt, {B, hq + 2, lv + 24}).slice(1, 1, 1 + hq).slice(2, 8, 8 + lv);
-      lse = Tensor::empty(DType::f32, {B, hq + 5}).slice(1, 2, 2 + hq);
-    } else if (p.o_offset_log2 > 0) {
-      o = far_last_row(qt, {B, hq, lv}, p.o_offset_log2);
-      lse = Tensor::empty(DType::f32, {B, hq});
-    } else if (p.q_offset_log2 > 0) {
-      // Only the last rows are compared, so o and lse hold those (not far: o_offset_log2's job).
-      o = far_last_row(qt, {B, hq, lv}, 16);
-      lse = far_last_row(DType::f32, {B, hq}, 16);
-    } else if (p.partials_log2 > 0) {
-      // o stays contiguous; its host window is the last requests' rows, whose partials lie past
-      // 2^partials_log2 (a workspace indexed in 32 bits writes them elsewhere or faults).
-      const int64_t row = hq * lv;
-      o = Tensor::sparse(qt, {B, hq, lv}, (B - kFarRowsHeld) * row, kFarRowsHeld * row);
-      lse = Tensor::empty(DType::f32, {B, hq});
-    } else {
-      o = Tensor::empty(qt, {B, hq, lv});
-      lse = Tensor::empty(DType::f32, {B, hq});
-    }
-    poison(o);
-    poison(lse);
+    const auto [o, lse] = make_outputs(p);
 
     prob.args = {{"q", q, Role::input},
                  {"k_buffer", k, Role::input},

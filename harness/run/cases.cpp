@@ -246,6 +246,55 @@ bool is_tier(std::string_view t) {
   return std::find(std::begin(kTiers), std::end(kTiers), t) != std::end(kTiers);
 }
 
+// Exclude rules become forbidden partial assignments over the group's axes; axes the group
+// does not vary are fixed at their default, so a rule naming them fires or never does.
+std::vector<CoverConstraint> exclude_constraints(const CaseGroup& g, const Params& base) {
+  std::vector<CoverConstraint> constraints;
+  for (const auto& rule : g.excludes) {
+    bool can_fire = true;
+    std::vector<std::vector<std::pair<int, int>>> choices;
+    for (const auto& [axis, values] : rule) {
+      const std::string& axis_name = axis;  // clang 14 cannot capture a binding
+      const auto ax = std::find_if(g.axes.begin(), g.axes.end(),
+                                   [&](const auto& a) { return a.first == axis_name; });
+      if (ax == g.axes.end()) {
+        can_fire =
+            can_fire && std::find(values.begin(), values.end(), base.at(axis)) != values.end();
+        continue;
+      }
+      std::vector<std::pair<int, int>> options;
+      for (size_t vi = 0; vi < ax->second.size(); ++vi)
+        if (std::find(values.begin(), values.end(), ax->second[vi]) != values.end())
+          options.emplace_back(static_cast<int>(ax - g.axes.begin()), static_cast<int>(vi));
+      if (options.empty()) can_fire = false;
+      choices.push_back(options);
+    }
+    if (!can_fire) continue;
+    // One forbidden assignment per combination of the rule's values: bounded before expanding.
+    uint64_t combinations = 1;
+    for (const auto& options : choices)
+      if (__builtin_mul_overflow(combinations, static_cast<uint64_t>(options.size()),
+                                 &combinations) ||
+          combinations > kMaxExcludeCombinations)
+        throw std::invalid_argument("an exclude rule lists more than " +
+                                    std::to_string(kMaxExcludeCombinations) +
+                                    " combinations of values (split it, or list fewer values)");
+    std::vector<CoverConstraint> expanded = {{}};
+    for (const auto& options : choices) {
+      std::vector<CoverConstraint> next;
+      for (const auto& c : expanded)
+        for (const auto& o : options) {
+          auto c2 = c;
+          c2.push_back(o);
+          next.push_back(std::move(c2));
+        }
+      expanded = std::move(next);
+    }
+    for (auto& c : expanded) constraints.push_back(std::move(c));
+  }
+  return constraints;
+}
+
 std::vector<Case> expand_group(const Op& op, const CaseFile& file, const CaseGroup& g,
                                std::string_view tier) {
   const auto it = g.tiers.find(std::string(tier));
@@ -263,51 +312,7 @@ std::vector<Case> expand_group(const Op& op, const CaseFile& file, const CaseGro
   } else {
     std::vector<int> counts;
     for (const auto& [name, values] : g.axes) counts.push_back(static_cast<int>(values.size()));
-    // Exclude rules become forbidden partial assignments over the group's axes; axes the group
-    // does not vary are fixed at their default, so a rule naming them fires or never does.
-    std::vector<CoverConstraint> constraints;
-    for (const auto& rule : g.excludes) {
-      bool can_fire = true;
-      std::vector<std::vector<std::pair<int, int>>> choices;
-      for (const auto& [axis, values] : rule) {
-        const std::string& axis_name = axis;  // clang 14 cannot capture a binding
-        const auto ax = std::find_if(g.axes.begin(), g.axes.end(),
-                                     [&](const auto& a) { return a.first == axis_name; });
-        if (ax == g.axes.end()) {
-          can_fire =
-              can_fire && std::find(values.begin(), values.end(), base.at(axis)) != values.end();
-          continue;
-        }
-        std::vector<std::pair<int, int>> options;
-        for (size_t vi = 0; vi < ax->second.size(); ++vi)
-          if (std::find(values.begin(), values.end(), ax->second[vi]) != values.end())
-            options.emplace_back(static_cast<int>(ax - g.axes.begin()), static_cast<int>(vi));
-        if (options.empty()) can_fire = false;
-        choices.push_back(options);
-      }
-      if (!can_fire) continue;
-      // One forbidden assignment per combination of the rule's values: bounded before expanding.
-      uint64_t combinations = 1;
-      for (const auto& options : choices)
-        if (__builtin_mul_overflow(combinations, static_cast<uint64_t>(options.size()),
-                                   &combinations) ||
-            combinations > kMaxExcludeCombinations)
-          throw std::invalid_argument("an exclude rule lists more than " +
-                                      std::to_string(kMaxExcludeCombinations) +
-                                      " combinations of values (split it, or list fewer values)");
-      std::vector<CoverConstraint> expanded = {{}};
-      for (const auto& options : choices) {
-        std::vector<CoverConstraint> next;
-        for (const auto& c : expanded)
-          for (const auto& o : options) {
-            auto c2 = c;
-            c2.push_back(o);
-            next.push_back(std::move(c2));
-          }
-        expanded = std::move(next);
-      }
-      for (auto& c : expanded) constraints.push_back(std::move(c));
-    }
+    const std::vector<CoverConstraint> constraints = exclude_constraints(g, base);
     // A rule over non-varied axes only that fires excludes everything.
     for (const auto& c : constraints)
       if (c.empty()) return {};
