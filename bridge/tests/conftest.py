@@ -3,7 +3,8 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BRIDGE = os.path.dirname(HERE)
-for p in (os.path.join(BRIDGE, "python"), os.path.join(BRIDGE, "adapters"), os.path.join(HERE, "adapters"), HERE):
+REPORT = os.path.join(os.path.dirname(BRIDGE), "harness", "report")  # the exporter's writer
+for p in (REPORT, os.path.join(BRIDGE, "python"), os.path.join(BRIDGE, "adapters"), os.path.join(HERE, "adapters"), HERE):
     if p not in sys.path:
         sys.path.insert(0, p)
 

@@ -24,7 +24,7 @@ ROPE_CASE = "rope/gptj-back-out_of_place-bf16-csf32-poslarge-h4-hd128-rot64-t8-s
 
 
 def _env():
-    paths = [str(BRIDGE / "python"), str(BRIDGE / "adapters")]
+    paths = [str(BRIDGE / "python"), str(BRIDGE / "adapters"), str(BRIDGE.parent / "harness" / "report")]
     return dict(os.environ, PYTHONPATH=os.pathsep.join(paths), PYTHONDONTWRITEBYTECODE="1")
 
 
@@ -153,7 +153,7 @@ def test_export_descriptions_are_checked():
 
 
 # ------------------------------------------------------------------------------------------------
-# Writes go through attncheck_bridge.safe_output (issue 38 item 1): no symlink followed, no FIFO
+# Writes go through attncheck_report.safe_write (issue 38 item 1): no symlink followed, no FIFO
 # opened, no device written, replacement atomic; checked before the bundle is even read.
 
 
@@ -187,22 +187,23 @@ def test_a_symlink_at_the_npz_beside_out_is_refused(tmp_path, capsys):
     decoy = tmp_path / "decoy"
     decoy.write_text("precious\n")
     (tmp_path / "test_x.npz").symlink_to(decoy)
-    assert "test_x.npz: refusing to write: it is a symbolic link" in _main_refuses(tmp_path, tmp_path / "test_x.py", capsys)
+    assert "test_x.npz': it is a symbolic link" in _main_refuses(tmp_path, tmp_path / "test_x.py", capsys)
     assert decoy.read_text() == "precious\n"
 
 
 def test_safe_writes_replace_atomically_and_leave_no_temporary(tmp_path):
-    from attncheck_bridge import safe_output
+    from attncheck_report import safe_write  # the exporter's writer, shared with the report
 
     target = tmp_path / "sub" / "t.py"
-    safe_output.write_text_safely(target, "one\n")
+    safe_write.make_directory(target.parent, "--out")
+    safe_write.write_text(target, "one\n")
     hard = tmp_path / "other-name"
     os.link(target, hard)  # a second name of the old file must keep the old contents
-    safe_output.write_text_safely(target, "two\n")
+    safe_write.write_text(target, "two\n")
     assert target.read_text() == "two\n" and hard.read_text() == "one\n"
     assert sorted(p.name for p in target.parent.iterdir()) == ["t.py"]
-    with pytest.raises(safe_output.UnsafeOutput, match="a directory"):
-        safe_output.write_text_safely(tmp_path / "sub", "x")
+    with pytest.raises(safe_write.UnsafeTarget, match="a directory"):
+        safe_write.write_text(tmp_path / "sub", "x")
 
 
 @needs_bin

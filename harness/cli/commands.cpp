@@ -130,7 +130,8 @@ int export_pytest(const Paths& p, const std::string& bundle, const std::string& 
   const fs::path bridge = fs::path(p.root) / "bridge";
   const char* old = std::getenv("PYTHONPATH");
   const std::string pythonpath = (bridge / "python").string() + ":" +
-                                 (bridge / "adapters").string() +
+                                 (bridge / "adapters").string() + ":" +
+                                 (fs::path(p.root) / "harness" / "report").string() +
                                  (old && *old ? ":" + std::string(old) : "");
   std::vector<std::string> argv_s = {python, "-m",    "attncheck_bridge.export_pytest",
                                      bundle, adapter, out};

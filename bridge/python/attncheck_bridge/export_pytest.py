@@ -4,8 +4,9 @@ a repro bundle (docs/bridge.md "Exporting a finding").
     python3 -m attncheck_bridge.export_pytest BUNDLE ADAPTER OUT
 
 The exporter reads the bundle through the HDF5 library attncheck is linked with
-(attncheck_bridge.hdf5_reader: no h5py) and writes through attncheck_bridge.safe_output (symbolic
-links, FIFOs and devices refused at OUT and at the .npz beside it; atomic replacement). The file
+(attncheck_bridge.hdf5_reader: no h5py) and writes through attncheck_report.safe_write, the
+project's Python writer (symbolic links, FIFOs and devices refused at OUT and at the .npz beside
+it; atomic replacement; attncheck puts harness/report on the path). The file
 needs numpy, the upstream package (the entry's ``Export``: module, function, how the
 arguments are passed) and, for a torch export, torch. It holds the case's inputs (every
 argument's storage rebuilt from the bundle's view contents and layouts, zlib-compressed and
@@ -28,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from attncheck_bridge import hdf5_reader
-from attncheck_bridge.safe_output import check_replaceable, write_bytes_safely, write_text_safely
+from attncheck_report.safe_write import make_directory, require_replaceable, write_bytes, write_text
 
 EMBED_LIMIT = 1 << 20  # encoded bytes embedded in the file; more go to a .npz beside it
 
@@ -141,7 +142,7 @@ def _test_name(case_id):
 
 def generate(bundle, adapter_spec, out):
     for target in (Path(out), Path(out).with_suffix(".npz")):
-        check_replaceable(target)  # before the bundle is read or the adapter imported
+        require_replaceable(target)  # before the bundle is read or the adapter imported
     meta, args, storages, expected, budgets = _read_bundle(bundle)
     mod = _adapter(adapter_spec)
     adapter = getattr(mod, "ADAPTER", None)
@@ -172,7 +173,7 @@ def generate(bundle, adapter_spec, out):
     if sidecar:
         packed = io.BytesIO()
         np.savez_compressed(packed, **data)
-        write_bytes_safely(out.with_suffix(".npz"), packed.getvalue())
+        write_bytes(out.with_suffix(".npz"), packed.getvalue())
         blobs = "DATA_FILE = Path(__file__).with_suffix('.npz')  # the inputs and expected outputs\n"
     else:
         blobs = "DATA_FILE = None\nBLOBS = {\n" + "".join(
@@ -192,7 +193,8 @@ def generate(bundle, adapter_spec, out):
         function=desc["function"], call_args=call_args, test_name=_test_name(meta["id"]),
         framework=desc["framework"], device=desc["device"])
     compile(text, str(out), "exec")
-    write_text_safely(out, text)
+    make_directory(out.parent, "--out")
+    write_text(out, text)
     return sidecar
 
 
