@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <optional>
 #include <span>
@@ -190,6 +191,83 @@ class DeviceBlockCache {
   size_t kept_ = 0;
 };
 
+// Sparse storages' blocks (a large-offset case's gigabytes of extent) kept between launches, one
+// set per process: allocating and releasing them cost a large-offset case more of its time under
+// the launch lock than its kernel and its poison fill together. A block is reused only for a
+// sparse storage of the same library that needs at least half of it, and every byte a launch can
+// see is written again (guards, poison, window: upload_sparse), so nothing of an earlier case is
+// read by the next one. At most kKept bytes in all, the oldest released first; an allocation that
+// fails releases every kept block and is tried once more. The cache lives in the process (the
+// threads' runners and several libraries share one context), under the launch lock.
+// ATTNCHECK_DEVICE_BLOCK_CACHE=0 keeps none.
+class SparseBlockCache {
+ public:
+  static constexpr size_t kKept = size_t{24} << 30;
+  static constexpr size_t kGranule = size_t{64} << 20;
+
+  static SparseBlockCache& process() {
+    static SparseBlockCache cache;
+    return cache;
+  }
+  static size_t capacity_for(size_t bytes) { return (bytes + kGranule - 1) / kGranule * kGranule; }
+  // A block of at least `bytes` (capacity_for) for `lib`; false with `msg` on failure.
+  bool acquire(const KernelLibrary& lib, size_t bytes, void** ptr, size_t* capacity, char* msg,
+               size_t msg_len) {
+    const auto lock = lib.exclusive();
+    const size_t want = capacity_for(bytes);
+    auto best = kept_.end();
+    for (auto it = kept_.begin(); it != kept_.end(); ++it)
+      if (it->api == &lib.api() && it->capacity >= want && it->capacity / 2 <= want &&
+          (best == kept_.end() || it->capacity < best->capacity))
+        best = it;
+    if (best != kept_.end()) {
+      *ptr = best->ptr;
+      *capacity = best->capacity;
+      bytes_ -= best->capacity;
+      kept_.erase(best);
+      return true;
+    }
+    *capacity = want;
+    if (lib.api().alloc(want, ptr, msg, msg_len) == ATTNCHECK_OK) return true;
+    if (kept_.empty()) return false;
+    release_while([](size_t) { return true; });
+    return lib.api().alloc(want, ptr, msg, msg_len) == ATTNCHECK_OK;
+  }
+  void give_back(const KernelLibrary& lib, void* ptr, size_t capacity) {
+    const auto lock = lib.exclusive();
+    if (!enabled_ || capacity > kKept) {
+      lib.api().release(ptr);
+      return;
+    }
+    release_while([&](size_t kept) { return kept + capacity > kKept; });
+    kept_.push_back({&lib.api(), ptr, capacity});
+    bytes_ += capacity;
+  }
+
+ private:
+  SparseBlockCache() {
+    const char* env = std::getenv("ATTNCHECK_DEVICE_BLOCK_CACHE");
+    enabled_ = !(env && std::string(env) == "0");
+  }
+  // Releases the oldest kept blocks while `more(bytes kept)` says so.
+  template <class More>
+  void release_while(More more) {
+    while (!kept_.empty() && more(bytes_)) {
+      kept_.front().api->release(kept_.front().ptr);
+      bytes_ -= kept_.front().capacity;
+      kept_.pop_front();
+    }
+  }
+  struct Block {
+    const attncheck_plugin_v1* api;
+    void* ptr;
+    size_t capacity;
+  };
+  bool enabled_ = true;
+  std::deque<Block> kept_;
+  size_t bytes_ = 0;
+};
+
 // One page-locked host buffer per runner (the library's host_alloc, docs/abi.md), grown as a
 // launch needs and kept: a launch's packed upload is written into it and its read-back lands in
 // it, so both copies are DMA transfers and the launch holds the launch lock for less. Launches
@@ -244,14 +322,19 @@ namespace {
 class DeviceBuffers {
  public:
   DeviceBuffers(const KernelLibrary& lib, DeviceBlockCache& blocks, PinnedStaging& pinned)
-      : api_(lib.api()), ext_(lib.extension()), blocks_(blocks), pinned_(pinned) {}
+      : lib_(lib), api_(lib.api()), ext_(lib.extension()), blocks_(blocks), pinned_(pinned) {}
   ~DeviceBuffers() { give_back_all(); }
   // Every device buffer back to the block cache (or released): called under the launch lock
   // once the read-back is done, so that a process's threads hold one case's buffers on the GPU
   // at a time (what sizes the pools, run/scheduling.h); else at destruction.
   void give_back_all() {
-    for (auto& s : storages_)
-      if (s.device) blocks_.give_back(std::exchange(s.device, nullptr), s.capacity, s.cached);
+    for (auto& s : storages_) {
+      if (!s.device) continue;
+      if (s.host->sparse())
+        SparseBlockCache::process().give_back(lib_, std::exchange(s.device, nullptr), s.capacity);
+      else
+        blocks_.give_back(std::exchange(s.device, nullptr), s.capacity, s.cached);
+    }
     if (staging_.device)
       blocks_.give_back(std::exchange(staging_.device, nullptr), staging_.capacity,
                         staging_.cached);
@@ -419,11 +502,10 @@ class DeviceBuffers {
     const size_t G = DeviceRunner::kGuardBytes;
     const uint64_t extent = s.host->extent, begin = s.host->window_begin;
     const size_t total = extent + 2 * G;
-    s.capacity = total;  // gigabytes of extent: allocated for this launch alone
-    s.cached = false;
+    s.cached = false;  // gigabytes of extent: kept by the process's SparseBlockCache instead
     char msg[kMsg] = {0};
     const std::string& arg = s.arg_names.front();
-    if (api_.alloc(total, &s.device, msg, kMsg) != ATTNCHECK_OK) {
+    if (!SparseBlockCache::process().acquire(lib_, total, &s.device, &s.capacity, msg, kMsg)) {
       s.device = nullptr;
       throw std::runtime_error("device allocation of " + std::to_string(total) +
                                " bytes for sparse '" + arg + "' failed: " + abi_text(msg, kMsg));
@@ -461,6 +543,7 @@ class DeviceBuffers {
     upload(dev + G + begin, s.host->bytes.data(), s.bytes);
   }
 
+  const KernelLibrary& lib_;
   const attncheck_plugin_v1& api_;
   const attncheck_plugin_ext_v1* ext_;
   DeviceBlockCache& blocks_;

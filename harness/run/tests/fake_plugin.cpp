@@ -566,6 +566,21 @@ int run_impl(const char* op_name, const char* params_json, const attncheck_arg* 
       break;
     }
   }
+  if (fault == "write_before_input" || fault == "read_before_input") {
+    // The element just before the first input's first one (a sparse storage's poison): zeroed,
+    // or added to the first output's first element.
+    for (const auto& a : p.args) {
+      if (a.role != Role::input || a.tensor.numel() == 0 || a.tensor.offset() == 0) continue;
+      const Tensor before = a.tensor.as_strided({1}, {1}, a.tensor.offset() - 1);
+      if (fault == "write_before_input") {
+        before.set_bits({0}, 0);
+      } else if (first_out && first_out->numel() > 0) {
+        Index zero(first_out->shape().size(), 0);
+        first_out->set(zero, first_out->get(zero) + before.get({0}));
+      }
+      break;
+    }
+  }
   for (auto& m : mirrors) std::memcpy(m.base, m.host->bytes.data(), m.bytes);
   return ATTNCHECK_OK;
 }

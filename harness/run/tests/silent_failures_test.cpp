@@ -68,6 +68,18 @@ TEST_F(FakeKernels, SparseStorageUploadsItsWindowInPlace) {
   EXPECT_EQ(r.mode, Mode::kernel);
 }
 
+// Sparse blocks are kept between launches (run/device.cpp SparseBlockCache) but poisoned again:
+// what one case's kernel wrote into the gap before its window is not what the next case reads.
+TEST_F(FakeKernels, ASparseBlockKeptBetweenCasesIsPoisonedAgain) {
+  const Params sparse{{"layout", "sparse"}, {"heads", 4}};
+  for (int round = 0; round < 2; ++round) {
+    const Result scribbled = run_on(*lib_, "selftest_axpy", sparse, "write_before_input");
+    EXPECT_EQ(scribbled.verdict, Verdict::passed) << scribbled.message;
+    const Result read = run_on(*lib_, "selftest_axpy", sparse, "read_before_input");
+    EXPECT_EQ(read.verdict, Verdict::failed) << "the gap read back the earlier case's zero";
+  }
+}
+
 // --stress: N more launches compared bitwise with the first; a kernel that flips a bit on every
 // second launch is caught with its rate, a clean one passes with a zero rate; the record survives
 // the worker's JSON.
