@@ -147,13 +147,26 @@ class ContractJudge {
   const Contract& declared() const { return *declared_; }
   const TensorMap& expected() const { return expected_; }
 
+  // The default budgets of a case kept in `prepared` are derived once per process: `expected_key`
+  // says where the expected outputs came from (and the partial contract that settled them).
+  void keep_in(PreparedCases* prepared, std::string id, std::string expected_key) {
+    prepared_ = prepared;
+    id_ = std::move(id);
+    expected_key_ = std::move(expected_key);
+  }
+
   const std::vector<OutputCheck>& checks_for(const Contract& c) {
     for (const auto& [contract, checks] : derived_)
       if (contract == c) return checks;
     const PhaseClock clock(timings_.budgets_ms);
-    derived_.emplace_back(c, produced_checks(c.is_default() ? op_.checks(p_, expected_)
-                                                            : op_.contract_checks(p_, expected_, c),
-                                             partial_));
+    auto derive = [&] {
+      return c.is_default() ? op_.checks(p_, expected_) : op_.contract_checks(p_, expected_, c);
+    };
+    derived_.emplace_back(
+        c, produced_checks(prepared_ && c.is_default()
+                               ? prepared_->default_checks(id_, expected_key_, derive)
+                               : derive(),
+                           partial_));
     return derived_.back().second;
   }
 
@@ -192,6 +205,8 @@ class ContractJudge {
   std::optional<Contract> declared_;
   const PartialContract& partial_;
   Timings& timings_;
+  PreparedCases* prepared_ = nullptr;
+  std::string id_, expected_key_;
   std::deque<std::pair<Contract, std::vector<OutputCheck>>> derived_;  // stable references
 };
 
@@ -511,6 +526,8 @@ void evaluate_kernel(Result& r, const Op& op, const Case& c, const Problem& p,
   ContractJudge judge(op, p, expected,
                       op.contract_dependent() ? declared : std::optional<Contract>(), partial,
                       r.timings);
+  judge.keep_in(ctx.prepared, c.id,
+                r.expected_from + (partial.empty() ? "" : " " + partial.to_json().dump()));
   judge_kernel(r, op, p, judge, *ctx.device, ctx.options, artifacts);
   if (!partial.empty() && r.mode == Mode::kernel)
     r.message += " [judged under the entry's partial contract: " + partial.describe() + "]";
@@ -700,7 +717,8 @@ Result evaluate_timed(const Case& c, const EvalContext& ctx, CaseArtifacts* arti
   }
   try {
     const auto t0 = Clock::now();
-    const Problem p = op->problem(c);
+    const Problem p =
+        ctx.prepared ? ctx.prepared->problem(c, [&] { return op->problem(c); }) : op->problem(c);
     r.timings.generate_ms = ms_since(t0);
     r.kernel_entry = p.kernel;
     if (artifacts) {

@@ -13,6 +13,7 @@
 #include "ops/op.h"
 #include "run/device.h"
 #include "run/golden.h"
+#include "run/prepared.h"
 
 namespace attncheck {
 
@@ -43,6 +44,9 @@ struct EvalContext {
   bool require_goldens = true;
   std::string no_kernel_reason;  // reference mode: why no kernel runs, for the messages
   RunOptions options;
+  // Set when the process runs the same cases against several libraries (run/prepared.h): their
+  // problems and default budgets are made once and kept.
+  PreparedCases* prepared = nullptr;
 };
 
 // What a case saw, for repro bundles: the problem as handed to the kernel (initial contents), the

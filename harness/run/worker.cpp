@@ -330,12 +330,16 @@ struct Seat {
   std::string library;                   // library_key of the library `eval` runs
 
   const EvalContext& for_library(CaseContext& ctx, const std::string& path) {
+    // A request that names its library: the process runs several (mutants), each over the same
+    // cases, which are prepared once (run/prepared.h).
+    if (!path.empty()) eval.prepared = &ctx.prepared;
     const std::string key = library_key(ctx, path);
     if (key == library) return eval;
     const KernelLibrary& wanted = library_for(ctx, path);
     runner.reset();
     runner = std::make_unique<DeviceRunner>(wanted, ctx.eval.options.arch);
     eval = ctx.eval;
+    eval.prepared = &ctx.prepared;
     eval.device = runner.get();
     eval.options.kernels_path = wanted.path();
     library = key;

@@ -67,6 +67,7 @@ struct CaseContext {
   // Libraries requests named besides `lib` (see above), by path; opened on first use and kept.
   std::map<std::string, std::unique_ptr<KernelLibrary>> more_libs;
   std::mutex more_libs_mutex;
+  PreparedCases prepared;  // cases made once for every library's launch (run/prepared.h)
 };
 
 // The library a request names: ctx.lib for "" or the worker's own path, else one of

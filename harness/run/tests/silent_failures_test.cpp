@@ -9,6 +9,7 @@
 #include "core/numeric.h"
 #include "run/device.h"
 #include "run/evaluate.h"
+#include "run/prepared.h"
 
 #ifndef ATTNCHECK_FAKE_KERNELS
 #error "ATTNCHECK_FAKE_KERNELS (path of the fake kernel library) must be defined by the build"
@@ -78,6 +79,31 @@ TEST_F(FakeKernels, ASparseBlockKeptBetweenCasesIsPoisonedAgain) {
     const Result read = run_on(*lib_, "selftest_axpy", sparse, "read_before_input");
     EXPECT_EQ(read.verdict, Verdict::failed) << "the gap read back the earlier case's zero";
   }
+}
+
+// Several libraries over the same cases (mutants) share each case's problem and default budgets
+// (run/prepared.h): a faulty library's launch does not change what the next library is given.
+TEST_F(FakeKernels, PreparedCasesAreTheSameForEveryLibrary) {
+  const Op* op = find_op("selftest_axpy");
+  ASSERT_NE(op, nullptr);
+  const Case c = op->make_case({{"heads", 4}});
+  PreparedCases prepared;
+  DeviceRunner runner(*lib_, "fake-cpu");
+  EvalContext ctx;
+  ctx.device = &runner;
+  ctx.options.arch = "fake-cpu";
+  ctx.prepared = &prepared;
+  for (const char* fault : {"", "nan", "modify_input", "", "guard_after", ""}) {
+    if (*fault)
+      ::setenv("ATTNCHECK_FAKE_FAULT", fault, 1);
+    else
+      ::unsetenv("ATTNCHECK_FAKE_FAULT");
+    const Result r = evaluate(c, ctx);
+    EXPECT_EQ(r.verdict, *fault && std::string(fault) != "write_before_input" ? Verdict::failed
+                                                                              : Verdict::passed)
+        << fault << ": " << r.message;
+  }
+  EXPECT_EQ(prepared.kept_cases(), 1u);
 }
 
 // --stress: N more launches compared bitwise with the first; a kernel that flips a bit on every
