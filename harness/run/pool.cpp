@@ -329,7 +329,8 @@ bool exited_by(pid_t pid, Clock::time_point until) {
 // session they moved to), then reaps the worker and ends what it left (end_adopted). The group is
 // killed before the reap: until then the worker's pid (the group's id) cannot be reused, so the
 // signal reaches nothing else. Without kill_worker the worker is given `grace` to exit on its own
-// first; false when it had to be killed.
+// first; false when it had to be killed. `w` keeps its pid, which the messages about its cases
+// name; the caller replaces it (vacant).
 bool reap(Worker& w, int& status, bool kill_worker,
           std::chrono::milliseconds grace = std::chrono::seconds(10)) {
   close_fd(w.in);
@@ -343,7 +344,6 @@ bool reap(Worker& w, int& status, bool kill_worker,
   while (::waitpid(w.pid, &status, 0) < 0 && errno == EINTR) {
   }
   family().live.erase(w.pid);
-  w.pid = -1;
   end_adopted();
   return exited;
 }

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -161,6 +162,11 @@ TEST_F(WorkerPool, CasesInFlightWithACrashRunAgainEachAlone) {
   EXPECT_TRUE(has(lost_[0], "SIGSEGV")) << lost_[0];
   ASSERT_EQ(results_.count(1), 1u);
   EXPECT_TRUE(has(log(), "its 2 cases in flight run again, each alone in a worker")) << log();
+  // Named by its pid, not by the -1 of a worker already reaped.
+  EXPECT_TRUE(
+      std::regex_search(log(), std::regex(R"(\[attncheck\] worker [1-9][0-9]*: worker )"
+                                          R"(process died with SIGSEGV[^\n]*; its 2 cases)")))
+      << log();
 }
 
 TEST_F(WorkerPool, ARequeuedCaseRunsAgainAndIsLostAfterThreeRequeues) {
