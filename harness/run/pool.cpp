@@ -329,7 +329,8 @@ bool exited_by(pid_t pid, Clock::time_point until) {
 // session they moved to), then reaps the worker and ends what it left (end_adopted). The group is
 // killed before the reap: until then the worker's pid (the group's id) cannot be reused, so the
 // signal reaches nothing else. Without kill_worker the worker is given `grace` to exit on its own
-// first; false when it had to be killed.
+// first; false when it had to be killed. `w` keeps its pid, which the messages about its cases
+// name; the caller replaces it (vacant).
 bool reap(Worker& w, int& status, bool kill_worker,
           std::chrono::milliseconds grace = std::chrono::seconds(10)) {
   close_fd(w.in);
@@ -343,7 +344,6 @@ bool reap(Worker& w, int& status, bool kill_worker,
   while (::waitpid(w.pid, &status, 0) < 0 && errno == EINTR) {
   }
   family().live.erase(w.pid);
-  w.pid = -1;
   end_adopted();
   return exited;
 }
@@ -368,11 +368,6 @@ std::string answer_mismatch(const nlohmann::json& j, uint64_t seq, const std::st
     return "its result is another case's";
   return "";
 }
-
-// A case is run again at most this often after requeue answers (a worker that keeps answering
-// so, forged or not, cannot keep a run going). From its second requeue on it runs alone in a
-// worker, where a legitimate worker answers with a result: only a misbehaving one reaches this.
-constexpr int kMaxRequeues = 3;
 
 // pgid -> resident bytes of its live processes, for the groups asked.
 std::map<pid_t, uint64_t> group_rss(const std::vector<pid_t>& groups) {
@@ -556,456 +551,588 @@ SelfRun run_self(const std::vector<std::string>& args, double timeout_s) {
   return run;
 }
 
-void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
-                    const PoolCallbacks& cb) {
-  ::signal(SIGPIPE, SIG_IGN);  // a worker that died must not take the parent with it
-  // What a worker started and left behind becomes this process's child, not init's: reap() ends
-  // it (end_adopted).
-  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
-  std::ofstream log;
-  if (!spec.log_path.empty()) log.open(spec.log_path, std::ios::app);
-  const int threads = spec.one_case_per_worker ? 1 : std::max(1, spec.threads);
-  const int jobs = std::max(1, std::min<int>(spec.jobs, static_cast<int>(tasks.size())));
-  // Cases at once the pool aims at; workers that run fewer than `threads` make room for more.
-  const size_t target = static_cast<size_t>(jobs) * static_cast<size_t>(threads);
-  std::vector<Worker> workers(static_cast<size_t>(jobs));
-  for (size_t k = 0; k < workers.size(); ++k) workers[k].slot = k;
-  size_t next = 0, done = 0;
-  std::deque<size_t> again;     // requeued: any worker
-  std::deque<size_t> isolated;  // each alone in a worker
-  std::vector<int> requeues(tasks.size(), 0);
-  uint64_t seq = 0;
-  int start_failures = 0, spawned = 0;
-  auto next_memory_check = Clock::now();
+namespace {
+
+// pgid -> resident bytes of its processes (WorkerSpec::memory_limit).
+using GroupRss = std::map<pid_t, uint64_t>;
+
+// Workers the pool starts with: WorkerSpec::jobs, no more than there are tasks.
+int pool_jobs(const WorkerSpec& spec, size_t tasks) {
+  return std::max(1, std::min<int>(spec.jobs, static_cast<int>(tasks)));
+}
+
+// One run of run_in_workers, in phases: start (a worker in a slot), dispatch (requests to idle
+// capacity), poll (wait on the workers' pipes and the nearest deadline), then per worker: its
+// lines (on_line: hello, result, requeue, or reject), its exit (on_exit), its memory
+// (check_memory) and its deadlines. What a lost worker's cases become is decided in lose and
+// requeue, beside each other below.
+class WorkerPool {
+ public:
+  WorkerPool(const WorkerSpec& spec, const std::vector<PoolTask>& tasks, const PoolCallbacks& cb);
+  void run();
+
+ private:
+  bool work_left() const { return next_ < tasks_.size() || !again_.empty() || !isolated_.empty(); }
+  Worker start(size_t slot) { return spawn(spec_, spawned_++, slot); }
+  void start_before_dispatch();
+  void settle_stopped();
+  void skip_not_started();
+  void not_run(size_t idx);
+  void refill_slots();
+  void dispatch();
+  void send(Worker& w, size_t idx);
+  void poll();
+  GroupRss sample_memory();
+  void service(Worker& w, const GroupRss& rss);
+  void read_stderr(Worker& w);
+  bool read_lines(Worker& w);
+  bool on_line(Worker& w, const std::string& line);
+  bool on_hello(Worker& w, const nlohmann::json& j, const std::string& line);
+  void on_result(Worker& w, const InFlight& request, const nlohmann::json& j);
+  void on_exit(Worker& w);
+  bool check_memory(Worker& w, const GroupRss& rss);
+  void check_deadlines(Worker& w);
+  void end_worker(Worker& w, const std::string& what, bool fatal_at_start);
+  void lose(Worker& w, const std::string& what, bool fatal_at_start);
+  void requeue(Worker& w, size_t idx, const nlohmann::json& j);
+  void reject(Worker& w, const std::string& line, const std::string& why);
+  void retire(Worker& w);
+  void grow(int capacity);
+  void deliver_pending(Worker& w);
+  void note(const std::string& text);
+  void finish();
+
+  const WorkerSpec& spec_;
+  const std::vector<PoolTask>& tasks_;
+  const PoolCallbacks& cb_;
+  std::ofstream log_;
+  const int threads_;        // cases a worker is asked to run at once
+  const size_t target_;      // cases at once the pool aims at (jobs x threads)
+  std::string worker_name_;  // in the errors of a pool whose workers cannot start
+  std::vector<Worker> workers_;
+  size_t next_ = 0, done_ = 0;   // the next task never sent; tasks ended (any outcome)
+  std::deque<size_t> again_;     // requeued: any worker
+  std::deque<size_t> isolated_;  // each alone in a worker
+  std::vector<int> requeues_;    // requeue answers per task
+  // Tasks from next_ on that stop_dispatching or before_dispatch took out of the run.
+  std::vector<char> not_started_;
+  // done_ when stop_dispatching was last asked: only an outcome can change its answer.
+  size_t settled_at_done_ = static_cast<size_t>(-1);
+  uint64_t seq_ = 0;
+  int start_failures_ = 0, spawned_ = 0;
+  Clock::time_point next_memory_check_ = Clock::now();
+  int grow_wanted_;  // < threads_: a hello said so (the smallest capacity said)
+  // Slots whose retiring worker gets its replacement now (spawned after the loop over workers_,
+  // which a spawn would invalidate): the replacement's start (a GPU context, the library's load)
+  // overlaps the retiring worker's last cases and exit instead of following them.
+  std::vector<size_t> replace_now_;
+};
+
+WorkerPool::WorkerPool(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
+                       const PoolCallbacks& cb)
+    : spec_(spec),
+      tasks_(tasks),
+      cb_(cb),
+      threads_(spec.one_case_per_worker ? 1 : std::max(1, spec.threads)),
+      target_(static_cast<size_t>(pool_jobs(spec, tasks.size())) * static_cast<size_t>(threads_)),
+      requeues_(tasks.size(), 0),
+      not_started_(tasks.size(), 0),
+      grow_wanted_(threads_) {
+  if (!spec.log_path.empty()) log_.open(spec.log_path, std::ios::app);
+  for (size_t k = 0; k < static_cast<size_t>(pool_jobs(spec, tasks.size())); ++k)
+    workers_.push_back(vacant(k));
   // Named with the kernel library it loads: a worker that cannot start is that library's doing.
-  std::string worker_name =
+  worker_name_ =
       "the worker process (" + spec.exe + (spec.args.empty() ? "" : " " + spec.args[0]) + ")";
   if (const auto k = std::find(spec.args.begin(), spec.args.end(), "--kernels");
       k != spec.args.end() && k + 1 != spec.args.end())
-    worker_name = "the worker process of kernel library '" + *(k + 1) + "'";
-  auto work_left = [&] { return next < tasks.size() || !again.empty() || !isolated.empty(); };
-  // What the worker printed since: to the log and its kept tail; its stderr closed at end of file.
-  auto read_stderr = [&](Worker& w) {
-    std::string chunk;
-    const bool open = drain(w.err, chunk);
-    if (!chunk.empty()) {
-      if (log.is_open()) log << chunk << std::flush;
-      w.err_tail += chunk;
-      if (w.err_tail.size() > kTailBytes) w.err_tail.erase(0, w.err_tail.size() - kTailBytes);
-    }
-    if (!open) close_fd(w.err);
-  };
-  // Tasks from `next` on that stop_dispatching or before_dispatch took out of the run.
-  std::vector<char> not_started(tasks.size(), 0);
-  auto skip_not_started = [&] {
-    while (next < tasks.size() && not_started[next]) ++next;
-  };
-  // A waiting task taken out of the run: on_not_run has it.
-  auto not_run = [&](size_t idx) {
-    ++done;
-    if (cb.on_not_run) cb.on_not_run(idx);
-  };
-  // The waiting tasks that stop_dispatching now excludes go to on_not_run: asked again once a
-  // task has ended since (`done` moved), as only an outcome can change the answer.
-  size_t settled_at_done = static_cast<size_t>(-1);
-  auto settle_stopped = [&] {
-    if (!cb.stop_dispatching || !cb.on_not_run) return;
-    auto stopped = [&](size_t idx) {
-      if (!cb.stop_dispatching(idx)) return false;
-      not_run(idx);
-      return true;
-    };
-    std::erase_if(isolated, stopped);
-    std::erase_if(again, stopped);
-    for (size_t idx = next; idx < tasks.size(); ++idx)
-      if (!not_started[idx] && stopped(idx)) not_started[idx] = 1;
-    skip_not_started();
-  };
+    worker_name_ = "the worker process of kernel library '" + *(k + 1) + "'";
+}
 
-  // The worker is gone with `what`: a case it ran alone is lost with that reason; several cases
-  // in flight run again, each alone (nothing can be pinned on one of them); a worker that never
-  // said hello counts towards the start failures.
-  auto lose_flight = [&](Worker& w, const std::string& what, bool fatal_at_start) {
-    if (w.flight.size() == 1) {
-      const size_t idx = w.flight.front().task;
-      w.flight.clear();
-      ++done;
-      cb.on_lost(idx, what + last_lines(w.err_tail));
-    } else if (!w.flight.empty()) {
-      if (log.is_open())
-        log << "[attncheck] worker " << w.pid << ": " << what << "; its " << w.flight.size()
-            << " cases in flight run again, each alone in a worker\n"
-            << std::flush;
-      for (const auto& f : w.flight) isolated.push_back(f.task);
-      w.flight.clear();
-    } else if (!w.ready) {
-      if (fatal_at_start)
-        throw std::runtime_error(worker_name + " did not start: " + what + last_lines(w.err_tail));
-      if (++start_failures >= 3)
-        throw std::runtime_error(worker_name + " failed to start three times: " + what +
-                                 " before its hello, while loading the library and asking for "
-                                 "its device" +
-                                 last_lines(w.err_tail));
+// Until every task has ended: the waiting tasks stop_dispatching excludes are set aside, slots
+// open and fill, requests go out, and each worker's output, exit, memory and deadlines are seen to.
+void WorkerPool::run() {
+  if (cb_.before_dispatch) start_before_dispatch();
+  while (done_ < tasks_.size()) {
+    if (work_left() && done_ != settled_at_done_) {
+      settle_stopped();
+      settled_at_done_ = done_;
+      if (done_ == tasks_.size()) break;
     }
-  };
-  // A line the parent did not ask for, or an answer that is not the request's: the channel of
-  // this worker is not trustworthy any more.
-  auto reject = [&](Worker& w, const std::string& line, const std::string& why) {
-    if (log.is_open())
-      log << "[attncheck] worker " << w.pid << ": rejected protocol line (" << why
-          << "): " << excerpt(line) << "\n"
-          << std::flush;
-    int status = 0;
-    reap(w, status, true);
-    const std::string what = "the worker's protocol line was rejected (" + why +
-                             "): " + excerpt(line) +
-                             "; the worker was killed (did the kernel or an adapter write to "
-                             "the protocol channel?)";
-    if (w.pending >= 0) {  // a one-case worker's answer is not trusted after that either
-      ++done;
-      cb.on_lost(static_cast<size_t>(w.pending), what + last_lines(w.err_tail));
-    } else if (!w.flight.empty() || !w.ready) {
-      lose_flight(w, what, false);
+    if (grow_wanted_ < threads_) {
+      grow(grow_wanted_);
+      grow_wanted_ = threads_;
     }
-    w = vacant(w.slot);
-  };
+    refill_slots();
+    dispatch();
+    poll();
+    const GroupRss rss = sample_memory();
+    for (auto& w : workers_)
+      if (w.pid >= 0) service(w, rss);
+  }
+  finish();
+}
 
-  // A one-case worker has exited (or been killed after answering): its case's result counts now.
-  auto deliver_pending = [&](Worker& w) {
-    const auto idx = static_cast<size_t>(w.pending);
-    if (cb.on_worker_exit) cb.on_worker_exit(w.serial, idx, w.pending_result);
-    ++done;
-    cb.on_result(idx, w.pending_result);
-  };
+// The workers start, then before_dispatch runs beside their start; what it returns is not run.
+void WorkerPool::start_before_dispatch() {
+  for (auto& w : workers_)
+    if (w.pid < 0 && work_left()) w = start(w.slot);
+  for (size_t idx : cb_.before_dispatch()) {
+    if (idx >= tasks_.size() || not_started_[idx]) continue;
+    not_started_[idx] = 1;
+    not_run(idx);
+  }
+  skip_not_started();
+}
 
-  // After a hello: while the workers (those yet to say hello counted at `threads`) cannot run
-  // `target` cases at once, another slot is opened.
-  auto grow = [&](int capacity) {
-    size_t can = 0;
-    for (const auto& w : workers)
-      can += w.ready ? static_cast<size_t>(w.capacity) : static_cast<size_t>(threads);
-    // Slots, not entries: a retiring worker and its replacement share one.
-    size_t slots = 0;
-    for (const auto& w : workers) slots = std::max(slots, w.slot + 1);
-    const size_t before = slots;
-    while (can < target && slots < target) {
-      workers.push_back(vacant(slots++));
-      can += static_cast<size_t>(threads);
-    }
-    if (log.is_open() && slots > before)
-      log << "[attncheck] a worker runs " << capacity << " case(s) at once, not " << threads
-          << ": the pool opens " << slots - before << " more worker process(es)\n"
-          << std::flush;
-  };
-
-  int grow_wanted = threads;  // < threads: a hello said so (the smallest capacity said)
-
-  // Slots whose retiring worker gets its replacement now (spawned after the loop over `workers`,
-  // which a spawn would invalidate): the replacement's start (a GPU context, the library's load)
-  // overlaps the retiring worker's last cases and exit instead of following them.
-  std::vector<size_t> replace_now;
-  auto retire = [&](Worker& w) {
-    if (w.retiring) return;
-    w.retiring = true;
-    w.deadline = Clock::now() + std::chrono::seconds(30);  // to exit
-    close_fd(w.in);
-    replace_now.push_back(w.slot);  // spawned if work is left by then
-  };
-
-  // One protocol line from `w`; false when the worker was killed for it.
-  auto on_line = [&](Worker& w, const std::string& line) {
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const std::exception&) {
-      reject(w, line, "not JSON");
-      return false;
-    }
-    if (!w.ready) {
-      if (j.is_object() && j.contains("fatal") && j["fatal"].is_string())
-        throw std::runtime_error(j["fatal"].get<std::string>());
-      if (!j.is_object() || !j.contains("hello")) {
-        reject(w, line, "expected the hello line");
-        return false;
-      }
-      w.ready = true;
-      start_failures = 0;
-      const auto& hello = j["hello"];
-      w.capacity =
-          hello.is_object() && hello.contains("threads") && hello["threads"].is_number_integer()
-              ? std::clamp(hello["threads"].get<int>(), 1, threads)
-              : 1;
-      // Not here: `workers` is being iterated.
-      if (w.capacity < threads) grow_wanted = std::min(grow_wanted, w.capacity);
-      if (cb.on_worker_started)
-        cb.on_worker_started(w.slot,
-                             std::chrono::duration<double>(Clock::now() - w.spawned_at).count());
-      if (cb.on_hello) cb.on_hello(hello);
-      return true;
-    }
-    if (w.flight.empty()) {
-      reject(w, line, "no request was outstanding");
-      return false;
-    }
-    // The request it answers: by seq when several are in flight.
-    auto it = w.flight.begin();
-    if (w.flight.size() > 1 && j.is_object() && j.contains("seq") &&
-        j["seq"].is_number_unsigned()) {
-      const auto s = j["seq"].get<uint64_t>();
-      it = std::find_if(w.flight.begin(), w.flight.end(),
-                        [&](const InFlight& f) { return f.seq == s; });
-      if (it == w.flight.end()) {
-        reject(
-            w, line,
-            "its seq is not one of the " + std::to_string(w.flight.size()) + " requests in flight");
-        return false;
-      }
-    }
-    const size_t idx = it->task;
-    if (const std::string why = answer_mismatch(j, it->seq, it->sent_id, w.capacity > 1);
-        !why.empty()) {
-      reject(w, line,
-             why + "; the request was seq " + std::to_string(it->seq) + " for '" + tasks[idx].id +
-                 "'");
-      return false;
-    }
-    const auto sent_at = it->sent_at;
-    w.flight.erase(it);
-    if (w.flight.empty()) w.isolating = false;
-    if (!j.contains("result")) {  // requeue: the worker retires, the case runs again
-      retire(w);
-      if (++requeues[idx] > kMaxRequeues) {
-        ++done;
-        cb.on_lost(idx, "answered 'run it again' " + std::to_string(kMaxRequeues) +
-                            " times; the last: " + j["requeue"].get<std::string>());
-        return true;
-      }
-      if (log.is_open())
-        log << "[attncheck] worker " << w.pid << ": " << tasks[idx].id
-            << " runs again: " << j["requeue"].get<std::string>() << "\n"
-            << std::flush;
-      // Requeued a second time: alone in a worker from here on, where no other case's device
-      // error can break its launch, so that another case's faults never exhaust its requeues.
-      (j.value("isolate", false) || requeues[idx] >= 2 ? isolated : again).push_back(idx);
-      return true;
-    }
-    if (cb.on_round_trip)
-      cb.on_round_trip(idx, w.slot,
-                       std::chrono::duration<double, std::milli>(Clock::now() - sent_at).count());
-    if (spec.one_case_per_worker) {
-      // Delivered (and counted done) once the worker and its wrapper have exited.
-      w.pending = static_cast<long>(idx);
-      w.pending_result = j["result"];
-      w.retiring = true;
-      w.deadline = Clock::now() + ms(spec.case_timeout_s);
-      close_fd(w.in);
-      return true;
-    }
-    ++done;
-    if (j.value("retire", false)) retire(w);
-    cb.on_result(idx, j["result"]);
+// The waiting tasks that stop_dispatching now excludes go to on_not_run.
+void WorkerPool::settle_stopped() {
+  if (!cb_.stop_dispatching || !cb_.on_not_run) return;
+  auto stopped = [&](size_t idx) {
+    if (!cb_.stop_dispatching(idx)) return false;
+    not_run(idx);
     return true;
   };
+  std::erase_if(isolated_, stopped);
+  std::erase_if(again_, stopped);
+  for (size_t idx = next_; idx < tasks_.size(); ++idx)
+    if (!not_started_[idx] && stopped(idx)) not_started_[idx] = 1;
+  skip_not_started();
+}
 
-  auto send = [&](Worker& w, size_t idx) {
-    InFlight f;
-    f.task = idx;
-    f.seq = ++seq;
-    nlohmann::json request = tasks[idx].request;
-    request.update(
-        nlohmann::json{{"seq", f.seq}, {"id", tasks[idx].id}, {"case", tasks[idx].payload}});
-    const std::string line =
-        request.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-    f.sent_id = nlohmann::json::parse(line)["id"].get<std::string>();
-    f.sent_at = Clock::now();
-    f.deadline = f.sent_at + ms(spec.case_timeout_s);
-    w.flight.push_back(std::move(f));
-    // A failed or short write: the worker is gone, and its end of file arrives through poll.
-    size_t at = 0;
-    while (at < line.size()) {
-      const ssize_t n = ::write(w.in, line.data() + at, line.size() - at);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;
-      at += static_cast<size_t>(n);
-    }
-  };
+void WorkerPool::skip_not_started() {
+  while (next_ < tasks_.size() && not_started_[next_]) ++next_;
+}
 
-  if (cb.before_dispatch) {
-    for (auto& w : workers)
-      if (w.pid < 0 && work_left()) w = spawn(spec, spawned++, w.slot);
-    for (size_t idx : cb.before_dispatch()) {
-      if (idx >= tasks.size() || not_started[idx]) continue;
-      not_started[idx] = 1;
-      not_run(idx);
-    }
-    skip_not_started();
+// A waiting task taken out of the run: on_not_run has it.
+void WorkerPool::not_run(size_t idx) {
+  ++done_;
+  if (cb_.on_not_run) cb_.on_not_run(idx);
+}
+
+// The replacements asked for since the last pass; then one entry per slot: an entry whose worker
+// is gone is dropped when a live worker (a replacement) or an earlier gone entry holds its slot,
+// so that dispatch refills each slot once at most.
+void WorkerPool::refill_slots() {
+  for (size_t slot : std::exchange(replace_now_, {}))
+    if (work_left()) workers_.push_back(start(slot));
+  std::vector<size_t> held;
+  for (const auto& w : workers_)
+    if (w.pid >= 0) held.push_back(w.slot);
+  std::vector<size_t> dropped;  // indices, ascending
+  for (size_t k = 0; k < workers_.size(); ++k) {
+    if (workers_[k].pid >= 0) continue;
+    if (std::find(held.begin(), held.end(), workers_[k].slot) != held.end())
+      dropped.push_back(k);
+    else
+      held.push_back(workers_[k].slot);
   }
-  while (done < tasks.size()) {
-    if (work_left() && done != settled_at_done) {
-      settle_stopped();
-      settled_at_done = done;
-      if (done == tasks.size()) break;
-    }
-    if (grow_wanted < threads) {
-      grow(grow_wanted);
-      grow_wanted = threads;
-    }
-    // The replacements asked for since the last pass; then one entry per slot: an entry whose
-    // worker is gone is dropped when a live worker (a replacement) or an earlier gone entry holds
-    // its slot, so that below each slot is refilled once at most.
-    for (size_t slot : std::exchange(replace_now, {}))
-      if (work_left()) workers.push_back(spawn(spec, spawned++, slot));
-    std::vector<size_t> held;
-    for (const auto& w : workers)
-      if (w.pid >= 0) held.push_back(w.slot);
-    std::vector<size_t> dropped;  // indices, ascending
-    for (size_t k = 0; k < workers.size(); ++k) {
-      if (workers[k].pid >= 0) continue;
-      if (std::find(held.begin(), held.end(), workers[k].slot) != held.end())
-        dropped.push_back(k);
-      else
-        held.push_back(workers[k].slot);
-    }
-    for (auto k = dropped.rbegin(); k != dropped.rend(); ++k)
-      workers.erase(workers.begin() + static_cast<std::ptrdiff_t>(*k));
-    for (auto& w : workers) {
-      if (w.pid < 0 && work_left()) w = spawn(spec, spawned++, w.slot);
-      if (w.pid < 0 || !w.ready || w.retiring || w.isolating) continue;
-      if (w.flight.empty() && !isolated.empty()) {
-        w.isolating = true;
-        send(w, isolated.front());
-        isolated.pop_front();
-        continue;
-      }
-      const int in_flight = w.capacity + (w.capacity > 1 ? spec.queued_per_worker : 0);
-      while (static_cast<int>(w.flight.size()) < in_flight) {
-        if (!again.empty()) {
-          send(w, again.front());
-          again.pop_front();
-        } else if (next < tasks.size()) {
-          send(w, next++);
-          skip_not_started();
-        } else {
-          break;
-        }
-      }
-    }
+  for (auto k = dropped.rbegin(); k != dropped.rend(); ++k)
+    workers_.erase(workers_.begin() + static_cast<std::ptrdiff_t>(*k));
+}
 
-    std::vector<pollfd> fds;
-    auto earliest = Clock::time_point::max();
-    for (const auto& w : workers) {
-      if (w.pid < 0) continue;
-      if (w.out >= 0) fds.push_back({w.out, POLLIN, 0});
-      if (w.err >= 0) fds.push_back({w.err, POLLIN, 0});
-      for (const auto& f : w.flight) earliest = std::min(earliest, f.deadline);
-      if (!w.ready || (w.retiring && w.flight.empty())) earliest = std::min(earliest, w.deadline);
+// Starts a worker in each empty slot while work is left, and fills each ready worker's capacity:
+// a case that runs alone first, into a worker with nothing in flight, then requeued cases, then
+// new ones.
+void WorkerPool::dispatch() {
+  for (auto& w : workers_) {
+    if (w.pid < 0 && work_left()) w = start(w.slot);
+    if (w.pid < 0 || !w.ready || w.retiring || w.isolating) continue;
+    if (w.flight.empty() && !isolated_.empty()) {
+      w.isolating = true;
+      send(w, isolated_.front());
+      isolated_.pop_front();
+      continue;
     }
-    if (spec.memory_limit > 0) earliest = std::min(earliest, next_memory_check);
-    int wait_ms = 1000;
-    if (earliest != Clock::time_point::max())
-      wait_ms = static_cast<int>(std::clamp<int64_t>(
-          std::chrono::duration_cast<std::chrono::milliseconds>(earliest - Clock::now()).count() +
-              1,
-          0, 1000));
-    if (::poll(fds.data(), fds.size(), wait_ms) < 0 && errno != EINTR)
-      throw std::runtime_error(std::string("poll failed: ") + std::strerror(errno));
-
-    std::map<pid_t, uint64_t> rss;
-    if (spec.memory_limit > 0 && Clock::now() >= next_memory_check) {
-      next_memory_check = Clock::now() + kMemoryCheckEvery;
-      std::vector<pid_t> groups;
-      for (const auto& w : workers)
-        if (w.pid >= 0) groups.push_back(w.pid);
-      rss = group_rss(groups);
-    }
-
-    for (auto& w : workers) {
-      if (w.pid < 0) continue;
-      if (w.err >= 0) read_stderr(w);
-      if (w.out >= 0) {
-        const bool open = drain(w.out, w.out_buf);
-        bool killed = false;
-        size_t nl;
-        while (!killed && (nl = w.out_buf.find('\n')) != std::string::npos) {
-          const std::string line = w.out_buf.substr(0, nl);
-          w.out_buf.erase(0, nl + 1);
-          if (!line.empty()) killed = !on_line(w, line);
-        }
-        if (killed) continue;
-        if (!open) w.out_eof = true;
-      }
-      if (w.out_eof) {
-        int status = 0;
-        const bool exited = reap(w, status, false);
-        if (w.retiring && w.flight.empty()) {  // left as announced, owing nothing
-          if (w.pending >= 0) deliver_pending(w);
-          w = vacant(w.slot);
-          continue;
-        }
-        lose_flight(w,
-                    exited ? "worker process died with " + describe_wait_status(status) +
-                                 (w.flight.size() == 1 ? " while running this case" : "")
-                           : std::string("the worker closed its protocol channel (did "
-                                         "the kernel or an adapter close descriptors?) "
-                                         "and was killed"),
-                    false);
-        w = vacant(w.slot);
-        continue;
-      }
-      if (const auto it = rss.find(w.pid); it != rss.end() && it->second > spec.memory_limit) {
-        int status = 0;
-        reap(w, status, true);
-        if (w.pending >= 0) {
-          deliver_pending(w);
-        } else {
-          lose_flight(w,
-                      "the worker's processes held " + describe_bytes(it->second) +
-                          " of memory, over the limit of " + describe_bytes(spec.memory_limit) +
-                          " (" + spec.memory_limit_flag + "); the worker was killed",
-                      false);
-        }
-        w = vacant(w.slot);
-        continue;
-      }
-      const auto now = Clock::now();
-      const bool case_late = std::any_of(w.flight.begin(), w.flight.end(),
-                                         [&](const InFlight& f) { return now > f.deadline; });
-      const bool worker_late = (!w.ready || (w.retiring && w.flight.empty())) && now > w.deadline;
-      if (case_late || worker_late) {
-        int status = 0;
-        reap(w, status, true);
-        if (w.pending >= 0) {  // ran its case, then did not exit in time: deliver what it said
-          deliver_pending(w);
-          w = vacant(w.slot);
-          continue;
-        }
-        if (w.ready || !w.flight.empty()) {
-          lose_flight(w,
-                      "timed out after " +
-                          std::to_string(static_cast<int64_t>(spec.case_timeout_s)) +
-                          " s (hung, or slower than --timeout); the worker was killed "
-                          "with every process it started",
-                      false);
-        } else {  // a start that hangs hangs again: no retries
-          lose_flight(w,
-                      "no hello within " +
-                          std::to_string(static_cast<int64_t>(spec.start_timeout_s)) +
-                          " s; the worker was killed",
-                      true);
-        }
-        w = vacant(w.slot);
+    const int in_flight = w.capacity + (w.capacity > 1 ? spec_.queued_per_worker : 0);
+    while (static_cast<int>(w.flight.size()) < in_flight) {
+      if (!again_.empty()) {
+        send(w, again_.front());
+        again_.pop_front();
+      } else if (next_ < tasks_.size()) {
+        send(w, next_++);
+        skip_not_started();
+      } else {
+        break;
       }
     }
   }
-  // No more cases: end of input lets each worker exit; stragglers are killed after 10 s.
-  for (auto& w : workers) close_fd(w.in);
+}
+
+void WorkerPool::send(Worker& w, size_t idx) {
+  InFlight f;
+  f.task = idx;
+  f.seq = ++seq_;
+  nlohmann::json request = tasks_[idx].request;
+  request.update(
+      nlohmann::json{{"seq", f.seq}, {"id", tasks_[idx].id}, {"case", tasks_[idx].payload}});
+  const std::string line =
+      request.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  f.sent_id = nlohmann::json::parse(line)["id"].get<std::string>();
+  f.sent_at = Clock::now();
+  f.deadline = f.sent_at + ms(spec_.case_timeout_s);
+  w.flight.push_back(std::move(f));
+  // A failed or short write: the worker is gone, and its end of file arrives through poll.
+  size_t at = 0;
+  while (at < line.size()) {
+    const ssize_t n = ::write(w.in, line.data() + at, line.size() - at);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    at += static_cast<size_t>(n);
+  }
+}
+
+// Waits for a line or output from any worker, at most until the nearest deadline (a case's, a
+// start's, a retiring worker's exit, the next memory sample) and never more than a second.
+void WorkerPool::poll() {
+  std::vector<pollfd> fds;
+  auto earliest = Clock::time_point::max();
+  for (const auto& w : workers_) {
+    if (w.pid < 0) continue;
+    if (w.out >= 0) fds.push_back({w.out, POLLIN, 0});
+    if (w.err >= 0) fds.push_back({w.err, POLLIN, 0});
+    for (const auto& f : w.flight) earliest = std::min(earliest, f.deadline);
+    if (!w.ready || (w.retiring && w.flight.empty())) earliest = std::min(earliest, w.deadline);
+  }
+  if (spec_.memory_limit > 0) earliest = std::min(earliest, next_memory_check_);
+  int wait_ms = 1000;
+  if (earliest != Clock::time_point::max())
+    wait_ms = static_cast<int>(std::clamp<int64_t>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(earliest - Clock::now()).count() + 1,
+        0, 1000));
+  if (::poll(fds.data(), fds.size(), wait_ms) < 0 && errno != EINTR)
+    throw std::runtime_error(std::string("poll failed: ") + std::strerror(errno));
+}
+
+// The resident memory of each live worker's process group, when a sample is due; else none.
+GroupRss WorkerPool::sample_memory() {
+  if (spec_.memory_limit == 0 || Clock::now() < next_memory_check_) return {};
+  next_memory_check_ = Clock::now() + kMemoryCheckEvery;
+  std::vector<pid_t> groups;
+  for (const auto& w : workers_)
+    if (w.pid >= 0) groups.push_back(w.pid);
+  return group_rss(groups);
+}
+
+// After poll, for one live worker: its output, its lines, its exit, its memory, its deadlines;
+// each of them may end the worker, and what follows is then skipped.
+void WorkerPool::service(Worker& w, const GroupRss& rss) {
+  if (w.err >= 0) read_stderr(w);
+  bool eof = false;
+  if (w.out >= 0) {
+    eof = !drain(w.out, w.out_buf);
+    if (!read_lines(w)) return;
+  }
+  if (eof) {
+    on_exit(w);
+    return;
+  }
+  if (check_memory(w, rss)) return;
+  check_deadlines(w);
+}
+
+// What the worker printed since: to the log and its kept tail; its stderr closed at end of file.
+void WorkerPool::read_stderr(Worker& w) {
+  std::string chunk;
+  const bool open = drain(w.err, chunk);
+  if (!chunk.empty()) {
+    if (log_.is_open()) log_ << chunk << std::flush;
+    w.err_tail += chunk;
+    if (w.err_tail.size() > kTailBytes) w.err_tail.erase(0, w.err_tail.size() - kTailBytes);
+  }
+  if (!open) close_fd(w.err);
+}
+
+// Each complete protocol line read from `w`; false when the worker was killed for one.
+bool WorkerPool::read_lines(Worker& w) {
+  for (size_t nl; (nl = w.out_buf.find('\n')) != std::string::npos;) {
+    const std::string line = w.out_buf.substr(0, nl);
+    w.out_buf.erase(0, nl + 1);
+    if (!line.empty() && !on_line(w, line)) return false;
+  }
+  return true;
+}
+
+// One protocol line from `w`: its hello, or the answer to a request in flight (a result or a
+// requeue); anything else is rejected. False when the worker was killed for it.
+bool WorkerPool::on_line(Worker& w, const std::string& line) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(line);
+  } catch (const std::exception&) {
+    reject(w, line, "not JSON");
+    return false;
+  }
+  if (!w.ready) return on_hello(w, j, line);
+  if (w.flight.empty()) {
+    reject(w, line, "no request was outstanding");
+    return false;
+  }
+  // The request it answers: by seq when several are in flight.
+  auto it = w.flight.begin();
+  if (w.flight.size() > 1 && j.is_object() && j.contains("seq") && j["seq"].is_number_unsigned()) {
+    const auto s = j["seq"].get<uint64_t>();
+    it = std::find_if(w.flight.begin(), w.flight.end(),
+                      [&](const InFlight& f) { return f.seq == s; });
+    if (it == w.flight.end()) {
+      reject(
+          w, line,
+          "its seq is not one of the " + std::to_string(w.flight.size()) + " requests in flight");
+      return false;
+    }
+  }
+  const InFlight request = *it;
+  if (const std::string why = answer_mismatch(j, request.seq, request.sent_id, w.capacity > 1);
+      !why.empty()) {
+    reject(w, line,
+           why + "; the request was seq " + std::to_string(request.seq) + " for '" +
+               tasks_[request.task].id + "'");
+    return false;
+  }
+  w.flight.erase(it);
+  if (w.flight.empty()) w.isolating = false;
+  if (j.contains("result"))
+    on_result(w, request, j);
+  else
+    requeue(w, request.task, j);
+  return true;
+}
+
+// The worker's first line: its hello (how many cases it runs at once), or a fatal error that
+// ends the run.
+bool WorkerPool::on_hello(Worker& w, const nlohmann::json& j, const std::string& line) {
+  if (j.is_object() && j.contains("fatal") && j["fatal"].is_string())
+    throw std::runtime_error(j["fatal"].get<std::string>());
+  if (!j.is_object() || !j.contains("hello")) {
+    reject(w, line, "expected the hello line");
+    return false;
+  }
+  w.ready = true;
+  start_failures_ = 0;
+  const auto& hello = j["hello"];
+  w.capacity =
+      hello.is_object() && hello.contains("threads") && hello["threads"].is_number_integer()
+          ? std::clamp(hello["threads"].get<int>(), 1, threads_)
+          : 1;
+  // Not here: workers_ is being iterated.
+  if (w.capacity < threads_) grow_wanted_ = std::min(grow_wanted_, w.capacity);
+  if (cb_.on_worker_started)
+    cb_.on_worker_started(w.slot,
+                          std::chrono::duration<double>(Clock::now() - w.spawned_at).count());
+  if (cb_.on_hello) cb_.on_hello(hello);
+  return true;
+}
+
+void WorkerPool::on_result(Worker& w, const InFlight& request, const nlohmann::json& j) {
+  const size_t idx = request.task;
+  if (cb_.on_round_trip)
+    cb_.on_round_trip(
+        idx, w.slot,
+        std::chrono::duration<double, std::milli>(Clock::now() - request.sent_at).count());
+  if (spec_.one_case_per_worker) {
+    // Delivered (and counted done) once the worker and its wrapper have exited.
+    w.pending = static_cast<long>(idx);
+    w.pending_result = j["result"];
+    w.retiring = true;
+    w.deadline = Clock::now() + ms(spec_.case_timeout_s);
+    close_fd(w.in);
+    return;
+  }
+  ++done_;
+  if (j.value("retire", false)) retire(w);
+  cb_.on_result(idx, j["result"]);
+}
+
+// The worker closed its protocol channel: it has left as announced, owing nothing, or it is lost.
+void WorkerPool::on_exit(Worker& w) {
+  int status = 0;
+  const bool exited = reap(w, status, false);
+  if (w.retiring && w.flight.empty()) {
+    if (w.pending >= 0) deliver_pending(w);
+  } else {
+    lose(w,
+         exited ? "worker process died with " + describe_wait_status(status) +
+                      (w.flight.size() == 1 ? " while running this case" : "")
+                : std::string("the worker closed its protocol channel (did the kernel or an "
+                              "adapter close descriptors?) and was killed"),
+         false);
+  }
+  w = vacant(w.slot);
+}
+
+// Kills the worker when its process group holds more than the limit; true when it did.
+bool WorkerPool::check_memory(Worker& w, const GroupRss& rss) {
+  const auto it = rss.find(w.pid);
+  if (it == rss.end() || it->second <= spec_.memory_limit) return false;
+  end_worker(w,
+             "the worker's processes held " + describe_bytes(it->second) +
+                 " of memory, over the limit of " + describe_bytes(spec_.memory_limit) + " (" +
+                 spec_.memory_limit_flag + "); the worker was killed",
+             false);
+  return true;
+}
+
+// Kills the worker when a case in flight is past its timeout, or its start or its announced exit
+// is late. A start that hangs hangs again: it is not retried.
+void WorkerPool::check_deadlines(Worker& w) {
+  const auto now = Clock::now();
+  const bool case_late = std::any_of(w.flight.begin(), w.flight.end(),
+                                     [&](const InFlight& f) { return now > f.deadline; });
+  const bool worker_late = (!w.ready || (w.retiring && w.flight.empty())) && now > w.deadline;
+  if (!case_late && !worker_late) return;
+  if (w.ready || !w.flight.empty())
+    end_worker(
+        w,
+        "timed out after " + std::to_string(static_cast<int64_t>(spec_.case_timeout_s)) +
+            " s (hung, or slower than --timeout); the worker was killed with every process it "
+            "started",
+        false);
+  else
+    end_worker(w,
+               "no hello within " + std::to_string(static_cast<int64_t>(spec_.start_timeout_s)) +
+                   " s; the worker was killed",
+               true);
+}
+
+// Kills the worker with every process it started. A one-case worker that answered before
+// delivers that answer (its case ran; it overran or did not exit in time after it); otherwise
+// its cases are lost with `what`.
+void WorkerPool::end_worker(Worker& w, const std::string& what, bool fatal_at_start) {
+  int status = 0;
+  reap(w, status, true);
+  if (w.pending >= 0)
+    deliver_pending(w);
+  else
+    lose(w, what, fatal_at_start);
+  w = vacant(w.slot);
+}
+
+// A case is run again at most this often after requeue answers (a worker that keeps answering
+// so, forged or not, cannot keep a run going). From its second requeue on it runs alone in a
+// worker, where a legitimate worker answers with a result: only a misbehaving one reaches this.
+constexpr int kMaxRequeues = 3;
+
+// The rules for cases a worker did not answer, in one place (pool.h, docs/verification.md
+// "Worker isolation"):
+// - lose: the worker is gone (it died, hung, overran the memory limit, a line of it was rejected)
+//   with `what`. A case it ran alone fails with that reason and the worker's last output lines.
+//   Several cases in flight run again, each alone in a worker: nothing can be pinned on one of
+//   them. A worker gone before its hello is a start failure: a start that hung
+//   (`fatal_at_start`), or the third failure in a row, ends the run.
+// - requeue: the worker answered "run it again"; it retires. The case runs again in any worker
+//   the first time, alone when the worker said "isolate" and from its second requeue on (so that
+//   other cases' device errors never exhaust its requeues), and is lost after kMaxRequeues.
+// - A one-case worker's answer counts once the worker has exited; killed after it (its memory, a
+//   late exit) the answer still counts (end_worker), after a rejected line it does not (reject).
+void WorkerPool::lose(Worker& w, const std::string& what, bool fatal_at_start) {
+  if (w.flight.size() == 1) {
+    const size_t idx = w.flight.front().task;
+    w.flight.clear();
+    ++done_;
+    cb_.on_lost(idx, what + last_lines(w.err_tail));
+  } else if (!w.flight.empty()) {
+    note("worker " + std::to_string(w.pid) + ": " + what + "; its " +
+         std::to_string(w.flight.size()) + " cases in flight run again, each alone in a worker");
+    for (const auto& f : w.flight) isolated_.push_back(f.task);
+    w.flight.clear();
+  } else if (!w.ready) {
+    if (fatal_at_start)
+      throw std::runtime_error(worker_name_ + " did not start: " + what + last_lines(w.err_tail));
+    if (++start_failures_ >= 3)
+      throw std::runtime_error(worker_name_ + " failed to start three times: " + what +
+                               " before its hello, while loading the library and asking for its "
+                               "device" +
+                               last_lines(w.err_tail));
+  }
+}
+
+void WorkerPool::requeue(Worker& w, size_t idx, const nlohmann::json& j) {
+  retire(w);
+  const std::string why = j["requeue"].get<std::string>();
+  if (++requeues_[idx] > kMaxRequeues) {
+    ++done_;
+    cb_.on_lost(idx, "answered 'run it again' " + std::to_string(kMaxRequeues) +
+                         " times; the last: " + why);
+    return;
+  }
+  note("worker " + std::to_string(w.pid) + ": " + tasks_[idx].id + " runs again: " + why);
+  (j.value("isolate", false) || requeues_[idx] >= 2 ? isolated_ : again_).push_back(idx);
+}
+
+// A line the parent did not ask for, or an answer that is not the request's: the channel of this
+// worker is not trustworthy any more. The worker is killed and its cases are lost (lose), a
+// one-case worker's answer included.
+void WorkerPool::reject(Worker& w, const std::string& line, const std::string& why) {
+  note("worker " + std::to_string(w.pid) + ": rejected protocol line (" + why +
+       "): " + excerpt(line));
+  int status = 0;
+  reap(w, status, true);
+  const std::string what = "the worker's protocol line was rejected (" + why +
+                           "): " + excerpt(line) +
+                           "; the worker was killed (did the kernel or an adapter write to the "
+                           "protocol channel?)";
+  if (w.pending >= 0) {
+    ++done_;
+    cb_.on_lost(static_cast<size_t>(w.pending), what + last_lines(w.err_tail));
+  } else {
+    lose(w, what, false);
+  }
+  w = vacant(w.slot);
+}
+
+// The worker said it exits after its last answer: it gets no further case, and its replacement
+// starts now (refill_slots, if work is left by then).
+void WorkerPool::retire(Worker& w) {
+  if (w.retiring) return;
+  w.retiring = true;
+  w.deadline = Clock::now() + std::chrono::seconds(30);  // to exit
+  close_fd(w.in);
+  replace_now_.push_back(w.slot);
+}
+
+// After a hello said `capacity` < threads: while the workers (those yet to say hello counted at
+// threads) cannot run target_ cases at once, another slot is opened.
+void WorkerPool::grow(int capacity) {
+  size_t can = 0;
+  for (const auto& w : workers_)
+    can += w.ready ? static_cast<size_t>(w.capacity) : static_cast<size_t>(threads_);
+  // Slots, not entries: a retiring worker and its replacement share one.
+  size_t slots = 0;
+  for (const auto& w : workers_) slots = std::max(slots, w.slot + 1);
+  const size_t before = slots;
+  while (can < target_ && slots < target_) {
+    workers_.push_back(vacant(slots++));
+    can += static_cast<size_t>(threads_);
+  }
+  if (slots > before)
+    note("a worker runs " + std::to_string(capacity) + " case(s) at once, not " +
+         std::to_string(threads_) + ": the pool opens " + std::to_string(slots - before) +
+         " more worker process(es)");
+}
+
+// A one-case worker has exited (or been killed after answering): its case's result counts now.
+void WorkerPool::deliver_pending(Worker& w) {
+  const auto idx = static_cast<size_t>(w.pending);
+  if (cb_.on_worker_exit) cb_.on_worker_exit(w.serial, idx, w.pending_result);
+  ++done_;
+  cb_.on_result(idx, w.pending_result);
+}
+
+// One line of the pool's own in the worker log.
+void WorkerPool::note(const std::string& text) {
+  if (log_.is_open()) log_ << "[attncheck] " << text << "\n" << std::flush;
+}
+
+// No more cases: end of input lets each worker exit; stragglers are killed after 10 s. What the
+// workers print on their way out still reaches the log: their stderr is read until it closes or
+// the worker has exited (a process it started may hold the pipe open).
+void WorkerPool::finish() {
+  for (auto& w : workers_) close_fd(w.in);
   const auto grace = Clock::now() + std::chrono::seconds(10);
-  // What the workers print on their way out still reaches the log: their stderr is read until it
-  // closes or the worker has exited (a process it started may hold the pipe open).
-  while (log.is_open() && Clock::now() < grace) {
+  while (log_.is_open() && Clock::now() < grace) {
     std::vector<pollfd> fds;
     std::vector<Worker*> owners;
-    for (auto& w : workers)
+    for (auto& w : workers_)
       if (w.pid >= 0 && w.err >= 0) {
         fds.push_back({w.err, POLLIN, 0});
         owners.push_back(&w);
@@ -1020,13 +1147,24 @@ void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
       if (gone) close_fd(w.err);
     }
   }
-  for (auto& w : workers) {
+  for (auto& w : workers_) {
     if (w.pid < 0) continue;
     int status = 0;
     reap(w, status, false,
          std::chrono::duration_cast<std::chrono::milliseconds>(
              std::max(grace - Clock::now(), Clock::duration::zero())));
   }
+}
+
+}  // namespace
+
+void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
+                    const PoolCallbacks& cb) {
+  ::signal(SIGPIPE, SIG_IGN);  // a worker that died must not take the parent with it
+  // What a worker started and left behind becomes this process's child, not init's: reap() ends
+  // it (end_adopted).
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  WorkerPool(spec, tasks, cb).run();
 }
 
 }  // namespace attncheck

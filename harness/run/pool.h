@@ -105,9 +105,10 @@ struct PoolCallbacks {
   std::function<std::vector<size_t>()> before_dispatch;
 };
 
-// Runs every task, each exactly once. Throws std::runtime_error when workers cannot start: a
-// {"fatal"} line (its message), a start that exceeds start_timeout_s, or three workers in a row
-// that die before their hello (the message carries their output).
+// Runs every task, each exactly once (pool.cpp's WorkerPool; what becomes of the cases a worker
+// did not answer is stated above its lose and requeue). Throws std::runtime_error when workers
+// cannot start: a {"fatal"} line (its message), a start that exceeds start_timeout_s, or three
+// workers in a row that die before their hello (the message carries their output).
 void run_in_workers(const WorkerSpec& spec, const std::vector<PoolTask>& tasks,
                     const PoolCallbacks& cb);
 
