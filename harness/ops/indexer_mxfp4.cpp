@@ -394,7 +394,9 @@ class IndexerMxfp4LogitsDecodeOp final : public TypedOp<LogitsParams> {
       for (int64_t j = 0; j < W; ++j)
         table.at<int32_t>({b, j}) = static_cast<int32_t>(
             first + (j < (lens[b] + S - 1) / S ? order[next_page++] : order[pages - 1]));
-      write_keys(c, g, cache, table, b, lens[b], extreme, seed);
+      // far_rows: only the last request's row is held and compared (the others' q rows are
+      // device poison), so the other requests' keys stay 0xFF: max_ctx 65536 stays cheap.
+      if (!prm.far_rows || b + 1 == B) write_keys(c, g, cache, table, b, lens[b], extreme, seed);
     }
     Tensor qb = Tensor::empty(DType::bf16, {B * NN * H, D});
     fill_rows(qb, Rng(c.id, "q", static_cast<uint64_t>(seed)));
