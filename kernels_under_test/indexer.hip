@@ -9,6 +9,7 @@
 //   AC_MUTANT_INDEXER_CHUNKQ_UNCLAMPED: ChunkQ = 64 whatever the head count (aiter #2891);
 //   AC_MUTANT_INDEXER_FP8_ORDINARY_ONLY: decode's fp8 table wrong at the top of the format;
 //   AC_MUTANT_INDEXER_PAGE_OFFSET_INT32: page byte offsets in int32 (issue 14).
+//   AC_MUTANT_INDEXER_K_OFFSET_INT32: the K writer's k row offset in int32 (issue 37).
 #include <string>
 #include <vector>
 
@@ -69,7 +70,13 @@ __global__ void indexer_k_quant_and_cache(const uint16_t* k, int64_t k_row_strid
   const int64_t slot = slots[token * slot_stride];
   if (slot < 0 || slot >= capacity) return;  // padding token (or no such slot): nothing written
   const int lane = ac_lane();
-  const uint16_t* row = k + token * k_row_stride;
+#if defined(AC_MUTANT_INDEXER_K_OFFSET_INT32)
+  // Seed bug: the token's row offset in int32, which wraps once k's row passes element 2^31.
+  const uint16_t* row =
+      k + static_cast<int32_t>(static_cast<uint32_t>(token) * static_cast<uint32_t>(k_row_stride));
+#else
+  const uint16_t* row = k + token * k_row_stride;  // 64-bit: a row may lie past element 2^31
+#endif
   float amax = 0.0f;
   for (int d = lane; d < kHeadDim; d += ac_warp_size())
     amax = fmaxf(amax, fabsf(ac_bf16_to_float(row[d])));

@@ -99,6 +99,27 @@ AC_DEVICE int scale_exponent(float amax, ScaleRule rule) {
   return e;
 }
 
+// The first byte of page `page`: 64-bit, since a cache may pass 2^32 bytes (issue 37).
+AC_DEVICE uint8_t* page_at(const uint8_t* cache, int64_t page, int64_t page_stride) {
+#if defined(AC_MUTANT_INDEXER_MXFP4_PAGE_OFFSET_INT32)
+  // Seed bug: page * page_stride in int32, which wraps once the cache passes 2^31 bytes.
+  return const_cast<uint8_t*>(cache) +
+         static_cast<int32_t>(static_cast<uint32_t>(page) * static_cast<uint32_t>(page_stride));
+#else
+  return const_cast<uint8_t*>(cache) + page * page_stride;
+#endif
+}
+
+// Token i's k row: 64-bit, since a row may lie past element 2^31 (issue 37).
+AC_DEVICE const uint16_t* k_row(const uint16_t* k, int64_t i, int64_t k_row_stride) {
+#if defined(AC_MUTANT_INDEXER_MXFP4_K_OFFSET_INT32)
+  // Seed bug: the row offset in int32, which wraps once a row passes element 2^31.
+  return k + static_cast<int32_t>(static_cast<uint32_t>(i) * static_cast<uint32_t>(k_row_stride));
+#else
+  return k + i * k_row_stride;
+#endif
+}
+
 __global__ void mxfp4_quant_and_cache(const uint16_t* k, int64_t k_row_stride, const int64_t* slots,
                                       int64_t slot_stride, int tokens, uint8_t* cache,
                                       int64_t page_stride, int64_t capacity, Geometry g,
@@ -108,12 +129,12 @@ __global__ void mxfp4_quant_and_cache(const uint16_t* k, int64_t k_row_stride, c
   if (i >= tokens || b >= g.head_dim / kBlock) return;
   const int64_t slot = slots[i * slot_stride];
   if (slot < 0 || slot >= capacity) return;  // padding token (the host checked the upper bound)
-  const uint16_t* row = k + i * k_row_stride + b * kBlock;
+  const uint16_t* row = k_row(k, i, k_row_stride) + b * kBlock;
   float amax = 0.0f;
   for (int d = 0; d < kBlock; ++d) amax = fmaxf(amax, fabsf(ac_bf16_to_float(row[d])));
   int e = amax > 0.0f ? scale_exponent(amax, rule) : 0;
   e = e < -127 ? -127 : (e > 127 ? 127 : e);
-  uint8_t* page = cache + (slot / g.page_size) * page_stride;
+  uint8_t* page = page_at(cache, slot / g.page_size, page_stride);
   const int64_t t = slot % g.page_size;
   page[scale_offset(g, t, b)] = static_cast<uint8_t>(e + 127);
   for (int d = 0; d < kBlock; d += 2) {
@@ -175,7 +196,7 @@ __global__ void nvfp4_quant_and_cache(const uint16_t* k, int64_t k_row_stride, c
   if (i >= tokens || b >= g.head_dim / kNvBlock) return;
   const int64_t slot = slots[i * slot_stride];
   if (slot < 0 || slot >= capacity) return;
-  const uint16_t* row = k + i * k_row_stride + b * kNvBlock;
+  const uint16_t* row = k_row(k, i, k_row_stride) + b * kNvBlock;
   double amax = 0.0;
   for (int d = 0; d < kNvBlock; ++d) amax = fmax(amax, fabs(double(ac_bf16_to_float(row[d]))));
 #if defined(AC_MUTANT_NVFP4_GLOBAL_SCALE_MISSING)
@@ -187,7 +208,7 @@ __global__ void nvfp4_quant_and_cache(const uint16_t* k, int64_t k_row_stride, c
 #endif
   const uint8_t byte = e4m3_byte(amax / (6.0 * gs));
   const double step = static_cast<double>(e4m3_value(byte)) * gs;  // exact: 4 + 24 bits
-  uint8_t* page = cache + (slot / g.page_size) * page_stride;
+  uint8_t* page = page_at(cache, slot / g.page_size, page_stride);
   const int64_t t = slot % g.page_size;
   page[scale_offset(g, t, b)] = byte;
   for (int d = 0; d < kNvBlock; d += 2) {
@@ -378,7 +399,7 @@ __global__ void mxfp4_paged_logits(LogitsArgs a) {
     out[p] = __int_as_float(0x7fc00000);
     return;
   }
-  const uint8_t* base = a.cache + page * a.page_stride;
+  const uint8_t* base = page_at(a.cache, page, a.page_stride);
   const int64_t t = p % a.g.page_size;
   const int D = a.g.head_dim, ns = D / kBlock;
   float acc = 0.0f;

@@ -132,7 +132,14 @@ __global__ void indexer_mqa_logits(PrefillArgs a) {
         const int pl = j / 32, d0 = 4 * (j % 32);
         const int64_t p = p0 + pl;
         const bool live = p >= t0 && p < t1;
-        const uint32_t bits = live ? *reinterpret_cast<const uint32_t*>(a.k + p * a.k_sj + d0) : 0u;
+#if defined(AC_MUTANT_INDEXER_PREFILL_K_OFFSET_INT32)
+        // Seed bug: the key row offset in int32, which wraps once a key lies past byte 2^31.
+        const uint8_t* key =
+            a.k + static_cast<int32_t>(static_cast<uint32_t>(p) * static_cast<uint32_t>(a.k_sj));
+#else
+        const uint8_t* key = a.k + p * a.k_sj;  // 64-bit: a key row may lie past byte 2^32
+#endif
+        const uint32_t bits = live ? *reinterpret_cast<const uint32_t*>(key + d0) : 0u;
         idx::put_k(sm, pl, d0, bits);
         if (d0 == 0) sm.k_scale[pl] = live ? a.k_scale[p * a.ks_sj] : 0.0f;
       }

@@ -26,8 +26,21 @@ struct WriteCache {
   int64_t nb, P, Hkv, D, x;
 };
 
-// Element offset of (block, slot-in-block, head, dim) in the cache view.
+AC_DEVICE int64_t cache_offset64(const WriteCache& c, int64_t blk, int64_t s, int64_t h, int64_t d);
+
+// Element offset of (block, slot-in-block, head, dim) in the cache view: 64-bit, since a cache
+// may pass 2^31 elements (issue 37).
 AC_DEVICE int64_t cache_offset(const WriteCache& c, int64_t blk, int64_t s, int64_t h, int64_t d) {
+#if defined(AC_MUTANT_KV_CACHE_WRITE_OFFSET_INT32)
+  // Seed bug: the offset kept in int32, which wraps once the cache passes 2^31 elements.
+  return static_cast<int32_t>(static_cast<uint32_t>(cache_offset64(c, blk, s, h, d)));
+#else
+  return cache_offset64(c, blk, s, h, d);
+#endif
+}
+
+AC_DEVICE int64_t cache_offset64(const WriteCache& c, int64_t blk, int64_t s, int64_t h,
+                                 int64_t d) {
   const int64_t* st = c.stride;
   if (c.layout == kNhd) return blk * st[0] + s * st[1] + h * st[2] + d * st[3];
   if (c.layout == kPagedV) return blk * st[0] + h * st[1] + d * st[2] + s * st[3];
@@ -61,8 +74,21 @@ struct Tokens {
   int64_t stride[3];
 };
 
+// The bits of key / value element (t, h, d): 64-bit offsets, since a token row may lie past
+// element 2^31 (issue 37).
+AC_DEVICE uint16_t token_bits(const Tokens& src, int64_t t, int64_t h, int64_t d) {
+#if defined(AC_MUTANT_KV_CACHE_WRITE_TOKEN_OFFSET_INT32)
+  // Seed bug: the token's element offset in int32, which wraps once its row passes 2^31.
+  const uint32_t at = static_cast<uint32_t>(t) * static_cast<uint32_t>(src.stride[0]) +
+                      static_cast<uint32_t>(h * src.stride[1] + d * src.stride[2]);
+  return src.base[static_cast<int32_t>(at)];
+#else
+  return src.base[t * src.stride[0] + h * src.stride[1] + d * src.stride[2]];
+#endif
+}
+
 AC_DEVICE float token_value(const Tokens& src, int64_t t, int64_t h, int64_t d, int src_is_bf16) {
-  const uint16_t bits = src.base[t * src.stride[0] + h * src.stride[1] + d * src.stride[2]];
+  const uint16_t bits = token_bits(src, t, h, d);
   return src_is_bf16 ? ac_bf16_to_float(bits) : ac_f16_to_float(bits);
 }
 
@@ -77,7 +103,7 @@ __global__ void write_kv(Tokens src, WriteCache cache, const int64_t* slot_mappi
   const int64_t blk = slot / cache.P, s = slot % cache.P;
   const float sc = QUANT ? *scale : 1.0f;
   for (int64_t d = threadIdx.x; d < cache.D; d += blockDim.x) {
-    const uint16_t bits = src.base[t * src.stride[0] + h * src.stride[1] + d * src.stride[2]];
+    const uint16_t bits = token_bits(src, t, h, d);
     const int64_t off = cache_offset(cache, blk, s, h, d);
     if constexpr (QUANT) {
       const float x = src_is_bf16 ? ac_bf16_to_float(bits) : ac_f16_to_float(bits);

@@ -119,9 +119,20 @@ AC_DEVICE float decode_fp8(uint8_t b, AcFp8 fmt) {
 }
 
 // Repeat-interleave (16-head rule): padded head j of token t is real head j / r, [T, 16, lk].
+// q's row of token t, head h: 64-bit, since a token's row may lie past element 2^31 (issue 37).
+AC_DEVICE const uint16_t* q_row(const uint16_t* q, int t, int64_t ts, int h, int64_t hs) {
+#if defined(AC_MUTANT_MLA_Q_OFFSET_INT32)
+  // Seed bug: the row offset in int32, which wraps once q's token stride passes 2^31.
+  return q + static_cast<int32_t>(static_cast<uint32_t>(t) * static_cast<uint32_t>(ts) +
+                                  static_cast<uint32_t>(h * hs));
+#else
+  return q + t * ts + h * hs;
+#endif
+}
+
 __global__ void pad_heads(uint16_t* dst, const uint16_t* q, int64_t ts, int64_t hs, int lk, int r) {
   const int t = static_cast<int>(blockIdx.x), j = static_cast<int>(blockIdx.y);
-  const uint16_t* src = q + t * ts + (j / r) * hs;
+  const uint16_t* src = q_row(q, t, ts, j / r, hs);
   uint16_t* d = dst + (static_cast<int64_t>(t) * kHeadTile + j) * lk;
   for (int i = static_cast<int>(threadIdx.x); i < lk; i += static_cast<int>(blockDim.x))
     d[i] = src[i];
@@ -168,7 +179,7 @@ __global__ void __launch_bounds__(kWarps * 64)
   }
   for (int i = tid; i < kHeadTile * lk; i += nthreads) {
     const int r = i / lk, d = i % lk;
-    qs[r * ldk + d] = q[t * q_ts + (h0 + r) * q_hs + d];
+    qs[r * ldk + d] = q_row(q, t, q_ts, h0 + r, q_hs)[d];
   }
   if (tid < kHeadTile) {
     m_s[tid] = -INFINITY;

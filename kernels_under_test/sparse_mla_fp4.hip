@@ -114,6 +114,17 @@ AC_DEVICE float load_half(const uint16_t* p, bool bf16) {
   return bf16 ? ac_bf16_to_float(*p) : ac_f16_to_float(*p);
 }
 
+// The first byte of the page holding `slot`: 64-bit, since a record cache may pass 2^32 bytes.
+AC_DEVICE const uint8_t* page_of(const Args& a, int64_t slot) {
+#if defined(AC_MUTANT_FP4REC_PAGE_OFFSET_INT32)
+  // Seed bug: page * page_stride in int32, which wraps once the cache passes 2^31 bytes.
+  return a.kv + static_cast<int32_t>(static_cast<uint32_t>(slot / a.P) *
+                                     static_cast<uint32_t>(a.page_stride));
+#else
+  return a.kv + (slot / a.P) * a.page_stride;
+#endif
+}
+
 __global__ void sparse_mla_fp4_kernel(Args a) {
   __shared__ int64_t slots[kMaxTopk];
   __shared__ float scores[kMaxTopk];
@@ -122,8 +133,16 @@ __global__ void sparse_mla_fp4_kernel(Args a) {
   __shared__ int count;
   const int t = static_cast<int>(blockIdx.x) / a.heads, h = static_cast<int>(blockIdx.x) % a.heads;
   const int tid = static_cast<int>(threadIdx.x);
-  for (int d = tid; d < kDims; d += kThreads)
+  for (int d = tid; d < kDims; d += kThreads) {
+#if defined(AC_MUTANT_FP4REC_Q_OFFSET_INT32)
+    // Seed bug: q's row offset in int32, which wraps once q's token stride passes 2^31.
+    const uint32_t at = static_cast<uint32_t>(t) * static_cast<uint32_t>(a.q_ts) +
+                        static_cast<uint32_t>(h * a.q_hs + d);
+    q[d] = load_half(a.q + static_cast<int32_t>(at), a.bf16);
+#else
     q[d] = load_half(a.q + t * a.q_ts + h * a.q_hs + d, a.bf16);
+#endif
+  }
   if (tid == 0) {  // converted slots of the row, valid ones kept in row order
     int n = 0;
     const int32_t r = a.req[t];
@@ -148,7 +167,7 @@ __global__ void sparse_mla_fp4_kernel(Args a) {
   const int per_lane = kDims / ws;
   for (int j = warp; j < n; j += warps) {
     const int64_t slot = slots[j];
-    const uint8_t* page = a.kv + (slot / a.P) * a.page_stride;
+    const uint8_t* page = page_of(a, slot);
     float dot = 0.0f;
     for (int d = lane * per_lane; d < (lane + 1) * per_lane; ++d)
       dot += q[d] * element(page, a.P, slot % a.P, d, a.rec);
@@ -180,7 +199,7 @@ __global__ void sparse_mla_fp4_kernel(Args a) {
     float acc = 0.0f;
     for (int j = 0; j < n; ++j) {
       const int64_t slot = slots[j];
-      const uint8_t* page = a.kv + (slot / a.P) * a.page_stride;
+      const uint8_t* page = page_of(a, slot);
       acc += expf(scores[j] - m) * element(page, a.P, slot % a.P, d, a.rec);
     }
     const float v = n > 0 ? acc / sum : 0.0f;

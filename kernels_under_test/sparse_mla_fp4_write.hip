@@ -80,8 +80,22 @@ __global__ void write_records(const uint16_t* kv, int64_t kv_row_stride, const i
     return;
   }
   const int64_t t = slot % P;
+  // 64-bit offsets: a cache may pass 2^32 bytes and a row lie past element 2^31 (issue 37).
+#if defined(AC_MUTANT_FP4W_PAGE_OFFSET_INT32)
+  // Seed bug: page * page_stride in int32, which wraps once the cache passes 2^31 bytes.
+  uint8_t* page = cache + static_cast<int32_t>(static_cast<uint32_t>(slot / P) *
+                                               static_cast<uint32_t>(page_stride));
+#else
   uint8_t* page = cache + (slot / P) * page_stride;
+#endif
+#if defined(AC_MUTANT_FP4W_KV_OFFSET_INT32)
+  // Seed bug: the row offset in int32, which wraps once kv's row passes element 2^31.
+  const uint16_t* x =
+      kv + static_cast<int32_t>(static_cast<uint32_t>(row) * static_cast<uint32_t>(kv_row_stride)) +
+      b * block;
+#else
   const uint16_t* x = kv + row * kv_row_stride + b * block;
+#endif
   float amax = 0.0f;
   for (int d = 0; d < block; ++d) amax = fmaxf(amax, fabsf(ac_bf16_to_float(x[d])));
   const uint8_t s = mxfp4 ? e8m0_scale_byte(amax) : e4m3_scale_byte(amax);

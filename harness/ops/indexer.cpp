@@ -196,8 +196,12 @@ PrefillWindows prefill_windows(const std::string& case_id, const WindowParams& p
 }
 
 double key_factor(const Tensor& k_fp8, const Tensor& k_scale) {
+  // The key rows the host holds: all of them, or a far_rows case's far one (the rest is device
+  // poison no window reaches).
+  const Tensor held = k_fp8.held_rows();
+  const int64_t first = held.size(0) == 0 ? 0 : (held.offset() - k_fp8.offset()) / k_fp8.stride(0);
   double best = 0;
-  for (int64_t j = 0; j < k_fp8.size(0); ++j) {
+  for (int64_t j = first; j < first + held.size(0); ++j) {
     double m = 0;
     for (int64_t d = 0; d < ix::kHeadDim; ++d) m = std::max(m, std::fabs(k_fp8.get({j, d})));
     best = std::max(best, m * k_scale.get({j}));
@@ -274,6 +278,7 @@ class IndexerKCacheOp final : public TypedOp<KCacheParams> {
   std::optional<std::string> unbuildable(const P& p) const override {
     if (p.block_size < 1 || p.tokens < 1 || p.pad < 0 || p.k_stride < ix::kHeadDim)
       return "block_size, tokens >= 1, pad >= 0, k_stride >= 128";
+    if (p.far_rows && p.tokens < 2) return "far_rows needs two or more tokens";
     return std::nullopt;
   }
 
@@ -309,9 +314,12 @@ class IndexerKCacheOp final : public TypedOp<KCacheParams> {
     Tensor slot = Tensor::empty(DType::i64, {T});
     for (int64_t i = 0; i < T; ++i) {
       const int64_t j = order[static_cast<size_t>(i)];  // tokens arrive in a shuffled slot order
-      const bool skipped = rng.uniform() < 0.15;        // padding tokens: slot -1
-      slot.at<int64_t>({i}) =
-          skipped ? -1 : (first + page_ids[static_cast<size_t>(j / bs)]) * bs + j % bs;
+      // Padding tokens: slot -1. far_rows: the last token alone writes (its k row is the far
+      // one, place_far_token).
+      const bool skipped = rng.uniform() < 0.15;
+      slot.at<int64_t>({i}) = (p.far_rows ? i != T - 1 : skipped)
+                                  ? -1
+                                  : (first + page_ids[static_cast<size_t>(j / bs)]) * bs + j % bs;
     }
     Tensor k_storage = Tensor::empty(DType::bf16, {T + 3, p.k_stride});
     fill_normal(k_storage, Rng(c.id, "k_storage", static_cast<uint64_t>(p.seed)));
@@ -328,6 +336,7 @@ class IndexerKCacheOp final : public TypedOp<KCacheParams> {
     prob.args = {{"k", k, Role::input},
                  {"slot_mapping", slot, Role::input},
                  {"kv_cache", cache, Role::inout}};
+    if (p.far_rows) place_far_token(prob, {"k"}, T - 1);
     prob.bytes = static_cast<double>(T) * (2 * ix::kHeadDim + ix::kTokenBytes);
     return prob;
   }
@@ -338,11 +347,15 @@ class IndexerKCacheOp final : public TypedOp<KCacheParams> {
 
   TensorMap reference(const Problem& prob, const P& p) const override {
     // A large-offset cache is compared over the pages the host holds (the rows a device
-    // read-back returns, run/device.cpp).
+    // read-back returns, run/device.cpp). far_rows: the last token alone writes and the host
+    // holds its k row only (the reference quantizes every row it is given).
+    const Tensor& k = prob.arg("k");
+    const Tensor& slots = prob.arg("slot_mapping");
+    const int64_t T = slots.size(0), from = p.far_rows ? T - 1 : 0;
     return {{"kv_cache",
-             ix::write_k_cache(prob.arg("kv_cache"), prob.arg("k"), prob.arg("slot_mapping"),
-                               ix::layout_for_block_size(p.block_size), p.fp8,
-                               quant_max_of(p.fp8, p.quant_max))
+             ix::write_k_cache(prob.arg("kv_cache"), k.slice(0, from, k.size(0)),
+                               slots.slice(0, from, T), ix::layout_for_block_size(p.block_size),
+                               p.fp8, quant_max_of(p.fp8, p.quant_max))
                  .held_rows()}};
   }
 

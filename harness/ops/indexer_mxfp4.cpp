@@ -16,6 +16,7 @@
 #include "core/numeric.h"
 #include "core/policy.h"
 #include "core/rng.h"
+#include "ops/paged.h"
 #include "ops/typed_op.h"
 #include "reference/indexer_mxfp4.h"
 
@@ -80,6 +81,10 @@ Fields<P> add_key_format_fields(Fields<P>& f) {
   add_pad_strides(f, &P::pad_strides);
   add_compact(f, &P::compact);
   add_far_rows(f, &P::far_rows);
+  add_offset_log2(f, &P::offset_log2,
+                  "31 / 32: every page the op writes or reads starts past byte 2^31 / 2^32 of "
+                  "the cache; the host holds (and a writer's case compares) those pages only, "
+                  "the device poisons the rest");
   return f;
 }
 
@@ -108,13 +113,17 @@ std::optional<std::string> geometry_problem(const mx::CacheGeometry& g) {
 }
 
 // A u8 cache of `pages` pages, each padded by `pad` bytes: every byte `fill`, or random bytes
-// from `random` when given.
+// from `random` when given. first > 0 (large offsets): pages [0, first) come before them, on a
+// sparse storage whose host window holds pages [first, first + pages) only.
 Tensor make_cache(const mx::CacheGeometry& g, int64_t pages, int64_t pad, std::byte fill,
-                  const Rng* random = nullptr) {
-  const int64_t stride = g.page_bytes() + pad;
-  Tensor storage = Tensor::filled_bytes(DType::u8, {pages * stride}, fill);
-  if (random) fill_uniform_int(storage, *random, 0, 255);
-  return storage.as_strided({pages, g.page_size, g.entry_bytes()}, {stride, g.entry_bytes(), 1}, 0);
+                  const Rng* random = nullptr, int64_t first = 0) {
+  const int64_t stride = g.page_bytes() + pad, total = first + pages;
+  Tensor storage = first > 0
+                       ? Tensor::sparse(DType::u8, {total * stride}, first * stride, pages * stride)
+                       : Tensor::filled_bytes(DType::u8, {pages * stride}, fill);
+  std::fill(storage.storage()->bytes.begin(), storage.storage()->bytes.end(), fill);
+  if (random) fill_uniform_int(storage.slice(0, first * stride, total * stride), *random, 0, 255);
+  return storage.as_strided({total, g.page_size, g.entry_bytes()}, {stride, g.entry_bytes(), 1}, 0);
 }
 
 // bf16 rows with non-power-of-two magnitudes per row and per `block`-element block.
@@ -147,7 +156,8 @@ struct KCacheParams {
   bool storage_offset = false;  // ops/storage_offset.h
   bool pad_strides = false;     // ops/storage_offset.h
   bool compact = false;         // ops/storage_offset.h
-  bool far_rows = false;        // ops/storage_offset.h
+  bool far_rows = false;        // ops/storage_offset.h (a writer's: place_far_token)
+  int64_t offset_log2 = 0;      // ops/paged.h
   mx::CacheGeometry geometry() const {
     return {head_dim, block_size, n_per_tile_of(layout), format, global_scale_value(global_scale)};
   }
@@ -186,6 +196,7 @@ class IndexerMxfp4KCacheOp final : public TypedOp<KCacheParams> {
     if (auto f = format_problem(p.format, p.global_scale)) return f;
     if (p.format == mx::KeyFormat::nvfp4 && p.scale_rule != fp4::MxScaleRule::ceil)
       return "scale_rule applies to format mxfp4 only (nvfp4 rounds its e4m3 scale to nearest)";
+    if (p.far_rows && p.tokens < 2) return "far_rows needs two or more tokens";
     return geometry_problem(p.geometry());
   }
 
@@ -205,19 +216,26 @@ class IndexerMxfp4KCacheOp final : public TypedOp<KCacheParams> {
     const mx::CacheGeometry g = prm.geometry();
     const int64_t T = prm.tokens, seed = prm.seed;
     const int64_t D = g.head_dim, pages = (T + g.page_size - 1) / g.page_size + 2;
+    // Large offsets: page ids start at `first`, past byte 2^offset_log2; the host holds those.
+    const int64_t first = first_block_past(prm.offset_log2, g.page_bytes() + prm.pad);
     Tensor k = Tensor::empty(DType::bf16, {T + 3, D});
     fill_rows(k, Rng(c.id, "k", static_cast<uint64_t>(seed)), g.block());
     if (prm.values == Values::extreme) plant_extremes(k);
     Rng rng(c.id, "slots", static_cast<uint64_t>(seed));
     const std::vector<int64_t> order = permutation(pages * g.page_size, rng);
     Tensor slots = Tensor::empty(DType::i64, {T});
-    for (int64_t i = 0; i < T; ++i) slots.at<int64_t>({i}) = i % 7 == 3 ? -1 : order[i];
+    // far_rows: the last token alone writes (its k row is the far one, place_far_token).
+    for (int64_t i = 0; i < T; ++i) {
+      const bool padding = prm.far_rows ? i != T - 1 : i % 7 == 3;
+      slots.at<int64_t>({i}) = padding ? -1 : first * g.page_size + order[i];
+    }
     const Rng bytes(c.id, "cache", static_cast<uint64_t>(seed));
-    Tensor cache = make_cache(g, pages, prm.pad, std::byte{0}, &bytes);
+    Tensor cache = make_cache(g, pages, prm.pad, std::byte{0}, &bytes, first);
     Problem p;
     p.args = {{"k", k, Role::input},
               {"slot_mapping", slots, Role::input},
               {"kv_cache", cache, Role::inout}};
+    if (prm.far_rows) place_far_token(p, {"k"}, T - 1);
     p.bytes = static_cast<double>(T) * static_cast<double>(2 * D + g.entry_bytes() + 8);
     return p;
   }
@@ -230,8 +248,10 @@ class IndexerMxfp4KCacheOp final : public TypedOp<KCacheParams> {
   }
 
   TensorMap reference(const Problem& prob, const P& p) const override {
+    // A large-offset cache is compared over the pages the host holds (run/device.cpp).
     return {{"kv_cache", mx::write_k_cache(prob.arg("kv_cache"), prob.arg("k"),
-                                           prob.arg("slot_mapping"), p.geometry(), p.scale_rule)}};
+                                           prob.arg("slot_mapping"), p.geometry(), p.scale_rule)
+                             .held_rows()}};
   }
 
   std::vector<OutputCheck> checks(const Problem&, const P&, const TensorMap&) const override {
@@ -273,6 +293,7 @@ struct LogitsParams {
   bool pad_strides = false;     // ops/storage_offset.h
   bool compact = false;         // ops/storage_offset.h
   bool far_rows = false;        // ops/storage_offset.h
+  int64_t offset_log2 = 0;      // ops/paged.h
   mx::CacheGeometry geometry() const {
     return {head_dim, block_size, n_per_tile_of(layout), format, global_scale_value(global_scale)};
   }
@@ -361,17 +382,21 @@ class IndexerMxfp4LogitsDecodeOp final : public TypedOp<LogitsParams> {
     for (int64_t L : lens) used += (L + S - 1) / S;
     const int64_t pages = used + 2;  // two pages nobody owns
     const std::vector<int64_t> order = permutation(pages, rng);
-    // Unread bytes are 0xFF: NaN scales and -6 elements that must never reach a logit.
-    Tensor cache = make_cache(g, pages, 16, std::byte{0xFF});
+    // Unread bytes are 0xFF: NaN scales and -6 elements that must never reach a logit. Large
+    // offsets: page ids start at `first`, past byte 2^offset_log2; the host holds those.
+    const int64_t first = first_block_past(prm.offset_log2, g.page_bytes() + 16);
+    Tensor cache = make_cache(g, pages, 16, std::byte{0xFF}, nullptr, first);
     Tensor table = Tensor::empty(DType::i32, {B, W});
     Tensor context = Tensor::empty(DType::i32, {B});
     int64_t next_page = 0;
     for (int64_t b = 0; b < B; ++b) {
       context.at<int32_t>({b}) = static_cast<int32_t>(lens[b]);
       for (int64_t j = 0; j < W; ++j)
-        table.at<int32_t>({b, j}) =
-            static_cast<int32_t>(j < (lens[b] + S - 1) / S ? order[next_page++] : order[pages - 1]);
-      write_keys(c, g, cache, table, b, lens[b], extreme, seed);
+        table.at<int32_t>({b, j}) = static_cast<int32_t>(
+            first + (j < (lens[b] + S - 1) / S ? order[next_page++] : order[pages - 1]));
+      // far_rows: only the last request's row is held and compared (the others' q rows are
+      // device poison), so the other requests' keys stay 0xFF: max_ctx 65536 stays cheap.
+      if (!prm.far_rows || b + 1 == B) write_keys(c, g, cache, table, b, lens[b], extreme, seed);
     }
     Tensor qb = Tensor::empty(DType::bf16, {B * NN * H, D});
     fill_rows(qb, Rng(c.id, "q", static_cast<uint64_t>(seed)));

@@ -2,6 +2,7 @@
 // windows) and paged decode (next_n, Preshuffle reader, ChunkQ), and top-k for both.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "core/numeric.h"
 #include "core/rng.h"
@@ -84,7 +85,8 @@ class IndexerLogitsPrefillOp final : public TypedOp<LogitsPrefillParams> {
  public:
   using P = LogitsPrefillParams;
   std::string name() const override { return "indexer_logits_prefill"; }
-  // far_rows: each query row reads its own [ks, ke) of the shared keys.
+  // far_rows: each query row reads its own [ks, ke) of the shared keys; the last one reads the
+  // last key alone, whose k_fp8 row make() places past byte 2^32 too (place_far_token).
   FarRows far_rows_args(const P&) const override {
     return {{"q", "logits"}, {}, {"weights", "cu_seqlen_ks", "cu_seqlen_ke"}};
   }
@@ -110,6 +112,7 @@ class IndexerLogitsPrefillOp final : public TypedOp<LogitsPrefillParams> {
   std::optional<std::string> unbuildable(const P& p) const override {
     if (const auto why = windows_unbuildable(p)) return why;
     if (p.heads < 0) return "heads must be >= 0";
+    if (p.far_rows && p.batch * p.max_ctx < 2) return "far_rows needs two or more keys";
     return values::unbuildable(p.values, p.fp8_codes == Fp8Codes::special, 0);
   }
 
@@ -139,6 +142,10 @@ class IndexerLogitsPrefillOp final : public TypedOp<LogitsPrefillParams> {
       plant_fp8_specials(q.q_fp8);
       plant_fp8_specials(k.values);
     }
+    if (p.far_rows) {  // the last query row reads the last key alone (the far one)
+      w.ks.at<int32_t>({w.M - 1}) = static_cast<int32_t>(w.N - 1);
+      w.ke.at<int32_t>({w.M - 1}) = static_cast<int32_t>(w.N);
+    }
     Problem prob;
     prob.args = {{"q", q.q_fp8, Role::input},
                  {"k_fp8", k.values, Role::input},
@@ -147,6 +154,7 @@ class IndexerLogitsPrefillOp final : public TypedOp<LogitsPrefillParams> {
                  {"cu_seqlen_ks", w.ks, Role::input},
                  {"cu_seqlen_ke", w.ke, Role::input},
                  {"logits", poisoned_logits(w.M, w.N), Role::output}};
+    if (p.far_rows) place_far_token(prob, {"k_fp8"}, w.N - 1);  // k_scale: contiguous (ABI)
     double pairs = 0;
     for (int64_t i = 0; i < w.M; ++i) pairs += w.ke.at<int32_t>({i}) - w.ks.at<int32_t>({i});
     prob.flops = 2.0 * static_cast<double>(H * ix::kHeadDim) * pairs;
@@ -159,10 +167,30 @@ class IndexerLogitsPrefillOp final : public TypedOp<LogitsPrefillParams> {
     return {{"fp8_format", fp8_format_name(p.fp8)}};
   }
 
+  // far_rows: the keys the host holds (the last one) with the windows moved onto them, the
+  // logits of the other columns -inf (no window reaches them).
   TensorMap reference(const Problem& prob, const P&) const override {
-    return {{"logits", ix::mqa_logits(prob.arg("q"), prob.arg("k_fp8"), prob.arg("k_scale"),
-                                      prob.arg("weights"), prob.arg("cu_seqlen_ks"),
-                                      prob.arg("cu_seqlen_ke"))}};
+    const Tensor& k = prob.arg("k_fp8");
+    const Tensor held = k.held_rows();
+    if (held.size(0) == k.size(0))
+      return {{"logits", ix::mqa_logits(prob.arg("q"), k, prob.arg("k_scale"), prob.arg("weights"),
+                                        prob.arg("cu_seqlen_ks"), prob.arg("cu_seqlen_ke"))}};
+    const int64_t first = (held.offset() - k.offset()) / k.stride(0), n = held.size(0);
+    const Tensor ks = prob.arg("cu_seqlen_ks").clone(), ke = prob.arg("cu_seqlen_ke").clone();
+    for (int64_t i = 0; i < ks.numel(); ++i) {
+      const int64_t lo = ks.at<int32_t>({i}), hi = ke.at<int32_t>({i});
+      if (lo < hi && (lo < first || hi > first + n))
+        throw std::logic_error("indexer_logits_prefill: a window reaches keys the host lacks");
+      ks.at<int32_t>({i}) = static_cast<int32_t>(std::clamp<int64_t>(lo - first, 0, n));
+      ke.at<int32_t>({i}) = static_cast<int32_t>(std::clamp<int64_t>(hi - first, 0, n));
+    }
+    const Tensor part =
+        ix::mqa_logits(prob.arg("q"), held, prob.arg("k_scale").slice(0, first, first + n),
+                       prob.arg("weights"), ks, ke);
+    Tensor out = Tensor::full(DType::f32, {part.size(0), k.size(0)},
+                              -std::numeric_limits<double>::infinity());
+    out.slice(1, first, first + n).copy_from(part);
+    return {{"logits", out}};
   }
 
   std::vector<OutputCheck> checks(const Problem& prob, const P&, const TensorMap&) const override {

@@ -16,6 +16,7 @@
 #include "core/policy.h"
 #include "core/rng.h"
 #include "ops/kv_cache_axes.h"
+#include "ops/paged.h"
 #include "ops/typed_op.h"
 #include "reference/kv_cache_write.h"
 
@@ -45,6 +46,8 @@ struct KvCacheWriteParams {
   bool storage_offset = false;  // ops/storage_offset.h
   bool pad_strides = false;     // ops/storage_offset.h
   bool interleave = false;      // ops/storage_offset.h
+  int64_t offset_log2 = 0;      // ops/paged.h
+  bool far_rows = false;        // ops/storage_offset.h (place_far_token)
 };
 
 constexpr int64_t kTrailingPad = 3;  // padding tokens at the end (slot -1), like a padded batch
@@ -190,6 +193,15 @@ class KvCacheWriteOp final : public TypedOp<KvCacheWriteParams> {
         .out_of_id_at_default();
     add_pad_strides(f, &P::pad_strides);
     add_interleave(f, &P::interleave);
+    add_offset_log2(f, &P::offset_log2,
+                    "31 / 32: every block of the caches starts past byte 2^31 / 2^32 of its "
+                    "storage (per_tensor; hybrid, separate or packed strides); the host holds "
+                    "and compares those blocks only, the device poisons the rest");
+    f.add("far_rows", "far", &P::far_rows,
+          "true: one token is written (the last real one, into the cache's last slot; every "
+          "other slot -1), its key and value rows past element 2^31 / byte 2^32 of sparse "
+          "storages holding that row only")
+        .out_of_id_at_default();
     return f;
   }
 
@@ -214,6 +226,13 @@ class KvCacheWriteOp final : public TypedOp<KvCacheWriteParams> {
       return "the packed (nb, Hkv, P, 2D) cache is an NHD layout";
     if (p.strides == ref::KvStrides::packed && p.layout == WriteLayout::shuffle)
       return "the packed (nb, Hkv, P, 2D) cache is an NHD layout, not SHUFFLE";
+    if (p.far_rows && p.tokens < kTrailingPad + 2)
+      return "far_rows needs a real token past token 0 (tokens >= 5)";
+    if (p.offset_log2 != 0 &&
+        (p.quant != Quant::per_tensor || p.strides == ref::KvStrides::contiguous ||
+         p.strides == ref::KvStrides::padded))
+      return "offset_log2 needs per_tensor quant and hybrid, separate or packed strides (the "
+             "held blocks in one window per storage)";
     return std::nullopt;
   }
 
@@ -285,7 +304,8 @@ class KvCacheWriteOp final : public TypedOp<KvCacheWriteParams> {
       a.quant = ref::KvQuant{static_cast<float>(prob.arg("k_scale").get({0})),
                              static_cast<float>(prob.arg("v_scale").get({0}))};
     const ref::KvCaches w = ref::kv_cache_write(a);
-    return {{"key_cache", w.key_cache}, {"value_cache", w.value_cache}};
+    // A large-offset cache is compared over the blocks the host holds (run/device.cpp).
+    return {{"key_cache", w.key_cache.held_rows()}, {"value_cache", w.value_cache.held_rows()}};
   }
 
   std::vector<OutputCheck> checks(const Problem&, const P& p, const TensorMap&) const override {
@@ -323,23 +343,43 @@ class KvCacheWriteOp final : public TypedOp<KvCacheWriteParams> {
     return 2 * ((p.tokens + p.block_size - 1) / p.block_size) + 2;
   }
 
-  // The old contents of both caches (earlier tokens), drawn from the case.
+  // The old contents of both caches (earlier tokens) in the blocks the host holds, drawn from
+  // the case.
   static void fill_old_caches(const Case& c, const P& p, const ref::KvCacheViews& cache) {
     const auto seed = static_cast<uint64_t>(p.seed);
-    fill_old_contents(cache.key_cache, Rng(c.id, "old_key_cache", seed));
-    fill_old_contents(cache.value_cache, Rng(c.id, "old_value_cache", seed));
+    fill_old_contents(cache.key_cache.held_rows(), Rng(c.id, "old_key_cache", seed));
+    fill_old_contents(cache.value_cache.held_rows(), Rng(c.id, "old_value_cache", seed));
   }
 
-  static Tensor slot_mapping(const Case& c, const P& p) {
-    return make_slots(c.id, p.slots, p.tokens, cache_blocks(p) * p.block_size, p.seed);
+  // Block ids of a large-offset cache start at `first` (past byte 2^offset_log2 of a storage:
+  // K and V of a block for hybrid and packed caches, K or V alone for separate ones).
+  static int64_t first_block(const P& p) {
+    const DType cache_dtype = kv_cache_dtype(p.kv, p.dtype);
+    const int64_t per_id = (p.strides == ref::KvStrides::separate ? 1 : 2) * p.block_size *
+                           p.heads * p.head_dim * static_cast<int64_t>(dtype_size(cache_dtype));
+    return first_block_past(p.offset_log2, per_id);
   }
+
+  // The slots, moved to the held blocks. far_rows: the last real token alone writes, into the
+  // cache's last slot (its key and value rows are the far ones, place_far_token).
+  static Tensor slot_mapping(const Case& c, const P& p) {
+    const int64_t first = first_block(p) * p.block_size, held = cache_blocks(p) * p.block_size;
+    Tensor slots = make_slots(c.id, p.slots, p.tokens, held, p.seed);
+    for (int64_t t = 0; t < p.tokens; ++t) {
+      auto& s = slots.at<int64_t>({t});
+      if (p.far_rows) s = t == far_token(p) ? held - 1 : -1;
+      if (s >= 0) s += first;
+    }
+    return slots;
+  }
+  static int64_t far_token(const P& p) { return p.tokens - kTrailingPad - 1; }
 
   // reshape_and_cache_flash: NHD or SHUFFLE caches of the model dtype or fp8 (per-tensor scales).
   static Problem make_per_tensor(const Case& c, const P& p) {
     const DType cache_dtype = kv_cache_dtype(p.kv, p.dtype);
     const auto cache = ref::make_kv_cache(
         cache_dtype, p.layout == WriteLayout::shuffle ? ref::KvLayout::shuffle : ref::KvLayout::nhd,
-        p.strides, cache_blocks(p), p.block_size, p.heads, p.head_dim);
+        p.strides, cache_blocks(p), p.block_size, p.heads, p.head_dim, first_block(p));
     fill_old_caches(c, p, cache);
 
     const auto [key, value] = make_tokens(c, p);
@@ -361,6 +401,7 @@ class KvCacheWriteOp final : public TypedOp<KvCacheWriteParams> {
                  {"slot_mapping", slot_mapping(c, p), Role::input},
                  {"k_scale", k_scale, Role::input},
                  {"v_scale", v_scale, Role::input}};
+    if (p.far_rows) place_far_token(prob, {"key", "value"}, far_token(p));
     const double elems = 2.0 * static_cast<double>(p.tokens * p.heads * p.head_dim);
     prob.bytes = elems * static_cast<double>(dtype_size(p.dtype) + dtype_size(cache_dtype));
     return prob;
@@ -394,6 +435,7 @@ class KvCacheWriteOp final : public TypedOp<KvCacheWriteParams> {
                  {"k_dequant_scales", k_scales, Role::inout},
                  {"v_dequant_scales", v_scales, Role::inout},
                  {"slot_mapping", slot_mapping(c, p), Role::input}};
+    if (p.far_rows) place_far_token(prob, {"key", "value"}, far_token(p));
     const double elems = 2.0 * static_cast<double>(p.tokens * p.heads * p.head_dim);
     prob.bytes = elems * static_cast<double>(dtype_size(p.dtype) + 1) +
                  2.0 * static_cast<double>(p.tokens * p.heads) * 4.0;

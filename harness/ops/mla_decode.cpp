@@ -19,6 +19,7 @@ struct MlaDecodeParams : mla::CommonParams {
   bool ragged_qlen = false;
   bool storage_offset = false;  // ops/storage_offset.h
   int64_t out_offset_log2 = 0;
+  bool far_rows = false;  // ops/storage_offset.h
 };
 
 // Query tokens of each request: qlen for all, or with ragged_qlen qlen, qlen - 1, .., 1, qlen,
@@ -36,6 +37,9 @@ class MlaDecodeOp final : public ContractDependentTypedOp<MlaDecodeParams> {
   std::string name() const override { return "mla_decode"; }
   // pad_strides: a padded kv_cache, which the ABI refuses (mla::invalid).
   std::vector<std::string> padded_args(const P&) const override { return {"kv_cache"}; }
+  // far_rows: the last query token's q row past element 2^31; out and lse hold its row. The
+  // reference sees that token as a request of its own (far_view).
+  FarRows far_rows_args(const P&) const override { return {{"q"}, {"out", "lse"}, {}}; }
   Fields<P> fields() const override {
     const mla::AxisTexts texts{
         .block_size = "cache block size = kernel block size",
@@ -70,6 +74,7 @@ class MlaDecodeOp final : public ContractDependentTypedOp<MlaDecodeParams> {
              "a sparse storage holds only that row, which alone is compared. contiguous layout")
         .only({0, 31})
         .out_of_id_at_default();
+    add_far_rows(f, &P::far_rows);
     return f;
   }
 
@@ -78,6 +83,10 @@ class MlaDecodeOp final : public ContractDependentTypedOp<MlaDecodeParams> {
       return "mla_decode: ragged_qlen needs qlen >= 2 and batch >= 2";
     if (p.out_offset_log2 != 0 && (p.layout != mla::Layout::contiguous || p.batch * p.qlen < 2))
       return "mla_decode: out_offset_log2 needs the contiguous layout and two or more tokens";
+    if (p.far_rows &&
+        (p.layout != mla::Layout::contiguous || p.batch * p.qlen < 2 || p.out_offset_log2 != 0))
+      return "mla_decode: far_rows needs the contiguous layout, two or more tokens and no "
+             "out_offset_log2";
     return mla::unbuildable(p);
   }
   std::optional<std::string> invalid(const P& p) const override { return mla::invalid(p); }
@@ -158,7 +167,8 @@ class MlaDecodeOp final : public ContractDependentTypedOp<MlaDecodeParams> {
     return out;
   }
 
-  TensorMap reference(const Problem& prob, const P& p) const override {
+  TensorMap reference(const Problem& host, const P& p) const override {
+    const Problem prob = far_view(host, p);
     const auto r = ref::mla_decode(prob.arg("q"), {prob.arg("kv_cache"), p.kv_scale()},
                                    prob.arg("block_table"), prob.arg("seq_lens"),
                                    prob.arg("query_start_loc"), p.softmax_scale(), p.lv());
@@ -168,13 +178,29 @@ class MlaDecodeOp final : public ContractDependentTypedOp<MlaDecodeParams> {
   std::vector<OutputCheck> contract_checks(const Problem& prob, const P& p,
                                            const TensorMap& expected,
                                            const Contract& contract) const override {
-    auto checks = budget_checks(prob, p, contract);
+    auto checks = budget_checks(far_view(prob, p), p, contract);
     if (const auto out = expected.find("out"); out != expected.end())
       mla::widen_for_output_underflow(checks.at(0).budget, out->second, prob.arg("out").dtype());
     return checks;
   }
 
  private:
+  // far_rows: the host view (q, out, lse cut to the last token's row) with that token as a
+  // request of its own: the last request's table row and length, query_start_loc [0, 1]. The
+  // last query token of a request sees its whole context, as a one-token request does.
+  static Problem far_view(const Problem& host, const P& p) {
+    if (!p.far_rows) return host;
+    Problem v = host;
+    const int64_t B = host.arg("seq_lens").size(0);
+    v.arg("block_table") = host.arg("block_table").slice(0, B - 1, B);
+    v.arg("seq_lens") = host.arg("seq_lens").slice(0, B - 1, B);
+    Tensor qsl = Tensor::empty(DType::i32, {2});
+    qsl.at<int32_t>({0}) = 0;
+    qsl.at<int32_t>({1}) = 1;
+    v.arg("query_start_loc") = qsl;
+    return v;
+  }
+
   // Every request's slots (page_indices order), each query row reading its request's.
   static std::vector<OutputCheck> budget_checks(const Problem& prob, const P& p,
                                                 const Contract& contract) {

@@ -44,6 +44,8 @@ struct SparseMlaFp4Params {
   int64_t seed = 0;
   bool storage_offset = false;  // ops/storage_offset.h
   int64_t table_step = 1;       // ops/paged.h
+  int64_t offset_log2 = 0;      // ops/paged.h
+  bool far_rows = false;        // ops/storage_offset.h
   // "yarn": DeepSeek-V3's production softmax scale (mla_inputs.h); "lk": 1/sqrt(512).
   double softmax_scale() const {
     if (scale == mla::Scale::lk) return 1.0 / std::sqrt(static_cast<double>(rec::kDims));
@@ -121,6 +123,11 @@ class SparseMlaFp4Op final : public TypedOp<SparseMlaFp4Params> {
  public:
   using P = SparseMlaFp4Params;
   std::string name() const override { return "sparse_mla_fp4"; }
+  // far_rows: each query token reads its own top-k records (req_id_per_token names its table
+  // row); q, its indices and its output row past element 2^31.
+  FarRows far_rows_args(const P&) const override {
+    return {{"q", "topk_indices", "out"}, {"lse"}, {"req_id_per_token"}};
+  }
   Fields<P> fields() const override {
     Fields<P> f;
     f.add<int64_t>("heads", "h", &P::heads,
@@ -163,11 +170,17 @@ class SparseMlaFp4Op final : public TypedOp<SparseMlaFp4Params> {
         .add("storage_offset", "soff", &P::storage_offset, kStorageOffsetHelp)
         .out_of_id_at_default();
     add_table_step(f, &P::table_step);
+    add_offset_log2(f, &P::offset_log2,
+                    "31 / 32: every page of every request starts past byte 2^31 / 2^32 of the "
+                    "record cache; the host holds only those pages, the device poisons the rest");
+    add_far_rows(f, &P::far_rows);
     return f;
   }
 
   std::optional<std::string> unbuildable(const P& p) const override {
     if (p.ctx < p.qlen) return "ctx must be >= qlen";
+    if (p.far_rows && (p.layout != mla::Layout::contiguous || p.batch * p.qlen < 2))
+      return "far_rows needs the contiguous layout and two or more tokens";
     if (p.scales == Scales::tiny && p.kv_format == rec::Format::mxfp4 && p.dtype != DType::bf16)
       return "scales = tiny with kv_format = mxfp4 needs dtype bf16 (outputs near 2^-125 are "
              "zero in f16, which would pass any kernel)";
@@ -207,11 +220,17 @@ class SparseMlaFp4Op final : public TypedOp<SparseMlaFp4Params> {
     const PagedLayout pages =
         paged_layout(c.id, p.batch, p.ctx, Pg, strided, p.seed, p.qlen, 0, p.table_step);
     // Unread bytes 0xFF, pages 64 bytes apart (the kernel must use the page stride); the strided
-    // layout starts the view 64 bytes into its storage.
+    // layout starts the view 64 bytes into its storage. Large offsets: page ids start at `first`,
+    // past byte 2^offset_log2, and the host holds those pages only.
     const int64_t stride = Pg * rec_bytes + 64, offset = strided ? 64 : 0;
-    Tensor cache =
-        Tensor::filled_bytes(DType::u8, {pages.num_blocks * stride + offset}, std::byte{0xFF})
-            .as_strided({pages.num_blocks, Pg, rec_bytes}, {stride, rec_bytes, 1}, offset);
+    const int64_t first = first_block_past(p.offset_log2, stride);
+    shift_block_ids(pages, first);
+    const int64_t total = first + pages.num_blocks;
+    Tensor storage = first > 0 ? Tensor::sparse(DType::u8, {total * stride + offset},
+                                                first * stride + offset, pages.num_blocks * stride)
+                               : Tensor::empty(DType::u8, {total * stride + offset});
+    std::fill(storage.storage()->bytes.begin(), storage.storage()->bytes.end(), std::byte{0xFF});
+    Tensor cache = storage.as_strided({total, Pg, rec_bytes}, {stride, rec_bytes, 1}, offset);
     const Rng values(c.id, "kv_cache", static_cast<uint64_t>(p.seed));
     for (int64_t r = 0; r < p.batch; ++r)
       for (int64_t t = 0; t < pages.seq_lens.at<int32_t>({r}); ++t) {
@@ -249,8 +268,11 @@ class SparseMlaFp4Op final : public TypedOp<SparseMlaFp4Params> {
   }
 
   TensorMap reference(const Problem& prob, const P& p) const override {
-    const auto r = rec::sparse_mla_fp4(prob.arg("q"), prob.arg("kv_cache"), p.kv_format,
-                                       packed(prob, p), p.softmax_scale());
+    const HeldRecords held = held_records(prob, p);
+    if (prob.arg("q").size(2) != rec::kDims)
+      throw std::invalid_argument("q must be [T, N, 512] for an FP4 record cache");
+    const auto r = ref::sparse_mla(prob.arg("q"), {held.decoded, 1.0}, held.indices,
+                                   p.softmax_scale(), rec::kDims);
     return {{"out", r.out}, {"lse", r.lse}};
   }
 
@@ -259,7 +281,8 @@ class SparseMlaFp4Op final : public TypedOp<SparseMlaFp4Params> {
   // kernel model of the 16-bit caches applies unchanged.
   std::vector<OutputCheck> checks(const Problem& prob, const P& p,
                                   const TensorMap& expected) const override {
-    const auto idx = packed(prob, p);
+    const HeldRecords held = held_records(prob, p);
+    const auto& idx = held.indices;
     std::vector<int64_t> slots(static_cast<size_t>(idx.indices.numel()));
     for (size_t i = 0; i < slots.size(); ++i)
       slots[i] = idx.indices.at<int32_t>({static_cast<int64_t>(i)});
@@ -267,19 +290,36 @@ class SparseMlaFp4Op final : public TypedOp<SparseMlaFp4Params> {
     for (int64_t t = 0; t + 1 < idx.indptr.numel(); ++t)
       keys_max = std::max<int64_t>(keys_max,
                                    idx.indptr.at<int32_t>({t + 1}) - idx.indptr.at<int32_t>({t}));
-    const Tensor decoded = rec::decode_cache(prob.arg("kv_cache"), p.kv_format);
     const auto s =
-        ref::mla_input_scales(prob.arg("q"), {decoded, 1.0}, slots, rec::kDims, keys_max);
+        ref::mla_input_scales(prob.arg("q"), {held.decoded, 1.0}, slots, rec::kDims, keys_max);
     auto checks = mla::budgets(s, p.dtype, p.dtype, rec::kDims, p.softmax_scale());
     mla::widen_for_output_underflow(checks.at(0).budget, expected.at("out"), p.dtype);
     return checks;
   }
 
  private:
-  static ref::RaggedIndices packed(const Problem& prob, const P& p) {
-    return ref::sparse_mla_pack(
-        ref::sparse_mla_global_indices(prob.arg("topk_indices"), prob.arg("req_id_per_token"),
-                                       prob.arg("block_table"), p.block_size));
+  // The decoded records of the pages the host holds (from page `first` on: a large-offset cache
+  // holds no other) and the packed slots made relative to them.
+  struct HeldRecords {
+    Tensor decoded;
+    ref::RaggedIndices indices;
+  };
+  static HeldRecords held_records(const Problem& prob, const P& p) {
+    const Tensor& cache = prob.arg("kv_cache");
+    const int64_t first = first_block_past(p.offset_log2, cache.stride(0));
+    HeldRecords h{rec::decode_cache(cache.slice(0, first, cache.size(0)), p.kv_format),
+                  ref::sparse_mla_pack(ref::sparse_mla_global_indices(
+                      prob.arg("topk_indices"), prob.arg("req_id_per_token"),
+                      prob.arg("block_table"), p.block_size))};
+    const int64_t shift = first * p.block_size;
+    for (int64_t i = 0; i < h.indices.indices.numel(); ++i) {
+      auto& slot = h.indices.indices.at<int32_t>({i});
+      if (slot < shift)
+        throw std::out_of_range("sparse_mla_fp4: slot " + std::to_string(slot) +
+                                " lies before the held pages");
+      slot = static_cast<int32_t>(slot - shift);
+    }
+    return h;
   }
 };
 

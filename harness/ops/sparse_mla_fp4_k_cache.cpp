@@ -6,11 +6,13 @@
 // What it guards against: an e4m3 block scale truncated instead of rounded, the scale floor lost
 // (a zero block divides by 0), nibble order, the scale of the wrong block, a record written as one
 // run.
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <vector>
 
 #include "core/rng.h"
+#include "ops/paged.h"
 #include "ops/typed_op.h"
 #include "reference/sparse_mla_fp4.h"
 
@@ -29,6 +31,8 @@ struct Fp4KCacheParams {
   int64_t pad = 64;
   int64_t seed = 0;
   bool storage_offset = false;  // ops/storage_offset.h
+  int64_t offset_log2 = 0;      // ops/paged.h
+  bool far_rows = false;        // ops/storage_offset.h (place_far_token)
 };
 
 // bf16 rows: blocks of N(0, 1) times a non-power-of-two factor exp(2 N(0, 1)) per 16 elements.
@@ -64,8 +68,8 @@ class SparseMlaFp4KCacheOp final : public TypedOp<Fp4KCacheParams> {
   using P = Fp4KCacheParams;
   std::string name() const override { return "sparse_mla_fp4_k_cache"; }
   Fields<P> fields() const override {
-    return Fields<P>()
-        .add<int64_t>("block_size", "bs", &P::block_size, "cache page size (tokens)")
+    Fields<P> f;
+    f.add<int64_t>("block_size", "bs", &P::block_size, "cache page size (tokens)")
         .only({1, 16, 64})
         .choice<rec::Format>("kv_format", "", &P::kv_format,
                              {{rec::Format::nvfp4, "nvfp4"}, {rec::Format::mxfp4, "mxfp4"}},
@@ -84,7 +88,19 @@ class SparseMlaFp4KCacheOp final : public TypedOp<Fp4KCacheParams> {
         .bounds(0, 4096)
         .add<int64_t>("seed", "s", &P::seed, "input seed")
         .add("storage_offset", "soff", &P::storage_offset, kStorageOffsetHelp)
+        .out_of_id_at_default()
+        .add("far_rows", "far", &P::far_rows,
+             "true: one token is written (the last; every other slot -1), its kv row past "
+             "element 2^31 / byte 2^32 of a sparse storage holding that row only")
         .out_of_id_at_default();
+    add_offset_log2(f, &P::offset_log2,
+                    "31 / 32: every page starts past byte 2^31 / 2^32 of the cache; the host "
+                    "holds and compares those pages only, the device poisons the rest");
+    return f;
+  }
+  std::optional<std::string> unbuildable(const P& p) const override {
+    if (p.far_rows && p.tokens < 2) return "far_rows needs two or more tokens";
+    return std::nullopt;
   }
 
   // The bf16 rows, the slots and the cache pages the tokens write.
@@ -103,6 +119,8 @@ class SparseMlaFp4KCacheOp final : public TypedOp<Fp4KCacheParams> {
   Problem make(const Case& c, const P& p) const override {
     const int64_t T = p.tokens, Pg = p.block_size, rb = rec::record_bytes(p.kv_format);
     const int64_t pages = (T + Pg - 1) / Pg + 2, stride = Pg * rb + p.pad;
+    // Large offsets: page ids start at `first`, past byte 2^offset_log2; the host holds those.
+    const int64_t first = first_block_past(p.offset_log2, stride);
     // Padded cases also pass kv as a strided view 8 elements into its storage and the cache view
     // 32 bytes into its storage.
     const bool padded = p.pad > 0;
@@ -115,15 +133,29 @@ class SparseMlaFp4KCacheOp final : public TypedOp<Fp4KCacheParams> {
     Rng rng(c.id, "slots", static_cast<uint64_t>(p.seed));
     const std::vector<int64_t> order = permutation(pages * Pg, rng);
     Tensor slots = Tensor::empty(DType::i64, {T});
-    for (int64_t i = 0; i < T; ++i)
-      slots.at<int64_t>({i}) = i % 7 == 3 ? -1 : order[static_cast<size_t>(i)];
-    Tensor storage = Tensor::filled_bytes(DType::u8, {pages * stride + c_offset}, std::byte{0});
-    fill_uniform_int(storage, Rng(c.id, "cache", static_cast<uint64_t>(p.seed)), 0, 255);
+    for (int64_t i = 0; i < T; ++i) {
+      const bool padding = p.far_rows ? i != T - 1 : i % 7 == 3;  // far_rows: the last alone
+      slots.at<int64_t>({i}) = padding ? -1 : first * Pg + order[static_cast<size_t>(i)];
+    }
+    const int64_t total = first + pages;
+    Tensor storage =
+        first > 0 ? Tensor::sparse(DType::u8, {total * stride + c_offset},
+                                   first * stride + c_offset, pages * stride)
+                  : Tensor::filled_bytes(DType::u8, {pages * stride + c_offset}, std::byte{0});
+    // Random old bytes, or 0xA5 with far_rows: one record is written, and a constant keeps the
+    // compared pages of the largest token count within the golden budget (docs/goldens.md).
+    const Tensor held =
+        storage.slice(0, first > 0 ? first * stride + c_offset : 0, total * stride + c_offset);
+    if (p.far_rows)
+      std::fill(held.storage()->bytes.begin(), held.storage()->bytes.end(), std::byte{0xA5});
+    else
+      fill_uniform_int(held, Rng(c.id, "cache", static_cast<uint64_t>(p.seed)), 0, 255);
     Problem prob;
     prob.args = {
         {"kv", k, Role::input},
         {"slot_mapping", slots, Role::input},
-        {"kv_cache", storage.as_strided({pages, Pg, rb}, {stride, rb, 1}, c_offset), Role::inout}};
+        {"kv_cache", storage.as_strided({total, Pg, rb}, {stride, rb, 1}, c_offset), Role::inout}};
+    if (p.far_rows) place_far_token(prob, {"kv"}, T - 1);
     prob.bytes = static_cast<double>(T) * static_cast<double>(2 * rec::kDims + rb + 8);
     return prob;
   }
@@ -132,20 +164,25 @@ class SparseMlaFp4KCacheOp final : public TypedOp<Fp4KCacheParams> {
     return {{"kv_format", std::string(rec::format_name(p.kv_format))}};
   }
 
+  // A large-offset cache is compared over the pages the host holds (run/device.cpp), from
+  // page `first`.
   TensorMap reference(const Problem& prob, const P& p) const override {
-    const Tensor cache = prob.arg("kv_cache").clone();
+    const Tensor& full = prob.arg("kv_cache");
+    const Tensor held = full.held_rows();
+    const Tensor cache = held.clone();
     const Tensor& k = prob.arg("kv");
     const Tensor& slots = prob.arg("slot_mapping");
-    const int64_t Pg = cache.size(1), num_slots = cache.size(0) * Pg;
+    const int64_t Pg = full.size(1), num_slots = full.size(0) * Pg;
+    const int64_t first = (held.offset() - full.offset()) / full.stride(0);
     std::vector<double> row(static_cast<size_t>(rec::kDims));
     for (int64_t i = 0; i < slots.size(0); ++i) {
       const int64_t s = slots.at<int64_t>({i});
       if (s < 0) continue;
-      if (s >= num_slots)
+      if (s >= num_slots || s < first * Pg)
         throw std::invalid_argument("slot_mapping[" + std::to_string(i) +
-                                    "] = " + std::to_string(s) + " is past the cache");
+                                    "] = " + std::to_string(s) + " is outside the held pages");
       for (int64_t d = 0; d < rec::kDims; ++d) row[static_cast<size_t>(d)] = k.get({i, d});
-      rec::write_record(cache, p.kv_format, s / Pg, s % Pg, row.data());
+      rec::write_record(cache, p.kv_format, s / Pg - first, s % Pg, row.data());
     }
     return {{"kv_cache", cache}};
   }

@@ -148,18 +148,39 @@ Problem last_rows_view(const Problem& prob, const FarRows& rows) {
 }
 
 Tensor far_last_row(DType dtype, const Shape& shape, int64_t log2) {
+  if (shape.at(0) < 2) throw std::invalid_argument("far_last_row: needs at least two rows");
+  return far_row(dtype, shape, shape.at(0) - 1, log2);
+}
+
+Tensor far_row(DType dtype, const Shape& shape, int64_t row, int64_t log2) {
   const int64_t rows = shape.at(0);
-  if (rows < 2) throw std::invalid_argument("far_last_row: needs at least two rows");
+  if (row < 1 || row >= rows)
+    throw std::invalid_argument("far_row: row " + std::to_string(row) + " of " +
+                                std::to_string(rows) + " is not past row 0");
   Shape strides = Tensor::contiguous_strides(shape);
-  const int64_t row = strides[0];
-  // The smallest dim-0 stride that puts row rows - 1 at or past element 2^log2, and no row overlap,
+  const int64_t width = strides[0];
+  // The smallest dim-0 stride that puts `row` at or past element 2^log2, and no row overlap,
   // rounded up to 16 elements: contracts may ask rows to be aligned (indexer_gather's k_fp8 rows
   // are 4-byte aligned, docs/ops/indexer.md), as a real caller's rows are.
-  strides[0] = ((int64_t{1} << log2) + rows - 2) / (rows - 1) + row;
+  strides[0] = ((int64_t{1} << log2) + row - 1) / row + width;
   strides[0] = (strides[0] + 15) / 16 * 16;
-  const int64_t last = (rows - 1) * strides[0];
-  const Tensor storage = Tensor::sparse(dtype, {last + row}, last, row);
+  const int64_t at = row * strides[0];
+  const Tensor storage = Tensor::sparse(dtype, {(rows - 1) * strides[0] + width}, at, width);
   return storage.as_strided(shape, strides, 0);
+}
+
+void place_far_token(Problem& prob, const std::vector<std::string>& names, int64_t row) {
+  for (const auto& name : names) {
+    Tensor& t = arg_named(prob, name, "place_far_token").tensor;
+    if (t.ndim() < 1 || row < 1 || row >= t.size(0) || t.storage()->sparse())
+      throw std::logic_error("place_far_token: '" + name + "' has no row " + std::to_string(row) +
+                             " past row 0 on a dense storage");
+    const int64_t log2 = t.element_size() == 1 ? 32 : 31;
+    const Tensor moved = far_row(t.dtype(), t.shape(), row, log2);
+    const Tensor src = t.slice(0, row, row + 1), dst = moved.slice(0, row, row + 1);
+    src.for_each_index([&](const Index& i, int64_t) { dst.set_bits(i, src.get_bits(i)); });
+    t = moved;
+  }
 }
 
 Tensor held_rows_of(const Tensor& expected, const Tensor& out) {

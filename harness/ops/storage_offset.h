@@ -31,6 +31,13 @@ void shift_storages(Problem& prob, int64_t bytes = kStorageOffsetBytes);
 // row only, and only it is compared (Tensor::held_rows). Needs shape[0] >= 2. (issue 21 item 3:
 // 32-bit offset arithmetic on outputs.)
 Tensor far_last_row(DType dtype, const Shape& shape, int64_t log2);
+// The same with row `row` (>= 1) as the one past element 2^log2 and the only one the host holds:
+// for writers whose inputs have rows past the last one they read (padding tokens).
+Tensor far_row(DType dtype, const Shape& shape, int64_t row, int64_t log2);
+// far_rows on writers (issue 37): each named argument moves to a far_row storage whose row `row`
+// (one token, its values kept) lies past element 2^31 and byte 2^32; the caller makes that token
+// the only one the op reads (slot -1 elsewhere), so the reference reads that row alone.
+void place_far_token(Problem& prob, const std::vector<std::string>& names, int64_t row);
 
 // The rows of a reference output that the kernel's output `out` holds: all of them unless it
 // lies on a sparse storage.

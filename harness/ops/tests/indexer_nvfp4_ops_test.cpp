@@ -188,6 +188,10 @@ TEST(IndexerNvfp4Ops, KCacheQuickCasesKillTheWriterMutants) {
   for (const Case& c : cases) {
     const Problem p = o.make(c);
     ASSERT_TRUE(p.expect_refusal.empty()) << c.id << ": " << p.expect_refusal;
+    // A large-offset cache (offset_log2) holds its pages past byte 2^32 only: the emulation
+    // below writes whole caches, and the offset itself is what that case tests
+    // (storage_offset_test.cpp, Issue37Axes.WritersReadOneFarTokenIntoFarPages).
+    if (p.arg("kv_cache").storage()->sparse()) continue;
     const TensorMap expected = o.reference(p);
     const auto checks = o.checks(p, expected);
     EXPECT_TRUE(all_pass(check_outputs(checks, expected, expected))) << c.id;

@@ -78,15 +78,25 @@ Tensor decode_with(const Tensor& cache, rec::Format f, Bug bug) {
   return out;
 }
 
-// What a kernel with `bug` returns, rounded as the kernel stores it.
+// What a kernel with `bug` returns, rounded as the kernel stores it. Large offsets: the pages the
+// host holds (from page `first`), slots made relative to them; far_rows (q on a sparse storage):
+// the last token only, as the reference sees it.
 TensorMap kernel_emulation(const Problem& p, rec::Format f, Bug bug) {
-  const Tensor& q = p.arg("q");
-  const int64_t P = p.arg("kv_cache").size(1);
-  const auto idx = ref::sparse_mla_pack(ref::sparse_mla_global_indices(
-      p.arg("topk_indices"), p.arg("req_id_per_token"), p.arg("block_table"), P));
+  const bool far = p.arg("q").storage()->sparse();
+  auto token_rows = [&](const char* name) {
+    const Tensor& t = p.arg(name);
+    return far ? t.slice(0, t.size(0) - 1, t.size(0)) : t;
+  };
+  const Tensor q = token_rows("q");
+  const Tensor& cache = p.arg("kv_cache");
+  const Tensor held = cache.held_rows();
+  const int64_t P = cache.size(1), first = (held.offset() - cache.offset()) / cache.stride(0);
+  auto idx = ref::sparse_mla_pack(ref::sparse_mla_global_indices(
+      token_rows("topk_indices"), token_rows("req_id_per_token"), p.arg("block_table"), P));
+  for (int64_t i = 0; i < idx.indices.numel(); ++i)
+    idx.indices.at<int32_t>({i}) -= static_cast<int32_t>(first * P);
   const double scale = p.kernel_params.at("scale").get<double>();
-  const auto r =
-      ref::sparse_mla(q, {decode_with(p.arg("kv_cache"), f, bug), 1.0}, idx, scale, rec::kDims);
+  const auto r = ref::sparse_mla(q, {decode_with(held, f, bug), 1.0}, idx, scale, rec::kDims);
   return {{"out", r.out.to(q.dtype()).to(DType::f64)},
           {"lse", r.lse.to(DType::f32).to(DType::f64)}};
 }
@@ -170,14 +180,18 @@ TEST(SparseMlaFp4Ops, WriterQuickCasesMakeEveryWriterMutantVisible) {
     for (const Case& c : f.tiers.at(tier)) {
       if (!seen.insert(c.id).second) continue;
       const Problem p = o->make(c);
-      const Tensor before = p.arg("kv_cache");
+      // The pages the host holds (a large-offset cache: from page `first`), which the reference
+      // returns; slots are made relative to them.
+      const Tensor& full = p.arg("kv_cache");
+      const Tensor before = full.held_rows();
       const Tensor after = o->reference(p).at("kv_cache");
       const rec::Format fmt = format_of(c);
       const int64_t P = before.size(1);
+      const int64_t first = (before.offset() - full.offset()) / full.stride(0);
       const Tensor& slots = p.arg("slot_mapping");
       std::set<int64_t> written;
       for (int64_t i = 0; i < slots.size(0); ++i)
-        if (slots.at<int64_t>({i}) >= 0) written.insert(slots.at<int64_t>({i}));
+        if (slots.at<int64_t>({i}) >= 0) written.insert(slots.at<int64_t>({i}) - first * P);
       for (int64_t g = 0; g < before.size(0); ++g)
         for (int64_t t = 0; t < P; ++t) {
           if (written.count(g * P + t)) continue;
@@ -190,8 +204,8 @@ TEST(SparseMlaFp4Ops, WriterQuickCasesMakeEveryWriterMutantVisible) {
         }
       std::vector<double> y(rec::kDims);
       for (int64_t i = 0; i < slots.size(0); ++i) {
-        const int64_t s = slots.at<int64_t>({i});
-        if (s < 0) continue;
+        if (slots.at<int64_t>({i}) < 0) continue;
+        const int64_t s = slots.at<int64_t>({i}) - first * P;
         later_token |= P > 1 && s % P > 0;
         rec::read_record(after, fmt, s / P, s % P, y.data());
         const auto* page = reinterpret_cast<const uint8_t*>(after.element_ptr(Index{s / P, 0, 0}));

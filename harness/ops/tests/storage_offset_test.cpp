@@ -91,6 +91,118 @@ TEST(FarLastRow, LastRowPastElement2To31AndOnlyItHeld) {
   EXPECT_THROW(far_last_row(DType::bf16, {1, 4, 8}, 31), std::invalid_argument);
 }
 
+// far_row: any row past 0 can be the far one (a writer's last real token), the rows after it
+// (padding tokens) lie further and are not held.
+TEST(FarLastRow, AnyRowCanBeTheFarOneAndOnlyItHeld) {
+  const Tensor t = far_row(DType::u8, {6, 64}, 2, 32);
+  EXPECT_GE(t.element_offset(std::vector<int64_t>{2, 0}), int64_t{1} << 32);
+  const Tensor held = t.held_rows();
+  ASSERT_EQ(held.size(0), 1);
+  EXPECT_EQ(held.offset(), t.element_offset(std::vector<int64_t>{2, 0}));
+  EXPECT_EQ(t.stride(0) % 16, 0);
+  EXPECT_THROW(far_row(DType::u8, {6, 64}, 0, 32), std::invalid_argument);
+  EXPECT_THROW(far_row(DType::u8, {6, 64}, 6, 32), std::invalid_argument);
+  // The last row: far_last_row's placement, unchanged.
+  const Tensor last = far_row(DType::bf16, {3, 4, 8}, 2, 31);
+  EXPECT_EQ(last.strides(), far_last_row(DType::bf16, {3, 4, 8}, 31).strides());
+}
+
+TEST(FarLastRow, PlaceFarTokenKeepsThatRowsValues) {
+  Tensor k = Tensor::empty(DType::bf16, {5, 8});
+  k.for_each_index([&](const Index& i, int64_t n) { k.set(i, static_cast<double>(n)); });
+  Problem p;
+  p.args = {{"k", k, Role::input}};
+  place_far_token(p, {"k"}, 3);
+  const Tensor& far = p.arg("k");
+  EXPECT_GE(far.element_offset(std::vector<int64_t>{3, 0}), int64_t{1} << 31);
+  EXPECT_TRUE(same_values(far.slice(0, 3, 4), k.slice(0, 3, 4)));
+  EXPECT_EQ(far.held_rows().size(0), 1);
+  EXPECT_THROW(place_far_token(p, {"k"}, 3), std::logic_error);  // already sparse
+  EXPECT_THROW(place_far_token(p, {"q"}, 1), std::logic_error);
+}
+
+// far_rows on the writers (issue 37): the last real token alone writes (every other slot -1),
+// from a row past element 2^31; with offset_log2 the caches hold the blocks past byte 2^32 only,
+// and the reference returns those blocks, computed from the held row alone.
+TEST(Issue37Axes, WritersReadOneFarTokenIntoFarPages) {
+  struct Writer {
+    const char* op;
+    Params params;
+    std::vector<const char*> rows, caches;
+  };
+  const std::vector<Writer> writers = {
+      {"kv_cache_write",
+       {{"strides", "separate"},
+        {"block_size", 1},
+        {"tokens", 5},
+        {"offset_log2", 32},
+        {"far_rows", true}},
+       {"key", "value"},
+       {"key_cache", "value_cache"}},
+      {"indexer_k_cache",
+       {{"block_size", 1}, {"offset_log2", 32}, {"far_rows", true}},
+       {"k"},
+       {"kv_cache"}},
+      {"indexer_mxfp4_k_cache",
+       {{"block_size", 1},
+        {"head_dim", 64},
+        {"tokens", 3},
+        {"offset_log2", 32},
+        {"far_rows", true}},
+       {"k"},
+       {"kv_cache"}},
+      {"sparse_mla_fp4_k_cache",
+       {{"block_size", 1}, {"tokens", 3}, {"offset_log2", 32}, {"far_rows", true}},
+       {"kv"},
+       {"kv_cache"}},
+  };
+  for (const Writer& w : writers) {
+    SCOPED_TRACE(w.op);
+    const Problem p = problem(w.op, w.params);
+    const Tensor& slots = p.arg("slot_mapping");
+    int64_t writing = -1, count = 0;
+    for (int64_t t = 0; t < slots.size(0); ++t)
+      if (slots.at<int64_t>({t}) >= 0) writing = t, ++count;
+    ASSERT_EQ(count, 1);
+    for (const char* name : w.rows) {
+      const Tensor& r = p.arg(name);
+      EXPECT_TRUE(r.storage()->sparse()) << name;
+      EXPECT_GE(r.element_offset(std::vector<int64_t>(static_cast<size_t>(r.ndim()), 0)) +
+                    writing * r.stride(0),
+                int64_t{1} << 31)
+          << name;
+      EXPECT_EQ(r.held_rows().size(0), 1) << name;
+    }
+    const TensorMap e = registered_op(w.op).reference(p);
+    for (const char* name : w.caches) {
+      const Tensor& c = p.arg(name);
+      EXPECT_TRUE(c.storage()->sparse()) << name;
+      EXPECT_GE(c.held_rows().offset() * static_cast<int64_t>(c.element_size()), int64_t{1} << 32)
+          << name;
+      EXPECT_EQ(e.at(name).shape(), c.held_rows().shape()) << name;
+    }
+  }
+}
+
+// sparse_mla_fp4 (issue 37): record pages past byte 2^32, the last token's q, top-k and out rows
+// past element 2^31; the reference sees that token alone over the held pages.
+TEST(Issue37Axes, Fp4DecodeReadsFarPagesForAFarToken) {
+  const Problem p =
+      problem("sparse_mla_fp4", {{"heads", 2}, {"offset_log2", 32}, {"far_rows", true}});
+  for (const char* name : {"q", "topk_indices", "out"}) {
+    const Tensor& t = p.arg(name);
+    EXPECT_GE((t.size(0) - 1) * t.stride(0), int64_t{1} << 31) << name;
+    EXPECT_EQ(t.held_rows().size(0), 1) << name;
+  }
+  EXPECT_GE(p.arg("kv_cache").held_rows().offset(), int64_t{1} << 32);
+  const TensorMap e = registered_op("sparse_mla_fp4").reference(p);
+  EXPECT_EQ(e.at("out").size(0), 1);
+  bool finite = true;
+  e.at("out").for_each_index(
+      [&](const Index& i, int64_t) { finite = finite && std::isfinite(e.at("out").get(i)); });
+  EXPECT_TRUE(finite);
+}
+
 TEST(Issue21Axes, OnlyTheLastRowOfALargeOutputIsExpected) {
   const Problem d =
       problem("decode_attention",
