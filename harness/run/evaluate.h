@@ -3,8 +3,9 @@
 //   -> kernel launches -> comparisons -> Result.
 // evaluate() owns every decision on the way: the refusal of invalid configurations, golden or
 // reference, whether the kernel library has the problem's entry, known-bug marks and the repro
-// line. The worker process, `repro`, `golden verify` and the device tests all call it; nothing
-// patches a Result afterwards.
+// line. The worker process, `repro`, `golden verify` and the device tests all call it. Afterwards
+// a Result changes only in run/amend.h (the parent's compute-sanitizer findings, and the Results
+// it writes for cases no worker answered), besides its timings (the parent's ipc_ms).
 #pragma once
 #include <string>
 #include <vector>

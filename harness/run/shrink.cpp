@@ -6,6 +6,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "run/amend.h"
 #include "run/worker.h"
 
 namespace attncheck {
@@ -389,13 +390,11 @@ CaseEvaluator worker_evaluator(const WorkerSpec& spec, const RunOptions& opt) {
       try {
         out[i] = Result::from_json(j);
       } catch (const std::invalid_argument& e) {
-        out[i] =
-            lost_case_result(cases[i], Mode::kernel, opt,
-                             std::string("the worker's result line is unreadable: ") + e.what());
+        out[i] = amend(cases[i], {}, Amendment::unreadable_line, {e.what(), Mode::kernel, &opt});
       }
     };
     cb.on_lost = [&](size_t i, const std::string& what) {
-      out[i] = lost_case_result(cases[i], Mode::kernel, opt, what);
+      out[i] = amend(cases[i], {}, Amendment::lost, {what, Mode::kernel, &opt});
     };
     run_in_workers(spec, tasks, cb);
     return out;
