@@ -35,6 +35,17 @@ class Progress {
   bool live_;
 };
 
+WorkerConfig worker_config(const Paths& paths, const std::string& kernels, const std::string& arch,
+                           int repeat) {
+  WorkerConfig cfg;
+  cfg.golden_dir = paths.golden;
+  cfg.kernels = kernels;
+  cfg.arch = arch;
+  cfg.repeat = repeat;
+  cfg.repro_extra = path_flags(paths);
+  return cfg;
+}
+
 std::vector<std::string> worker_command(const WorkerConfig& cfg) {
   std::vector<std::string> args = {"worker"};
   // The library as a label only (the config carries it): the pool names a worker that cannot
@@ -147,10 +158,7 @@ int CaseRun::prepare() {
 }
 
 int CaseRun::select() {
-  Selection sel;
-  sel.tier = args.tier;
-  sel.filter = args.filter;
-  sel.ops = args.ops;
+  Selection sel = selection(args.tier, args.ops, args.filter);
   try {
     sel.shard = parse_shard(args.shard);
   } catch (const std::invalid_argument& e) {
@@ -279,11 +287,9 @@ int CaseRun::make_spec() {
       return 2;
     }
   }
+  config = worker_config(paths, libs.front().path, args.arch, args.repeat);
   config.golden_dir = fs::absolute(paths.golden).string();
-  config.arch = args.arch;
-  config.repeat = args.repeat;
   config.repro_dir = repro_dir_;
-  config.repro_extra = path_flags(paths);
   config.allow_missing_goldens = args.allow_missing_goldens;
   config.stress = args.stress;
   config.threads = std::max(1, plan.threads);
@@ -408,17 +414,11 @@ int CaseRun::execute() {
 }
 
 int CaseRun::run_in_process() {
-  const WorkerConfig cfg{"",
-                         paths.golden,
-                         libs.front().path,
-                         args.arch,
-                         repro_dir_,
-                         path_flags(paths),
-                         args.repeat,
-                         args.allow_missing_goldens,
-                         args.stress,
-                         args.import_timeout_s,
-                         {}};
+  WorkerConfig cfg = worker_config(paths, libs.front().path, args.arch, args.repeat);
+  cfg.repro_dir = repro_dir_;
+  cfg.allow_missing_goldens = args.allow_missing_goldens;
+  cfg.stress = args.stress;
+  cfg.import_timeout_s = args.import_timeout_s;
   try {
     ctx_ = make_context_within_limit(
         cfg, [](const std::string& why) { std::cerr << "attncheck: " << why << std::endl; });
@@ -574,13 +574,13 @@ nlohmann::json CaseRun::run_json(size_t k, const Summary* done, double wall) con
 void CaseRun::write_outputs(size_t k, bool selection_order, const Summary* done) const {
   const LibraryRun& l = libs[k];
   write_file_atomic((l.out / "run.json").string(), run_json(k, done, wall_s).dump(2) + "\n");
-  std::vector<nlohmann::json> records;  // junit_xml reads the records results.jsonl holds
+  std::vector<const Result*> junit;
   if (selection_order)
-    for (const auto& r : l.results) records.push_back(r.to_json());
+    for (const auto& r : l.results) junit.push_back(&r);
   else
-    for (size_t i : l.cases) records.push_back(l.results[i].to_json());
+    for (size_t i : l.cases) junit.push_back(&l.results[i]);
   write_file_atomic((l.out / "junit.xml").string(),
-                    junit_xml(records, "attncheck " + args.tier + (several_ ? " " + l.name : "")));
+                    junit_xml(junit, "attncheck " + args.tier + (several_ ? " " + l.name : "")));
 }
 
 }  // namespace attncheck::cli

@@ -1,10 +1,11 @@
 // One run of cases over one or several kernel libraries, in three steps: prepare (select the
 // cases, check the goldens, lock the results directories, plan the pools), execute (the cases in
-// worker processes, or in this one), finish (the command's own summary and files). `run` is a
-// run of one library (its --kernels, or none: reference mode); `mutants` one of N, each with its
-// results directory under --out, in one pool whose workers open them all (run/worker.h "Several
-// libraries"). `shrink` and `repro` reuse its parts: the worker config (worker_config) and the
-// evaluation of candidates in the same workers (shrink_evaluator).
+// worker processes, or in this one), finish (the command's own summary and files: finish_run,
+// finish_mutants). `run` is a run of one library (its --kernels, or none: reference mode);
+// `mutants` one of N, each with its results directory under --out, in one pool whose workers
+// open them all (run/worker.h "Several libraries"). `shrink` and `repro` reuse its parts: the
+// worker config (worker_config) and, for shrink, the worker command (worker_command) and the
+// candidates' evaluation in workers (run/shrink.h worker_evaluator), as the run's --shrink.
 #pragma once
 #include <chrono>
 #include <cstddef>
@@ -122,6 +123,11 @@ class CaseRun {
   std::map<size_t, std::string> sanitizer_;  // task -> the log of the worker that ran it
   std::unique_ptr<Progress> progress_;       // run: a live line on a terminal
 };
+
+// What every worker config of a command holds: the golden directory (as given; a pool's is made
+// absolute), the library, the known-bug arch, the launches per case and the repro lines' paths.
+WorkerConfig worker_config(const Paths& paths, const std::string& kernels, const std::string& arch,
+                           int repeat);
 
 // `attncheck worker`'s arguments for a config: {"worker", "--kernels", <its kernels, a label>,
 // "--config", <the config as one JSON object>}.

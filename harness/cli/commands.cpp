@@ -16,6 +16,7 @@
 #include <map>
 #include <sstream>
 
+#include "cli/case_run.h"
 #include "core/case_json.h"
 #include "run/cases.h"
 #include "run/coverage.h"
@@ -57,6 +58,15 @@ std::string num(double v, int precision = 4) {
 
 }  // namespace
 
+Selection selection(const std::string& tier, const std::vector<std::string>& ops,
+                    const std::string& filter) {
+  Selection sel;
+  sel.tier = tier;
+  sel.ops = ops;
+  sel.filter = filter;
+  return sel;
+}
+
 bool load_and_select(const Paths& p, const Selection& sel, std::vector<CaseFile>& files,
                      std::vector<Case>& cases) {
   if (!load(p, files)) return false;
@@ -70,10 +80,7 @@ bool load_and_select(const Paths& p, const Selection& sel, std::vector<CaseFile>
 }
 
 int cmd_list(const Paths& p, const ListArgs& a) {
-  Selection sel;
-  sel.tier = a.tier;
-  sel.ops = a.ops;
-  sel.filter = a.filter;
+  const Selection sel = selection(a.tier, a.ops, a.filter);
   std::vector<CaseFile> files;
   std::vector<Case> cases;
   if (!load_and_select(p, sel, files, cases)) return 2;
@@ -173,13 +180,9 @@ int repro_context(const Paths& p, const ReproArgs& a, std::unique_ptr<CaseContex
     std::cerr << "attncheck: kernel library '" << a.kernels << "' does not exist\n";
     return 2;
   }
-  WorkerConfig cfg;
-  cfg.cases_dir = p.cases;
-  cfg.golden_dir = p.golden;
-  cfg.kernels = a.kernels.empty() || py ? a.kernels : fs::absolute(a.kernels).string();
-  cfg.arch = a.arch;
-  cfg.repeat = a.repeat;
-  cfg.repro_extra = path_flags(p);
+  WorkerConfig cfg = worker_config(
+      p, a.kernels.empty() || py ? a.kernels : fs::absolute(a.kernels).string(), a.arch, a.repeat);
+  cfg.cases_dir = p.cases;  // in this process: the id is looked up in the case files
   cfg.allow_missing_goldens = a.allow_missing_goldens;
   cfg.import_timeout_s = a.import_timeout_s;
   try {
@@ -452,10 +455,7 @@ bool bench_case(const Case& c, const KernelLibrary& lib, DeviceRunner& runner, c
 }  // namespace
 
 int cmd_bench(const Paths& p, const BenchArgs& a) {
-  Selection sel;
-  sel.tier = a.tier;
-  sel.ops = a.ops;
-  sel.filter = a.filter;
+  const Selection sel = selection(a.tier, a.ops, a.filter);
   std::vector<CaseFile> files;
   std::vector<Case> cases;
   if (!load_and_select(p, sel, files, cases)) return 2;

@@ -127,6 +127,9 @@ struct CoverageArgs {
   std::string out;    // also write the JSON here (e.g. <results>/coverage.json)
 };
 
+// The cases of a tier, of these ops (none: all) whose ids match `filter`.
+Selection selection(const std::string& tier, const std::vector<std::string>& ops,
+                    const std::string& filter);
 // Loads <cases>/*.toml and selects `sel`; on a bad case file or selection prints the reason
 // ("attncheck: ...") and returns false.
 bool load_and_select(const Paths& p, const Selection& sel, std::vector<CaseFile>& files,

@@ -15,12 +15,8 @@ namespace fs = std::filesystem;
 namespace {
 // The worker config of `attncheck shrink`'s candidates.
 WorkerConfig shrink_config(const Paths& paths, const ShrinkArgs& a, const std::string& kernels) {
-  WorkerConfig cfg;
+  WorkerConfig cfg = worker_config(paths, kernels, a.arch, a.repeat);
   cfg.golden_dir = fs::absolute(paths.golden).string();
-  cfg.kernels = kernels;
-  cfg.arch = a.arch;
-  cfg.repeat = a.repeat;
-  cfg.repro_extra = path_flags(paths);
   return cfg;
 }
 }  // namespace

@@ -218,6 +218,23 @@ struct Candidate {
   Case c;
 };
 
+// One pass's candidates: per axis (in the op's order) each simpler value, simplest first, as a
+// case not seen before.
+std::vector<Candidate> candidates(const Op& op, const std::vector<Axis>& axes,
+                                  const Params& current, std::set<std::string>& seen) {
+  std::vector<Candidate> cands;
+  for (size_t i = 0; i < axes.size(); ++i) {
+    const auto& axis = axes[i];
+    if (!current.contains(axis.name)) continue;
+    for (const auto& v : simpler_values(axis, current.at(axis.name))) {
+      Params p = current;
+      p[axis.name] = v;
+      if (auto c = candidate_case(op, p, seen)) cands.push_back({i, v, std::move(*c)});
+    }
+  }
+  return cands;
+}
+
 }  // namespace
 
 ShrinkOutcome shrink(const Op& op, const Case& failing, const Result& failing_result,
@@ -241,16 +258,7 @@ ShrinkOutcome shrink(const Op& op, const Case& failing, const Result& failing_re
       s.stopped = "time budget spent";
       break;
     }
-    std::vector<Candidate> cands;
-    for (size_t i = 0; i < axes.size(); ++i) {
-      const auto& axis = axes[i];
-      if (!s.minimal.params.contains(axis.name)) continue;
-      for (const auto& v : simpler_values(axis, s.minimal.params.at(axis.name))) {
-        Params p = s.minimal.params;
-        p[axis.name] = v;
-        if (auto c = candidate_case(op, p, seen)) cands.push_back({i, v, std::move(*c)});
-      }
-    }
+    std::vector<Candidate> cands = candidates(op, axes, s.minimal.params, seen);
     if (cands.empty()) {
       s.stopped = "no simpler value fails the same way";
       break;
