@@ -5,26 +5,16 @@
 // (docs/cli.md, docs/results.md).
 #include <algorithm>
 #include <cctype>
-#include <chrono>
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
-#include <map>
-#include <numeric>
-#include <optional>
 #include <set>
 #include <sstream>
 
 #include "cli/commands.h"
 #include "cli/case_run.h"
 #include "cli/run_parts.h"
-#include "core/safe_output.h"
-#include "run/evaluate.h"
-#include "run/golden.h"
-#include "run/pool.h"
-#include "run/provenance.h"
 #include "run/results.h"
-#include "run/worker.h"
 
 namespace attncheck::cli {
 
