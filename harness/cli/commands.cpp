@@ -16,6 +16,8 @@
 #include <map>
 #include <sstream>
 
+#include "cli/case_run.h"
+#include "core/case_json.h"
 #include "run/cases.h"
 #include "run/coverage.h"
 #include "run/golden.h"
@@ -56,6 +58,15 @@ std::string num(double v, int precision = 4) {
 
 }  // namespace
 
+Selection selection(const std::string& tier, const std::vector<std::string>& ops,
+                    const std::string& filter) {
+  Selection sel;
+  sel.tier = tier;
+  sel.ops = ops;
+  sel.filter = filter;
+  return sel;
+}
+
 bool load_and_select(const Paths& p, const Selection& sel, std::vector<CaseFile>& files,
                      std::vector<Case>& cases) {
   if (!load(p, files)) return false;
@@ -69,10 +80,7 @@ bool load_and_select(const Paths& p, const Selection& sel, std::vector<CaseFile>
 }
 
 int cmd_list(const Paths& p, const ListArgs& a) {
-  Selection sel;
-  sel.tier = a.tier;
-  sel.ops = a.ops;
-  sel.filter = a.filter;
+  const Selection sel = selection(a.tier, a.ops, a.filter);
   std::vector<CaseFile> files;
   std::vector<Case> cases;
   if (!load_and_select(p, sel, files, cases)) return 2;
@@ -84,11 +92,7 @@ int cmd_list(const Paths& p, const ListArgs& a) {
   }
   for (const auto& c : cases) {
     if (a.json) {
-      nlohmann::json j = {{"id", c.id},         {"op", c.op},         {"tiers", c.tiers},
-                          {"source", c.source}, {"params", c.params}, {"known_bug", nullptr}};
-      if (c.known_bug)
-        j["known_bug"] = {{"reason", c.known_bug->reason}, {"arch", c.known_bug->arch}};
-      std::cout << j.dump() << "\n";
+      std::cout << case_to_json(c).dump() << "\n";  // core/case_json.h
       continue;
     }
     std::cout << c.id << "  [" << join(c.tiers, ",") << "]";
@@ -159,7 +163,12 @@ int export_pytest(const Paths& p, const std::string& bundle, const std::string& 
 
 }  // namespace
 
-int cmd_repro(const Paths& p, const ReproArgs& a) {
+namespace {
+
+// repro's context, in this process: the library loaded first in a process of its own, where a
+// constructor or device query that crashes, hangs or exits is named instead of ending this one.
+// 0, or the exit status having said why.
+int repro_context(const Paths& p, const ReproArgs& a, std::unique_ptr<CaseContext>& ctx) {
   const bool py = a.kernels.rfind("py:", 0) == 0;
   if (!a.export_format.empty() && !py) {
     std::cerr << "attncheck: --export " << a.export_format
@@ -171,19 +180,12 @@ int cmd_repro(const Paths& p, const ReproArgs& a) {
     std::cerr << "attncheck: kernel library '" << a.kernels << "' does not exist\n";
     return 2;
   }
-  WorkerConfig cfg;
-  cfg.cases_dir = p.cases;
-  cfg.golden_dir = p.golden;
-  cfg.kernels = a.kernels.empty() || py ? a.kernels : fs::absolute(a.kernels).string();
-  cfg.arch = a.arch;
-  cfg.repeat = a.repeat;
-  cfg.repro_extra = path_flags(p);
+  WorkerConfig cfg = worker_config(
+      p, a.kernels.empty() || py ? a.kernels : fs::absolute(a.kernels).string(), a.arch, a.repeat);
+  cfg.cases_dir = p.cases;  // in this process: the id is looked up in the case files
   cfg.allow_missing_goldens = a.allow_missing_goldens;
   cfg.import_timeout_s = a.import_timeout_s;
-  std::unique_ptr<CaseContext> ctx;
   try {
-    // The library is loaded here, in this process: first in one of its own, where a constructor
-    // or device query that crashes, hangs or exits is named instead of ending this one.
     if (!cfg.kernels.empty()) load_library_isolated(cfg.kernels, true, a.import_timeout_s);
     ctx = make_context_within_limit(
         cfg, [](const std::string& why) { std::cerr << "attncheck: " << why << "\n"; });
@@ -195,89 +197,88 @@ int cmd_repro(const Paths& p, const ReproArgs& a) {
     return 2;
   }
   ctx->eval.golden_as_expected = false;  // the reference is the authority when reproducing
+  return 0;
+}
+
+// The case of the id, or the ad-hoc one of --params; nullopt having said why not.
+std::optional<Case> repro_case(const Paths& p, const ReproArgs& a, const CaseContext& ctx) {
   std::optional<Case> found;
   if (!a.params.empty()) {
     try {
       found = adhoc_case(a.id, nlohmann::json::parse(a.params));
     } catch (const std::exception& e) {
       std::cerr << "attncheck: --params: " << e.what() << "\n";
-      return 2;
+      return std::nullopt;
     }
   } else {
-    found = find_case(ctx->files, a.id);
+    found = find_case(ctx.files, a.id);
   }
   if (!found) {
     std::cerr << "attncheck: no case '" << shown_id(a.id) << "' in " << p.cases << "; nearest:";
-    for (const auto& id : nearest_case_ids(ctx->files, a.id)) std::cerr << "\n  " << id;
+    for (const auto& id : nearest_case_ids(ctx.files, a.id)) std::cerr << "\n  " << id;
     std::cerr << "\n";
-    return 2;
   }
-  const Case& c = *found;
+  return found;
+}
+
+void print_repro_header(const Case& c, const CaseContext& ctx) {
   std::cout << "case     " << c.id << "\n"
             << "source   " << c.source << "  tiers [" << join(c.tiers, ",") << "]\n"
             << "params   " << c.params.dump() << "\n";
   if (c.known_bug)
     std::cout << "known    " << c.known_bug->reason
               << (c.known_bug->arch.empty() ? "" : " (arch " + c.known_bug->arch + ")") << "\n";
-  if (ctx->device)
-    std::cout << "kernels  " << ctx->lib->library() << " on " << ctx->device->name << " ("
-              << ctx->device->arch << ")\n";
+  if (ctx.device)
+    std::cout << "kernels  " << ctx.lib->library() << " on " << ctx.device->name << " ("
+              << ctx.device->arch << ")\n";
   else
-    std::cout << "kernels  REFERENCE ONLY, kernels not checked: " << ctx->eval.no_kernel_reason
+    std::cout << "kernels  REFERENCE ONLY, kernels not checked: " << ctx.eval.no_kernel_reason
               << "\n";
+}
 
-  CaseArtifacts artifacts;
-  const Result r = evaluate(c, ctx->eval, &artifacts);
-  std::cout << "mode     " << mode_name(r.mode)
-            << (r.expected_from.empty() ? "" : " (expected from the " + r.expected_from + ")")
-            << "\n";
-  if (artifacts.present)
-    std::cout << "kernel   " << artifacts.problem.kernel << " "
-              << artifacts.problem.kernel_params.dump() << "\n";
-  std::cout << "timings  generate " << num(r.timings.generate_ms) << " ms, reference "
-            << num(r.timings.reference_ms) << " ms, kernel " << num(r.timings.kernel_ms) << " ms\n";
-  for (const auto& ch : r.checks) {
-    const auto& b = ch.budget;
-    const auto& m = ch.metrics;
-    std::cout << "\ncheck " << ch.name << ": " << (ch.passed ? "PASSED" : "FAILED") << "\n";
-    // The arithmetic contract the budget was derived for (docs/verification.md).
-    const std::string contract = r.contract.empty() ? "" : "  (contract " + r.contract + ")";
-    if (b.kind == Budget::Kind::numeric)
-      std::cout << "  budget   |a-e| <= " << num(b.atol) << " + " << num(b.rtol) << "*|e|"
-                << (b.max_mismatch_frac > 0
-                        ? ", up to " + num(b.max_mismatch_frac) + " of elements beyond"
-                        : "")
-                << (b.max_calc_diff >= 0 ? ", calc_diff <= " + num(b.max_calc_diff) : "")
-                << contract << "\n";
-    else
-      std::cout << "  budget   " << (b.kind == Budget::Kind::exact ? "bitwise" : "top-k as sets")
-                << "\n";
-    if (!b.why.empty()) std::cout << "  why      " << b.why << "\n";
-    std::cout << "  measured count " << m.count << ", mismatches " << m.mismatches << " ("
-              << num(m.mismatch_frac) << "), max_abs " << num(m.max_abs) << ", max_rel "
-              << num(m.max_rel) << ", rel_l2 " << num(m.rel_l2) << ", calc_diff "
-              << num(m.calc_diff) << ", cosine " << num(m.cosine, 8);
-    if (m.nan_actual) std::cout << ", NaN " << m.nan_actual;
-    if (m.inf_actual) std::cout << ", inf " << m.inf_actual;
-    if (m.neginf_mask_mismatch) std::cout << ", -inf mask mismatches " << m.neginf_mask_mismatch;
-    if (b.kind == Budget::Kind::exact) std::cout << ", bit mismatches " << m.bit_mismatches;
-    if (b.kind == Budget::Kind::topk_set)
-      std::cout << ", missing " << m.topk_missing << ", invalid " << m.topk_invalid;
-    std::cout << "\n";
-    if (artifacts.expected.count(ch.name) && artifacts.actual.count(ch.name)) {
-      const auto worst =
-          worst_elements(artifacts.expected.at(ch.name), artifacts.actual.at(ch.name), b,
-                         static_cast<size_t>(a.worst));
-      if (!worst.empty()) {
-        std::cout << "  worst elements (index: expected, actual, |err|, err/allowed):\n";
-        for (const auto& w : worst)
-          std::cout << "    " << std::left << std::setw(18) << format_index(w.index) << std::right
-                    << " " << std::setw(14) << num(w.expected, 8) << " " << std::setw(14)
-                    << num(w.actual, 8) << " " << std::setw(11) << num(w.abs_err, 3) << " "
-                    << (std::isinf(w.ratio) ? std::string("inf") : num(w.ratio, 3)) << "\n";
-      }
-    }
-  }
+// One check: its budget, what was measured, and the worst elements.
+void print_repro_check(const CheckResult& ch, const Result& r, const CaseArtifacts& artifacts,
+                       int worst_count) {
+  const auto& b = ch.budget;
+  const auto& m = ch.metrics;
+  std::cout << "\ncheck " << ch.name << ": " << (ch.passed ? "PASSED" : "FAILED") << "\n";
+  // The arithmetic contract the budget was derived for (docs/verification.md).
+  const std::string contract = r.contract.empty() ? "" : "  (contract " + r.contract + ")";
+  if (b.kind == Budget::Kind::numeric)
+    std::cout << "  budget   |a-e| <= " << num(b.atol) << " + " << num(b.rtol) << "*|e|"
+              << (b.max_mismatch_frac > 0
+                      ? ", up to " + num(b.max_mismatch_frac) + " of elements beyond"
+                      : "")
+              << (b.max_calc_diff >= 0 ? ", calc_diff <= " + num(b.max_calc_diff) : "") << contract
+              << "\n";
+  else
+    std::cout << "  budget   " << (b.kind == Budget::Kind::exact ? "bitwise" : "top-k as sets")
+              << "\n";
+  if (!b.why.empty()) std::cout << "  why      " << b.why << "\n";
+  std::cout << "  measured count " << m.count << ", mismatches " << m.mismatches << " ("
+            << num(m.mismatch_frac) << "), max_abs " << num(m.max_abs) << ", max_rel "
+            << num(m.max_rel) << ", rel_l2 " << num(m.rel_l2) << ", calc_diff " << num(m.calc_diff)
+            << ", cosine " << num(m.cosine, 8);
+  if (m.nan_actual) std::cout << ", NaN " << m.nan_actual;
+  if (m.inf_actual) std::cout << ", inf " << m.inf_actual;
+  if (m.neginf_mask_mismatch) std::cout << ", -inf mask mismatches " << m.neginf_mask_mismatch;
+  if (b.kind == Budget::Kind::exact) std::cout << ", bit mismatches " << m.bit_mismatches;
+  if (b.kind == Budget::Kind::topk_set)
+    std::cout << ", missing " << m.topk_missing << ", invalid " << m.topk_invalid;
+  std::cout << "\n";
+  if (!artifacts.expected.count(ch.name) || !artifacts.actual.count(ch.name)) return;
+  const auto worst = worst_elements(artifacts.expected.at(ch.name), artifacts.actual.at(ch.name), b,
+                                    static_cast<size_t>(worst_count));
+  if (worst.empty()) return;
+  std::cout << "  worst elements (index: expected, actual, |err|, err/allowed):\n";
+  for (const auto& w : worst)
+    std::cout << "    " << std::left << std::setw(18) << format_index(w.index) << std::right << " "
+              << std::setw(14) << num(w.expected, 8) << " " << std::setw(14) << num(w.actual, 8)
+              << " " << std::setw(11) << num(w.abs_err, 3) << " "
+              << (std::isinf(w.ratio) ? std::string("inf") : num(w.ratio, 3)) << "\n";
+}
+
+void print_repro_verdict(const Result& r) {
   std::cout << "\nverdict  " << verdict_name(r.verdict)
             << (r.contract.empty() ? "" : " (budgets of contract " + r.contract + ")") << "\n";
   std::string msg = r.message;
@@ -288,29 +289,56 @@ int cmd_repro(const Paths& p, const ReproArgs& a) {
     msg.erase(0, pos + 2);
   }
   std::cout << msg << "\n";
+}
 
-  if (artifacts.present) {
-    const std::string bundle =
-        a.bundle.empty() ? (fs::path("repro") / (id_to_filename(c.id) + ".h5")).string() : a.bundle;
-    try {
-      write_repro_bundle(bundle, r, artifacts, context_hello(*ctx));
-      std::cout << "bundle   " << fs::absolute(bundle).string()
-                << " (inputs/, expected/, actual/ + metadata; h5py reads it)\n";
-    } catch (const std::exception& e) {
-      std::cerr << "attncheck: cannot write the bundle: " << e.what() << "\n";
-      return 2;
-    }
-    if (!a.export_format.empty()) {
-      const std::string out =
-          a.export_out.empty()
-              ? (fs::path(bundle).parent_path() / ("test_" + id_to_filename(c.id) + ".py")).string()
-              : a.export_out;
-      if (export_pytest(p, fs::absolute(bundle).string(), a.kernels.substr(3), out) != 0) return 2;
-    }
-  } else if (!a.export_format.empty()) {
+// The bundle, and with --export the pytest file beside it; 0, or 2 having said why.
+int write_repro_files(const Paths& p, const ReproArgs& a, const Case& c, const Result& r,
+                      const CaseArtifacts& artifacts, const CaseContext& ctx) {
+  if (!artifacts.present) {
+    if (a.export_format.empty()) return 0;
     std::cerr << "attncheck: --export: the case's problem could not be made: nothing to export\n";
     return 2;
   }
+  const std::string bundle =
+      a.bundle.empty() ? (fs::path("repro") / (id_to_filename(c.id) + ".h5")).string() : a.bundle;
+  try {
+    write_repro_bundle(bundle, r, artifacts, context_hello(ctx).to_json());
+    std::cout << "bundle   " << fs::absolute(bundle).string()
+              << " (inputs/, expected/, actual/ + metadata; h5py reads it)\n";
+  } catch (const std::exception& e) {
+    std::cerr << "attncheck: cannot write the bundle: " << e.what() << "\n";
+    return 2;
+  }
+  if (a.export_format.empty()) return 0;
+  const std::string out =
+      a.export_out.empty()
+          ? (fs::path(bundle).parent_path() / ("test_" + id_to_filename(c.id) + ".py")).string()
+          : a.export_out;
+  return export_pytest(p, fs::absolute(bundle).string(), a.kernels.substr(3), out) != 0 ? 2 : 0;
+}
+
+}  // namespace
+
+int cmd_repro(const Paths& p, const ReproArgs& a) {
+  std::unique_ptr<CaseContext> ctx;
+  if (const int status = repro_context(p, a, ctx)) return status;
+  const std::optional<Case> found = repro_case(p, a, *ctx);
+  if (!found) return 2;
+  const Case& c = *found;
+  print_repro_header(c, *ctx);
+  CaseArtifacts artifacts;
+  const Result r = evaluate(c, ctx->eval, &artifacts);
+  std::cout << "mode     " << mode_name(r.mode)
+            << (r.expected_from.empty() ? "" : " (expected from the " + r.expected_from + ")")
+            << "\n";
+  if (artifacts.present)
+    std::cout << "kernel   " << artifacts.problem.kernel << " "
+              << artifacts.problem.kernel_params.dump() << "\n";
+  std::cout << "timings  generate " << num(r.timings.generate_ms) << " ms, reference "
+            << num(r.timings.reference_ms) << " ms, kernel " << num(r.timings.kernel_ms) << " ms\n";
+  for (const auto& ch : r.checks) print_repro_check(ch, r, artifacts, a.worst);
+  print_repro_verdict(r);
+  if (const int status = write_repro_files(p, a, c, r, artifacts, *ctx)) return status;
   // An ad-hoc case is in no case file: its rerun line carries its axis values.
   std::cout << "rerun    "
             << (a.params.empty() ? r.repro
@@ -377,11 +405,57 @@ int cmd_golden_diff(const Paths& p, const GoldenArgs& a) {
   }
 }
 
+namespace {
+
+struct Roofline {
+  double copy_gbps = 0, matrix_tflops = 0;
+};
+
+// One case timed: its row printed and added to `rows`; false when it could not be timed (no
+// entry, a launch error). Cases whose configuration the kernel must refuse are left out.
+bool bench_case(const Case& c, const KernelLibrary& lib, DeviceRunner& runner, const BenchArgs& a,
+                const Roofline& roof, nlohmann::json& rows) {
+  const Problem prob = find_op(c.op)->problem(c);
+  if (!prob.expect_refusal.empty()) return true;
+  if (!lib.has_entry(prob.kernel)) {
+    std::cout << std::left << std::setw(60) << c.id << "  not run: the library has no entry '"
+              << prob.kernel << "'\n";
+    rows.push_back({{"id", c.id}, {"op", c.op}, {"error", "no entry '" + prob.kernel + "'"}});
+    return false;
+  }
+  std::string err;
+  const double ms = runner.time(prob, a.warmup, a.iters, &err);
+  if (ms < 0) {
+    std::cout << std::left << std::setw(60) << c.id << "  error: " << err << "\n";
+    rows.push_back({{"id", c.id}, {"op", c.op}, {"error", err}});
+    return false;
+  }
+  const double s = ms / 1e3;
+  const double gbps = prob.bytes / s / 1e9, tflops = prob.flops / s / 1e12;
+  const double floor_s =
+      std::max(roof.copy_gbps > 0 ? prob.bytes / (roof.copy_gbps * 1e9) : 0.0,
+               roof.matrix_tflops > 0 ? prob.flops / (roof.matrix_tflops * 1e12) : 0.0);
+  const double frac = s > 0 ? floor_s / s : 0;
+  std::cout << std::left << std::setw(60) << c.id << std::right << std::setw(11) << num(ms * 1e3)
+            << std::setw(10) << num(gbps) << std::setw(10) << num(tflops) << std::setw(11)
+            << num(floor_s * 1e6) << std::setw(8) << num(frac * 100, 3) << "%\n";
+  rows.push_back({{"id", c.id},
+                  {"op", c.op},
+                  {"params", c.params},
+                  {"time_ms", ms},
+                  {"bytes", prob.bytes},
+                  {"flops", prob.flops},
+                  {"gbps", gbps},
+                  {"tflops", tflops},
+                  {"roofline_floor_ms", floor_s * 1e3},
+                  {"roofline_fraction", frac}});
+  return true;
+}
+
+}  // namespace
+
 int cmd_bench(const Paths& p, const BenchArgs& a) {
-  Selection sel;
-  sel.tier = a.tier;
-  sel.ops = a.ops;
-  sel.filter = a.filter;
+  const Selection sel = selection(a.tier, a.ops, a.filter);
   std::vector<CaseFile> files;
   std::vector<Case> cases;
   if (!load_and_select(p, sel, files, cases)) return 2;
@@ -426,43 +500,8 @@ int cmd_bench(const Paths& p, const BenchArgs& a) {
   DeviceRunner runner(*lib, dev->arch);
   nlohmann::json rows = nlohmann::json::array();
   int errors = 0;
-  for (const auto& c : cases) {
-    const Problem prob = find_op(c.op)->problem(c);
-    if (!prob.expect_refusal.empty()) continue;
-    if (!lib->has_entry(prob.kernel)) {
-      ++errors;
-      std::cout << std::left << std::setw(60) << c.id << "  not run: the library has no entry '"
-                << prob.kernel << "'\n";
-      rows.push_back({{"id", c.id}, {"op", c.op}, {"error", "no entry '" + prob.kernel + "'"}});
-      continue;
-    }
-    std::string err;
-    const double ms = runner.time(prob, a.warmup, a.iters, &err);
-    if (ms < 0) {
-      ++errors;
-      std::cout << std::left << std::setw(60) << c.id << "  error: " << err << "\n";
-      rows.push_back({{"id", c.id}, {"op", c.op}, {"error", err}});
-      continue;
-    }
-    const double s = ms / 1e3;
-    const double gbps = prob.bytes / s / 1e9, tflops = prob.flops / s / 1e12;
-    const double floor_s = std::max(copy_gbps > 0 ? prob.bytes / (copy_gbps * 1e9) : 0.0,
-                                    matrix_tflops > 0 ? prob.flops / (matrix_tflops * 1e12) : 0.0);
-    const double frac = s > 0 ? floor_s / s : 0;
-    std::cout << std::left << std::setw(60) << c.id << std::right << std::setw(11) << num(ms * 1e3)
-              << std::setw(10) << num(gbps) << std::setw(10) << num(tflops) << std::setw(11)
-              << num(floor_s * 1e6) << std::setw(8) << num(frac * 100, 3) << "%\n";
-    rows.push_back({{"id", c.id},
-                    {"op", c.op},
-                    {"params", c.params},
-                    {"time_ms", ms},
-                    {"bytes", prob.bytes},
-                    {"flops", prob.flops},
-                    {"gbps", gbps},
-                    {"tflops", tflops},
-                    {"roofline_floor_ms", floor_s * 1e3},
-                    {"roofline_fraction", frac}});
-  }
+  for (const auto& c : cases)
+    if (!bench_case(c, *lib, runner, a, {copy_gbps, matrix_tflops}, rows)) ++errors;
   const nlohmann::json out = {
       {"attncheck_version", attncheck_version()},
       {"git_revision", git_revision(p.root)},

@@ -107,16 +107,6 @@ struct BenchArgs {
   std::string json = "bench.json";
 };
 
-struct WorkerArgs {
-  std::string kernels, arch, repro_dir, repro_extra;
-  std::vector<std::string> golden_checked;  // "op=stamp" (GoldenStore::trust_checked)
-  int repeat = 2;
-  bool allow_missing_goldens = false;
-  int stress = 0;
-  double import_timeout_s = 120;
-  int threads = 1;  // cases at once (run/worker.h)
-};
-
 struct KernelsArgs {
   std::string kernels;
   bool check = false;
@@ -137,6 +127,9 @@ struct CoverageArgs {
   std::string out;    // also write the JSON here (e.g. <results>/coverage.json)
 };
 
+// The cases of a tier, of these ops (none: all) whose ids match `filter`.
+Selection selection(const std::string& tier, const std::vector<std::string>& ops,
+                    const std::string& filter);
 // Loads <cases>/*.toml and selects `sel`; on a bad case file or selection prints the reason
 // ("attncheck: ...") and returns false.
 bool load_and_select(const Paths& p, const Selection& sel, std::vector<CaseFile>& files,
@@ -151,7 +144,11 @@ int cmd_golden_verify(const Paths& p, const GoldenArgs& a);
 int cmd_golden_diff(const Paths& p, const GoldenArgs& a);
 int cmd_bench(const Paths& p, const BenchArgs& a);
 int cmd_report(const Paths& p, const std::vector<std::string>& args);
-int cmd_worker(const Paths& p, const WorkerArgs& a);
+// `attncheck worker [--kernels LIB] --config JSON` (internal): the worker of a pool, its
+// WorkerConfig as one JSON object (run/worker.h); --kernels is a label that must match the
+// config's. A malformed config is refused naming the field, on stderr and as the worker's fatal
+// line.
+int cmd_worker(const std::string& config, const std::string& kernels_label);
 int cmd_kernels(const Paths& p, const KernelsArgs& a);
 int cmd_load_library(const LoadLibraryArgs& a);
 int cmd_coverage(const Paths& p, const CoverageArgs& a);
@@ -162,8 +159,7 @@ std::string path_flags(const Paths& p);
 
 // Shrinking (shrink_command.cpp): the worker processes that evaluate candidates, as `run` starts
 // them; and the outcome in words (original, check, minimal case, case-file entry, repro line).
-WorkerSpec shrink_worker_spec(const Paths& paths, const std::string& kernels,
-                              const std::string& arch, int repeat, int jobs, double timeout_s);
+WorkerSpec shrink_worker_spec(const Paths& paths, const ShrinkArgs& a, const std::string& kernels);
 void print_shrink_outcome(std::ostream& out, const Op& op, const ShrinkOutcome& s,
                           const RunOptions& opt, const Params& file_defaults,
                           const std::string& indent);

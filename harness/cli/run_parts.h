@@ -15,6 +15,7 @@
 #include "run/pool.h"
 #include "run/results.h"
 #include "run/scheduling.h"
+#include "run/worker.h"
 
 namespace attncheck::cli {
 
@@ -36,8 +37,8 @@ bool load_durations(const std::string& path, std::optional<CaseDurations>& into)
 
 // The run's one verdict per golden file (set_aside_unreadable_goldens: the cases of unreadable
 // files are moved behind the `runnable` others) and the stamps of the readable ones, for the
-// workers' --golden-checked. Nothing is checked without a golden directory. Throws
-// std::runtime_error naming what failed.
+// workers' config (WorkerConfig::golden_checked). Nothing is checked without a golden directory.
+// Throws std::runtime_error naming what failed.
 struct GoldenVerdicts {
   size_t runnable = 0;
   std::map<std::string, std::string> unreadable;  // op -> why
@@ -61,12 +62,6 @@ DirHandle lock_out_dir(const std::string& out);
 // The pool's WorkerSpec for `plan`: its processes and threads, each slot's environment, the case
 // timeout and the memory limit (--worker-memory: std::invalid_argument when malformed).
 WorkerSpec pool_worker_spec(const PoolPlan& plan, const RunArgs& a);
-
-// `attncheck worker`'s arguments for a run's pool (after the executable).
-std::vector<std::string> worker_args(const Paths& paths, const RunArgs& a,
-                                     const std::string& kernels, const std::string& repro_dir,
-                                     const PoolPlan& plan,
-                                     const std::map<std::string, std::string>& checked_goldens);
 
 // The first line of `s`, cut at `max` characters.
 std::string first_line(const std::string& s, size_t max = 400);
@@ -115,7 +110,7 @@ struct RunDescription {
 
 // run.json: written at the start (no "finished", no hello yet) so that a run killed halfway
 // still leaves a directory the report reads, and again, complete, at the end.
-nlohmann::json describe_run(const RunDescription& d, const std::optional<nlohmann::json>& hello,
+nlohmann::json describe_run(const RunDescription& d, const std::optional<WorkerHello>& hello,
                             const Summary* done_summary, double wall_s,
                             const std::vector<PoolUse>& pools, const std::vector<Result>& results);
 

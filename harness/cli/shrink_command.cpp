@@ -3,6 +3,7 @@
 #include <iostream>
 #include <memory>
 
+#include "cli/case_run.h"
 #include "cli/commands.h"
 #include "run/shrink.h"
 #include "run/worker.h"
@@ -11,21 +12,20 @@ namespace attncheck::cli {
 
 namespace fs = std::filesystem;
 
-WorkerSpec shrink_worker_spec(const Paths& paths, const std::string& kernels,
-                              const std::string& arch, int repeat, int jobs, double timeout_s) {
+namespace {
+// The worker config of `attncheck shrink`'s candidates.
+WorkerConfig shrink_config(const Paths& paths, const ShrinkArgs& a, const std::string& kernels) {
+  WorkerConfig cfg = worker_config(paths, kernels, a.arch, a.repeat);
+  cfg.golden_dir = fs::absolute(paths.golden).string();
+  return cfg;
+}
+}  // namespace
+
+WorkerSpec shrink_worker_spec(const Paths& paths, const ShrinkArgs& a, const std::string& kernels) {
   WorkerSpec spec;
-  spec.jobs = std::max(jobs, 1);
-  spec.case_timeout_s = timeout_s;
-  spec.args = {"--golden",
-               fs::absolute(paths.golden).string(),
-               "worker",
-               "--repeat",
-               std::to_string(repeat),
-               "--kernels",
-               kernels};
-  if (!arch.empty()) spec.args.insert(spec.args.end(), {"--arch", arch});
-  if (!path_flags(paths).empty())
-    spec.args.insert(spec.args.end(), {"--repro-extra", path_flags(paths)});
+  spec.jobs = std::max(a.jobs, 1);
+  spec.case_timeout_s = a.timeout_s;
+  spec.args = worker_command(shrink_config(paths, a, kernels));
   return spec;
 }
 
@@ -54,6 +54,95 @@ void print_shrink_outcome(std::ostream& out, const Op& op, const ShrinkOutcome& 
       << " steps; stopped: " << s.stopped << "\n";
 }
 
+namespace {
+
+// The case to shrink: from the case files, or ad hoc (--params); false having said why not.
+bool starting_case(const Paths& paths, const ShrinkArgs& a, std::vector<CaseFile>& files,
+                   std::optional<Case>& start) {
+  try {
+    files = load_case_dir(paths.cases);
+  } catch (const CaseFileError& e) {
+    std::cerr << "attncheck: bad case file: " << e.what() << "\n";
+    return false;
+  }
+  try {
+    start = a.params.empty()
+                ? find_case(files, a.id)
+                : std::optional<Case>(adhoc_case(a.id, nlohmann::json::parse(a.params)));
+  } catch (const std::exception& e) {
+    std::cerr << "attncheck: " << e.what() << "\n";
+    return false;
+  }
+  if (!start) {
+    std::cerr << "attncheck: no case '" << shown_id(a.id) << "' in " << paths.cases
+              << " (an ad-hoc case needs --params JSON); nearest:";
+    for (const auto& id : nearest_case_ids(files, a.id)) std::cerr << "\n  " << id;
+    std::cerr << "\n";
+    return false;
+  }
+  // The kernel's failure is what is shrunk: a known-bug mark would turn it into a pass.
+  start->known_bug.reset();
+  return true;
+}
+
+// How candidates are evaluated: in worker processes (`run`'s, run/shrink.h worker_evaluator), or
+// in this process (`ctx` holds its context); false having said why not.
+bool candidate_evaluator(const Paths& paths, const ShrinkArgs& a, const std::string& kernels,
+                         const RunOptions& opt, std::unique_ptr<CaseContext>& ctx,
+                         CaseEvaluator& evaluate_cases) {
+  if (!a.in_process) {
+    evaluate_cases = worker_evaluator(shrink_worker_spec(paths, a, kernels), opt);
+    return true;
+  }
+  WorkerConfig cfg = shrink_config(paths, a, kernels);
+  cfg.golden_dir = paths.golden;
+  try {
+    ctx = make_context(cfg);
+  } catch (const std::exception& e) {
+    std::cerr << "attncheck: " << e.what() << "\n";
+    return false;
+  }
+  evaluate_cases = [c = ctx.get()](const std::vector<Case>& cases) {
+    std::vector<Result> out;
+    for (const auto& one : cases) out.push_back(evaluate(one, c->eval));
+    return out;
+  };
+  return true;
+}
+
+// The first evaluation of the case and the failure to keep; 0 to go on shrinking, else the exit
+// status (0: nothing to shrink).
+int first_failure(const Case& start, const ShrinkArgs& a, const CaseEvaluator& evaluate_cases,
+                  Result& r0, FailureSignature& target) {
+  try {
+    r0 = evaluate_cases({start}).at(0);
+  } catch (const std::exception& e) {
+    std::cerr << "attncheck: " << e.what() << "\n";
+    return 2;
+  }
+  if (r0.mode == Mode::reference) {
+    std::cerr << "attncheck: shrink needs the kernel to run (mode " << mode_name(r0.mode)
+              << ", verdict " << verdict_name(r0.verdict) << "): " << r0.message << "\n";
+    return 2;
+  }
+  if (r0.verdict != Verdict::failed) {
+    std::cout << "  the case does not fail (verdict " << verdict_name(r0.verdict)
+              << "): nothing to shrink\n";
+    return -1;
+  }
+  try {
+    target = pick_target(r0, a.check);
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "attncheck: " << e.what() << "\n";
+    return 2;
+  }
+  std::cout << "  fails   " << target.describe() << ": " << r0.message.substr(0, 300) << "\n"
+            << std::flush;
+  return 0;
+}
+
+}  // namespace
+
 int cmd_shrink(const Paths& paths, const ShrinkArgs& a) {
   if (a.kernels.empty()) {
     std::cerr << "attncheck: shrink needs --kernels LIB.so|py:MODULE (it reruns the kernel)\n";
@@ -66,30 +155,8 @@ int cmd_shrink(const Paths& paths, const ShrinkArgs& a) {
   }
   const std::string kernels = py ? a.kernels : fs::absolute(a.kernels).string();
   std::vector<CaseFile> files;
-  try {
-    files = load_case_dir(paths.cases);
-  } catch (const CaseFileError& e) {
-    std::cerr << "attncheck: bad case file: " << e.what() << "\n";
-    return 2;
-  }
   std::optional<Case> start;
-  try {
-    start = a.params.empty()
-                ? find_case(files, a.id)
-                : std::optional<Case>(adhoc_case(a.id, nlohmann::json::parse(a.params)));
-  } catch (const std::exception& e) {
-    std::cerr << "attncheck: " << e.what() << "\n";
-    return 2;
-  }
-  if (!start) {
-    std::cerr << "attncheck: no case '" << shown_id(a.id) << "' in " << paths.cases
-              << " (an ad-hoc case needs --params JSON); nearest:";
-    for (const auto& id : nearest_case_ids(files, a.id)) std::cerr << "\n  " << id;
-    std::cerr << "\n";
-    return 2;
-  }
-  // The kernel's failure is what is shrunk: a known-bug mark would turn it into a pass.
-  start->known_bug.reset();
+  if (!starting_case(paths, a, files, start)) return 2;
   const Op* op = find_op(start->op);
   RunOptions opt;
   opt.kernels_path = kernels;
@@ -97,56 +164,12 @@ int cmd_shrink(const Paths& paths, const ShrinkArgs& a) {
   opt.arch = a.arch;
   CaseEvaluator evaluate_cases;
   std::unique_ptr<CaseContext> ctx;
-  if (a.in_process) {
-    WorkerConfig cfg;
-    cfg.golden_dir = paths.golden;
-    cfg.kernels = kernels;
-    cfg.arch = a.arch;
-    cfg.repeat = a.repeat;
-    cfg.repro_extra = path_flags(paths);
-    try {
-      ctx = make_context(cfg);
-    } catch (const std::exception& e) {
-      std::cerr << "attncheck: " << e.what() << "\n";
-      return 2;
-    }
-    evaluate_cases = [&ctx](const std::vector<Case>& cases) {
-      std::vector<Result> out;
-      for (const auto& c : cases) out.push_back(evaluate(c, ctx->eval));
-      return out;
-    };
-  } else {
-    evaluate_cases = worker_evaluator(
-        shrink_worker_spec(paths, kernels, a.arch, a.repeat, a.jobs, a.timeout_s), opt);
-  }
+  if (!candidate_evaluator(paths, a, kernels, opt, ctx, evaluate_cases)) return 2;
   std::cout << "attncheck shrink " << start->id << "\n  kernels " << kernels << "\n" << std::flush;
-  std::vector<Result> first;
-  try {
-    first = evaluate_cases({*start});
-  } catch (const std::exception& e) {
-    std::cerr << "attncheck: " << e.what() << "\n";
-    return 2;
-  }
-  const Result& r0 = first.at(0);
-  if (r0.mode == Mode::reference) {
-    std::cerr << "attncheck: shrink needs the kernel to run (mode " << mode_name(r0.mode)
-              << ", verdict " << verdict_name(r0.verdict) << "): " << r0.message << "\n";
-    return 2;
-  }
-  if (r0.verdict != Verdict::failed) {
-    std::cout << "  the case does not fail (verdict " << verdict_name(r0.verdict)
-              << "): nothing to shrink\n";
-    return 0;
-  }
+  Result r0;
   FailureSignature target;
-  try {
-    target = pick_target(r0, a.check);
-  } catch (const std::invalid_argument& e) {
-    std::cerr << "attncheck: " << e.what() << "\n";
-    return 2;
-  }
-  std::cout << "  fails   " << target.describe() << ": " << r0.message.substr(0, 300) << "\n"
-            << std::flush;
+  if (const int status = first_failure(*start, a, evaluate_cases, r0, target))
+    return status < 0 ? 0 : status;
   ShrinkOptions so;
   so.max_evaluations = a.max_evaluations;
   so.time_budget_s = a.time_budget_s;

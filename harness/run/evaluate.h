@@ -3,8 +3,12 @@
 //   -> kernel launches -> comparisons -> Result.
 // evaluate() owns every decision on the way: the refusal of invalid configurations, golden or
 // reference, whether the kernel library has the problem's entry, known-bug marks and the repro
-// line. The worker process, `repro`, `golden verify` and the device tests all call it; nothing
-// patches a Result afterwards.
+// line. The worker process, `repro`, `golden verify` and the device tests all call it. Afterwards
+// only these touch a Result: run_case (run/worker.h) names the repro bundle it wrote (or why it
+// could not), the worker and the parent add their own time (Timings::other_ms, ipc_ms), the
+// worker answers a request it cannot read, or whose library cannot load, with an error Result of
+// its own (run/worker.cpp), and the parent's amendments are all in run/amend.h (compute-sanitizer
+// findings, and the Results it writes for cases no worker answered).
 #pragma once
 #include <string>
 #include <vector>

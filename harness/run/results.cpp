@@ -176,6 +176,13 @@ void Summary::print_not_provided(std::ostream& out) const {
   }
 }
 
+std::string junit_xml(const std::vector<const Result*>& results, const std::string& suite_name) {
+  std::vector<nlohmann::json> records;
+  records.reserve(results.size());
+  for (const Result* r : results) records.push_back(r->to_json());
+  return junit_xml(records, suite_name);
+}
+
 std::string junit_xml(const std::vector<nlohmann::json>& results, const std::string& suite_name) {
   std::map<std::string, std::vector<const nlohmann::json*>> by_op;
   for (const auto& r : results) by_op[r.value("op", "?")].push_back(&r);

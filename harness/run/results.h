@@ -57,6 +57,9 @@ struct Summary {
 // metrics and budgets as properties; failed/error as <failure>/<error> with the repro line;
 // skipped and known_bug as <skipped>.
 std::string junit_xml(const std::vector<nlohmann::json>& results, const std::string& suite_name);
+// The same from the run's typed Results, each read as the record results.jsonl holds of it (so
+// that the two files agree), in the order given.
+std::string junit_xml(const std::vector<const Result*>& results, const std::string& suite_name);
 
 // Writes `text` to path via an unpredictable temporary file, fsync and rename
 // (write_file_safely, core/safe_output.h). Refuses a path that exists and is not a regular file

@@ -6,6 +6,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "run/amend.h"
 #include "run/worker.h"
 
 namespace attncheck {
@@ -217,6 +218,23 @@ struct Candidate {
   Case c;
 };
 
+// One pass's candidates: per axis (in the op's order) each simpler value, simplest first, as a
+// case not seen before.
+std::vector<Candidate> candidates(const Op& op, const std::vector<Axis>& axes,
+                                  const Params& current, std::set<std::string>& seen) {
+  std::vector<Candidate> cands;
+  for (size_t i = 0; i < axes.size(); ++i) {
+    const auto& axis = axes[i];
+    if (!current.contains(axis.name)) continue;
+    for (const auto& v : simpler_values(axis, current.at(axis.name))) {
+      Params p = current;
+      p[axis.name] = v;
+      if (auto c = candidate_case(op, p, seen)) cands.push_back({i, v, std::move(*c)});
+    }
+  }
+  return cands;
+}
+
 }  // namespace
 
 ShrinkOutcome shrink(const Op& op, const Case& failing, const Result& failing_result,
@@ -240,16 +258,7 @@ ShrinkOutcome shrink(const Op& op, const Case& failing, const Result& failing_re
       s.stopped = "time budget spent";
       break;
     }
-    std::vector<Candidate> cands;
-    for (size_t i = 0; i < axes.size(); ++i) {
-      const auto& axis = axes[i];
-      if (!s.minimal.params.contains(axis.name)) continue;
-      for (const auto& v : simpler_values(axis, s.minimal.params.at(axis.name))) {
-        Params p = s.minimal.params;
-        p[axis.name] = v;
-        if (auto c = candidate_case(op, p, seen)) cands.push_back({i, v, std::move(*c)});
-      }
-    }
+    std::vector<Candidate> cands = candidates(op, axes, s.minimal.params, seen);
     if (cands.empty()) {
       s.stopped = "no simpler value fails the same way";
       break;
@@ -389,13 +398,11 @@ CaseEvaluator worker_evaluator(const WorkerSpec& spec, const RunOptions& opt) {
       try {
         out[i] = Result::from_json(j);
       } catch (const std::invalid_argument& e) {
-        out[i] =
-            lost_case_result(cases[i], Mode::kernel, opt,
-                             std::string("the worker's result line is unreadable: ") + e.what());
+        out[i] = amend(cases[i], {}, Amendment::unreadable_line, {e.what(), Mode::kernel, &opt});
       }
     };
     cb.on_lost = [&](size_t i, const std::string& what) {
-      out[i] = lost_case_result(cases[i], Mode::kernel, opt, what);
+      out[i] = amend(cases[i], {}, Amendment::lost, {what, Mode::kernel, &opt});
     };
     run_in_workers(spec, tasks, cb);
     return out;

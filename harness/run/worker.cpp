@@ -16,6 +16,7 @@
 #include <set>
 #include <string_view>
 #include <thread>
+#include <type_traits>
 
 #include "run/pool.h"
 #include "run/results.h"
@@ -118,7 +119,7 @@ Result run_case(CaseContext& ctx, const EvalContext& eval, const Case& c) {
   if (r.failing() && artifacts.present && !ctx.repro_dir.empty()) {
     const std::string path = (fs::path(ctx.repro_dir) / (id_to_filename(c.id) + ".h5")).string();
     try {
-      nlohmann::json meta = context_hello(ctx);
+      nlohmann::json meta = context_hello(ctx).to_json();
       if (eval.device) {  // the library this case ran, which may not be the worker's own
         meta["kernels"] = eval.options.kernels_path;
         meta["library"] = eval.device->library().library();
@@ -184,52 +185,134 @@ Result run_case_id(CaseContext& ctx, const std::string& id) {
   return run_case(ctx, *c);
 }
 
-nlohmann::json context_hello(const CaseContext& ctx) {
-  nlohmann::json hello = {{"pid", ::getpid()},
-                          {"kernels", ctx.eval.options.kernels_path},
-                          {"library", ctx.lib ? ctx.lib->library() : ""},
-                          {"entries", ctx.lib ? ctx.lib->entries() : std::vector<std::string>{}},
-                          {"device", ctx.device ? ctx.device->name : ""},
-                          {"device_arch", ctx.device ? ctx.device->arch : ""},
-                          {"arch", ctx.eval.options.arch},
-                          {"mode", ctx.device ? "kernel" : "reference"},
-                          {"no_device", ctx.eval.no_kernel_reason},
-                          {"threads", ctx.threads}};
-  if (!ctx.threads_why.empty()) hello["threads_why"] = ctx.threads_why;
-  return hello;
+WorkerHello context_hello(const CaseContext& ctx) {
+  WorkerHello h;
+  h.pid = ::getpid();
+  h.kernels = ctx.eval.options.kernels_path;
+  h.library = ctx.lib ? ctx.lib->library() : "";
+  h.entries = ctx.lib ? ctx.lib->entries() : std::vector<std::string>{};
+  h.device = ctx.device ? ctx.device->name : "";
+  h.device_arch = ctx.device ? ctx.device->arch : "";
+  h.arch = ctx.eval.options.arch;
+  h.kernel_mode = ctx.device.has_value();
+  h.no_device = ctx.eval.no_kernel_reason;
+  h.threads = ctx.threads;
+  h.threads_why = ctx.threads_why;
+  return h;
 }
 
-nlohmann::json case_to_json(const Case& c) {
-  nlohmann::json known = nullptr;
-  if (c.known_bug) known = {{"reason", c.known_bug->reason}, {"arch", c.known_bug->arch}};
-  return {{"op", c.op},       {"params", c.params}, {"id", c.id},
-          {"tiers", c.tiers}, {"known_bug", known}, {"source", c.source}};
+std::string WorkerHello::backend() const {
+  return arch.rfind("gfx", 0) == 0 ? "hip" : arch.rfind("sm_", 0) == 0 ? "cuda" : "cpu";
 }
 
-Case case_from_json(const nlohmann::json& j) {
-  auto field = [&](const char* name, nlohmann::json::value_t type) -> const nlohmann::json& {
-    if (!j.is_object() || !j.contains(name) || j[name].type() != type)
-      throw std::invalid_argument(std::string("case JSON: '") + name + "' is missing or of the " +
-                                  "wrong type");
-    return j[name];
+nlohmann::json WorkerHello::to_json() const {
+  nlohmann::json j = {{"pid", pid},
+                      {"kernels", kernels},
+                      {"library", library},
+                      {"entries", entries},
+                      {"device", device},
+                      {"device_arch", device_arch},
+                      {"arch", arch},
+                      {"mode", kernel_mode ? "kernel" : "reference"},
+                      {"no_device", no_device},
+                      {"threads", threads}};
+  if (!threads_why.empty()) j["threads_why"] = threads_why;
+  return j;
+}
+
+namespace {
+// The member `name` of `j` as a T, or std::invalid_argument naming it (`what`: whose member).
+template <typename T>
+T member(const nlohmann::json& j, const char* name, const char* what, bool required) {
+  if (!j.contains(name)) {
+    if (required) throw std::invalid_argument(std::string(what) + ": '" + name + "' is missing");
+    return T{};
+  }
+  const nlohmann::json& v = j[name];
+  bool fits = false;
+  if constexpr (std::is_same_v<T, std::string>)
+    fits = v.is_string();
+  else if constexpr (std::is_same_v<T, bool>)
+    fits = v.is_boolean();
+  else if constexpr (std::is_integral_v<T>)
+    fits = v.is_number_integer();
+  else if constexpr (std::is_floating_point_v<T>)
+    fits = v.is_number();
+  else
+    fits = v.is_array() &&
+           std::all_of(v.begin(), v.end(), [](const auto& e) { return e.is_string(); });
+  if (!fits) throw std::invalid_argument(std::string(what) + ": '" + name + "' has the wrong type");
+  return v.get<T>();
+}
+}  // namespace
+
+WorkerHello WorkerHello::from_json(const nlohmann::json& j) {
+  if (!j.is_object()) throw std::invalid_argument("worker hello: not a JSON object");
+  const char* w = "worker hello";
+  WorkerHello h;
+  h.pid = member<int64_t>(j, "pid", w, true);
+  h.kernels = member<std::string>(j, "kernels", w, true);
+  h.library = member<std::string>(j, "library", w, true);
+  h.entries = member<std::vector<std::string>>(j, "entries", w, true);
+  h.device = member<std::string>(j, "device", w, true);
+  h.device_arch = member<std::string>(j, "device_arch", w, true);
+  h.arch = member<std::string>(j, "arch", w, true);
+  const std::string mode = member<std::string>(j, "mode", w, true);
+  if (mode != "kernel" && mode != "reference")
+    throw std::invalid_argument("worker hello: 'mode' is '" + mode + "', not kernel or reference");
+  h.kernel_mode = mode == "kernel";
+  h.no_device = member<std::string>(j, "no_device", w, true);
+  h.threads = member<int>(j, "threads", w, true);
+  h.threads_why = member<std::string>(j, "threads_why", w, false);
+  return h;
+}
+
+nlohmann::json WorkerConfig::to_json() const {
+  return {{"cases_dir", cases_dir},
+          {"golden_dir", golden_dir},
+          {"kernels", kernels},
+          {"arch", arch},
+          {"repro_dir", repro_dir},
+          {"repro_extra", repro_extra},
+          {"repeat", repeat},
+          {"allow_missing_goldens", allow_missing_goldens},
+          {"stress", stress},
+          {"import_timeout_s", import_timeout_s},
+          {"golden_checked", golden_checked},
+          {"threads", threads}};
+}
+
+WorkerConfig WorkerConfig::from_json(const nlohmann::json& j) {
+  if (!j.is_object()) throw std::invalid_argument("worker config: not a JSON object");
+  const char* w = "worker config";
+  WorkerConfig c;
+  const auto text = [&](const char* name, std::string& into) {
+    if (j.contains(name)) into = member<std::string>(j, name, w, true);
   };
-  using T = nlohmann::json::value_t;
-  Case c;
-  c.op = field("op", T::string).get<std::string>();
-  c.params = field("params", T::object);
-  c.id = field("id", T::string).get<std::string>();
-  for (const auto& t : field("tiers", T::array)) {
-    if (!t.is_string()) throw std::invalid_argument("case JSON: a tier is not a string");
-    c.tiers.push_back(t.get<std::string>());
+  text("cases_dir", c.cases_dir);
+  text("golden_dir", c.golden_dir);
+  text("kernels", c.kernels);
+  text("arch", c.arch);
+  text("repro_dir", c.repro_dir);
+  text("repro_extra", c.repro_extra);
+  if (j.contains("repeat")) c.repeat = member<int>(j, "repeat", w, true);
+  if (j.contains("allow_missing_goldens"))
+    c.allow_missing_goldens = member<bool>(j, "allow_missing_goldens", w, true);
+  if (j.contains("stress")) c.stress = member<int>(j, "stress", w, true);
+  if (j.contains("import_timeout_s"))
+    c.import_timeout_s = member<double>(j, "import_timeout_s", w, true);
+  if (j.contains("threads")) c.threads = member<int>(j, "threads", w, true);
+  if (j.contains("golden_checked")) {
+    const auto& g = j["golden_checked"];
+    if (!g.is_object() ||
+        !std::all_of(g.begin(), g.end(), [](const auto& v) { return v.is_string(); }))
+      throw std::invalid_argument("worker config: 'golden_checked' is not {op: stamp}");
+    c.golden_checked = g.get<std::map<std::string, std::string>>();
   }
-  c.source = field("source", T::string).get<std::string>();
-  if (j.contains("known_bug") && !j["known_bug"].is_null()) {
-    const auto& k = j["known_bug"];
-    if (!k.is_object() || !k.contains("reason") || !k["reason"].is_string() ||
-        !k.contains("arch") || !k["arch"].is_string())
-      throw std::invalid_argument("case JSON: 'known_bug' is not {reason, arch}");
-    c.known_bug = KnownBug{k["reason"].get<std::string>(), k["arch"].get<std::string>()};
-  }
+  const nlohmann::json known = c.to_json();
+  for (const auto& [name, value] : j.items())
+    if (!known.contains(name))
+      throw std::invalid_argument("worker config: unknown field '" + name + "'");
   return c;
 }
 
@@ -367,46 +450,13 @@ class Answering {
     Result r;
     const bool threaded = ctx_.threads > 1;
     bool counted = false;  // in running_
-    try {
-      const auto request = nlohmann::json::parse(line);
-      seq = request.at("seq");
-      id = request.at("id").get<std::string>();
-      // Decided to retire before this case started: the context may be broken; the parent runs
-      // it in a fresh worker.
-      if (threaded && retiring()) {
-        emit({{"seq", seq}, {"id", id}, {"requeue", retire_reason()}, {"isolate", false}});
-        return false;
-      }
-      const Case c = case_from_json(request.at("case"));
-      if (c.id != id) throw std::invalid_argument("its case is '" + c.id + "', not '" + id + "'");
-      const std::string kernels = request.value("kernels", "");
-      running_.fetch_add(1);
-      counted = true;
-      const EvalContext* eval = nullptr;
-      try {
-        eval = &seat.for_library(ctx_, kernels);
-      } catch (const std::exception& e) {  // an error naming the library, not the case's fault
-        RunOptions named = ctx_.eval.options;
-        if (!kernels.empty()) named.kernels_path = kernels;
-        r = lost_case_result(c, Mode::none, named, e.what());
-      }
-      if (eval) r = run_case(ctx_, *eval, c);
-    } catch (const std::exception& e) {
-      r = unreadable_request(id, e.what());
-    }
+    if (!run_request(line, seat, seq, id, r, counted)) return false;
     // A copy of this process forked by a kernel or an adapter that returned into the harness:
     // it must neither answer (its channel is closed) nor take the next request.
     if (channel_.forked_copy()) ::_exit(0);
     const bool others_running = running_.load() > (counted ? 1 : 0);
     const auto leftovers = leftover_processes();
-    if (!leftovers.empty()) {
-      std::cerr << "attncheck worker: " << leftovers.size() << " process(es) started during case "
-                << id << (others_running ? " or a case beside it" : "") << " still run (pid";
-      for (pid_t p : leftovers) std::cerr << " " << p;
-      std::cerr << "); this worker retires and they are killed with it, so that they cannot touch "
-                   "the next case\n"
-                << std::flush;
-    }
+    if (!leftovers.empty()) report_leftovers(leftovers, id, others_running);
     // The request's parsing and the process scan are this worker's time on the case too: the
     // parent's round trip minus the phases is then the channel's and the queue's alone.
     const double worker_ms =
@@ -443,6 +493,50 @@ class Answering {
     if (retire) retire_because(retire_why);
     emit({{"seq", seq}, {"id", id}, {"result", r.to_json()}, {"retire", retire}});
     return retire;
+  }
+
+  // Parses the request and runs its case into `r` (an error Result when the request cannot be
+  // read). False when it was answered already: requeued, the worker retiring before it started.
+  bool run_request(const std::string& line, Seat& seat, nlohmann::json& seq, std::string& id,
+                   Result& r, bool& counted) {
+    try {
+      const auto request = nlohmann::json::parse(line);
+      seq = request.at("seq");
+      id = request.at("id").get<std::string>();
+      // Decided to retire before this case started: the context may be broken; the parent runs
+      // it in a fresh worker.
+      if (ctx_.threads > 1 && retiring()) {
+        emit({{"seq", seq}, {"id", id}, {"requeue", retire_reason()}, {"isolate", false}});
+        return false;
+      }
+      const Case c = case_from_json(request.at("case"));
+      if (c.id != id) throw std::invalid_argument("its case is '" + c.id + "', not '" + id + "'");
+      const std::string kernels = request.value("kernels", "");
+      running_.fetch_add(1);
+      counted = true;
+      const EvalContext* eval = nullptr;
+      try {
+        eval = &seat.for_library(ctx_, kernels);
+      } catch (const std::exception& e) {  // an error naming the library, not the case's fault
+        RunOptions named = ctx_.eval.options;
+        if (!kernels.empty()) named.kernels_path = kernels;
+        r = lost_case_result(c, Mode::none, named, e.what());
+      }
+      if (eval) r = run_case(ctx_, *eval, c);
+    } catch (const std::exception& e) {
+      r = unreadable_request(id, e.what());
+    }
+    return true;
+  }
+
+  static void report_leftovers(const std::vector<pid_t>& leftovers, const std::string& id,
+                               bool others_running) {
+    std::cerr << "attncheck worker: " << leftovers.size() << " process(es) started during case "
+              << id << (others_running ? " or a case beside it" : "") << " still run (pid";
+    for (pid_t p : leftovers) std::cerr << " " << p;
+    std::cerr << "); this worker retires and they are killed with it, so that they cannot touch "
+                 "the next case\n"
+              << std::flush;
   }
 
  private:
@@ -540,53 +634,12 @@ nlohmann::json load_library_isolated(const std::string& kernels, bool with_devic
   return line["hello"];
 }
 
-int worker_main(const WorkerConfig& cfg) {
-  WorkerChannel& channel = WorkerChannel::claim();
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // a wrapper between the run and this worker dies with it
-  // What the library starts stays below the worker even when it detaches (leftover_processes).
-  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
-  auto emit_alone = [&](const nlohmann::json& j) {
-    channel.write_line(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
-  };
-  std::unique_ptr<CaseContext> ctx;
-  try {
-    ctx = make_context_within_limit(cfg, [&](const std::string& why) {
-      emit_alone({{"fatal", why}});
-    });
-  } catch (const std::exception& e) {
-    emit_alone({{"fatal", e.what()}});
-    return 2;
-  }
-  Answering answering(channel, *ctx);
-  answering.emit({{"hello", context_hello(*ctx)}});
-  // A GPU fault can leave the context unusable for every later launch: a retiring worker ends,
-  // and the parent, told so in the answer, gives the next case to a fresh one. Nothing is left to
-  // clean up (the parent writes the results), and threads an adapter left running must not delay
-  // it.
-  auto retire_now = [] {
-    std::fflush(nullptr);
-    ::_exit(0);
-  };
-  std::string line;
-  // Thread 0 starts on the context's own runner, the others on runners of their own.
-  std::vector<Seat> seats(static_cast<size_t>(ctx->threads));
-  for (size_t t = 0; t < seats.size(); ++t) {
-    seats[t].eval = ctx->eval;
-    if (t > 0 && ctx->device) {
-      seats[t].runner = std::make_unique<DeviceRunner>(*ctx->lib, ctx->eval.options.arch);
-      seats[t].eval.device = seats[t].runner.get();
-    }
-  }
-  if (ctx->threads <= 1) {
-    while (channel.read_line(line)) {
-      if (line.empty()) continue;
-      if (answering.answer(line, seats[0])) retire_now();
-    }
-    return 0;
-  }
-
-  // Several threads, each with its own seat; requests queue here as the parent sends them
-  // (never more than the threads: the parent keeps that many in flight).
+namespace {
+// Several threads, each with its own seat, answer the requests, which queue here as the parent
+// sends them (never more than the threads and queued_per_worker: run/pool.h); returns when the
+// requests end and every thread is done.
+void serve_in_threads(WorkerChannel& channel, Answering& answering, CaseContext& ctx,
+                      std::vector<Seat>& seats) {
   std::mutex m;
   std::condition_variable cv;
   struct Waiting {
@@ -597,6 +650,7 @@ int worker_main(const WorkerConfig& cfg) {
   // The library each thread runs or ran last (guarded by m).
   std::vector<std::string> claimed(seats.size());
   bool closed = false;
+  std::string line;
   std::vector<std::thread> threads;
   for (size_t t = 0; t < seats.size(); ++t)
     threads.emplace_back([&, t] {
@@ -628,7 +682,7 @@ int worker_main(const WorkerConfig& cfg) {
     if (line.empty()) continue;
     std::string library;
     try {  // an unreadable request is answered as such by whichever thread takes it
-      library = library_key(*ctx, nlohmann::json::parse(line).value("kernels", ""));
+      library = library_key(ctx, nlohmann::json::parse(line).value("kernels", ""));
     } catch (const std::exception&) {
     }
     {
@@ -643,6 +697,54 @@ int worker_main(const WorkerConfig& cfg) {
   }
   cv.notify_all();
   for (auto& t : threads) t.join();
+}
+}  // namespace
+
+int worker_main(const WorkerConfig& cfg) {
+  WorkerChannel& channel = WorkerChannel::claim();
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // a wrapper between the run and this worker dies with it
+  // What the library starts stays below the worker even when it detaches (leftover_processes).
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  auto emit_alone = [&](const nlohmann::json& j) {
+    channel.write_line(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  };
+  std::unique_ptr<CaseContext> ctx;
+  try {
+    ctx = make_context_within_limit(cfg, [&](const std::string& why) {
+      emit_alone({{"fatal", why}});
+    });
+  } catch (const std::exception& e) {
+    emit_alone({{"fatal", e.what()}});
+    return 2;
+  }
+  Answering answering(channel, *ctx);
+  answering.emit({{"hello", context_hello(*ctx).to_json()}});
+  // A GPU fault can leave the context unusable for every later launch: a retiring worker ends,
+  // and the parent, told so in the answer, gives the next case to a fresh one. Nothing is left to
+  // clean up (the parent writes the results), and threads an adapter left running must not delay
+  // it.
+  auto retire_now = [] {
+    std::fflush(nullptr);
+    ::_exit(0);
+  };
+  std::string line;
+  // Thread 0 starts on the context's own runner, the others on runners of their own.
+  std::vector<Seat> seats(static_cast<size_t>(ctx->threads));
+  for (size_t t = 0; t < seats.size(); ++t) {
+    seats[t].eval = ctx->eval;
+    if (t > 0 && ctx->device) {
+      seats[t].runner = std::make_unique<DeviceRunner>(*ctx->lib, ctx->eval.options.arch);
+      seats[t].eval.device = seats[t].runner.get();
+    }
+  }
+  if (ctx->threads <= 1) {
+    while (channel.read_line(line)) {
+      if (line.empty()) continue;
+      if (answering.answer(line, seats[0])) retire_now();
+    }
+    return 0;
+  }
+  serve_in_threads(channel, answering, *ctx, seats);
   if (answering.retiring()) retire_now();
   seats.clear();
   return 0;

@@ -1,11 +1,15 @@
-// The process that runs cases (`attncheck worker`, started by `run`; also used in-process by `run
-// --in-process` and `repro`): it loads the case files, the goldens and the kernel library once,
-// then turns case ids into Results through evaluate() (run/evaluate.h).
+// The process that runs cases (`attncheck worker --config JSON`, started by `run`, `mutants` and
+// the shrinker; also used in-process by `run --in-process`, `shrink --in-process` and `repro`): it
+// loads the goldens and the kernel library once, then turns each Case it is sent into a Result
+// through run_case and evaluate() (run/evaluate.h), and does nothing else to it.
 //
-// Protocol (run/pool.h): one hello line, then per case id read from stdin one line
-// {"result": <Result JSON>, "retire": bool}. retire: the launch hit a device error that may have
-// left the GPU context unusable; the worker exits after this line and the parent hands the next
-// case to a fresh worker (never to this one).
+// The boundary with the parent is typed on both sides and crossed once each way as JSON: the
+// parent's WorkerConfig travels as one object (--config, WorkerConfig::to_json / from_json), the
+// worker answers with one WorkerHello, then per request ({"seq", "id", "case": case_to_json,
+// core/case_json.h}) one line {"seq", "id", "result": Result::to_json, "retire": bool}
+// (run/pool.h). retire: the launch hit a device error that may have left the GPU context unusable;
+// the worker exits after this line and the parent hands the next case to a fresh worker (never to
+// this one).
 //
 // Several libraries (`attncheck mutants`): a request may name another kernel library
 // ("kernels": path). The worker opens each such library once, beside its own, in the same process
@@ -31,6 +35,7 @@
 #include <optional>
 #include <string>
 
+#include "core/case_json.h"
 #include "run/cases.h"
 #include "run/device.h"
 #include "run/evaluate.h"
@@ -38,8 +43,14 @@
 
 namespace attncheck {
 
+// Everything a worker is told, as one value: built by the parent, sent as JSON, read back whole.
 struct WorkerConfig {
-  std::string cases_dir, golden_dir, kernels, arch, repro_dir, repro_extra;
+  std::string cases_dir;    // only in process (run_case_id reads case files); workers get Cases
+  std::string golden_dir;   // absolute in a worker's config
+  std::string kernels;      // library path, py:<module>, or "" (reference mode)
+  std::string arch;         // known-bug scope override ("" = the device's)
+  std::string repro_dir;    // repro bundles of failing cases ("" = none)
+  std::string repro_extra;  // appended to repro lines (" --cases DIR --golden DIR")
   int repeat = 2;
   // Run without goldens where they are missing (reference vs nothing), instead of an error.
   bool allow_missing_goldens = false;
@@ -52,6 +63,33 @@ struct WorkerConfig {
   // Cases at once in threads (see above); 1 when the library does not allow calls from any
   // thread or the stress mode runs (its background work and L2 flushes are device-wide).
   int threads = 1;
+
+  // One JSON object holding every field above.
+  nlohmann::json to_json() const;
+  // Reads what to_json writes; a field left out keeps its default. Throws std::invalid_argument
+  // naming the field that has the wrong type, and any field the config does not have.
+  static WorkerConfig from_json(const nlohmann::json& j);
+};
+
+// A worker's first line, {"hello": ...}: what it loaded and how it runs cases. The parent parses it
+// once (from_json) and reads these fields; the repro bundles keep it as metadata (to_json).
+struct WorkerHello {
+  int64_t pid = 0;
+  std::string kernels;               // the config's kernels
+  std::string library;               // the library's own name and version
+  std::vector<std::string> entries;  // the library's entries
+  std::string device, device_arch;   // "" without a device
+  std::string arch;                  // for known-bug marks: the config's, else the device's
+  bool kernel_mode = false;          // "mode": "kernel", else "reference"
+  std::string no_device;             // reference mode: why no kernel runs
+  int threads = 1;                   // cases at once
+  std::string threads_why;           // why fewer than asked ("" when as asked)
+
+  // "hip" for a gfx arch, "cuda" for an sm_ one, else "cpu".
+  std::string backend() const;
+  nlohmann::json to_json() const;
+  // Throws std::invalid_argument naming the field that is missing or of the wrong type.
+  static WorkerHello from_json(const nlohmann::json& j);
 };
 
 struct CaseContext {
@@ -98,14 +136,9 @@ Result run_case(CaseContext& ctx, const EvalContext& eval, const Case& c);
 // the context has a repro directory. An unknown id is an error Result naming the nearest ids.
 Result run_case_id(CaseContext& ctx, const std::string& id);
 
-// The hello line's payload: pid, kernels, library, device, device_arch, arch, entries, mode,
-// no_device, threads (and threads_why when fewer than asked).
-nlohmann::json context_hello(const CaseContext& ctx);
-
-// A Case as the worker protocol carries it, and back: op, params, id, tiers, known_bug (null or
-// {reason, arch}), source. case_from_json throws std::invalid_argument naming the bad field.
-nlohmann::json case_to_json(const Case& c);
-Case case_from_json(const nlohmann::json& j);
+// The hello of this context (its JSON: pid, kernels, library, device, device_arch, arch, entries,
+// mode, no_device, threads, and threads_why when fewer than asked).
+WorkerHello context_hello(const CaseContext& ctx);
 
 // A kernel library loaded in a process of its own (`attncheck load-library`), before a command
 // loads it in its own process (`kernels`, `repro`, `bench`): what can end or stall a process

@@ -527,6 +527,22 @@ TEST_F(Cli, KernelsListsEntriesAndChecksThem) {
   EXPECT_TRUE(has(o.text, "MISSING rope_out_of_place          op rope")) << o.text;
 }
 
+// The worker's config is one JSON object (run/worker.h); a malformed one is refused naming the
+// field, on stderr and as the fatal line a pool reports.
+TEST_F(Cli, WorkerRefusesAMalformedConfigNamingTheField) {
+  const Output o = sh(kBin + " worker --config '{\"repeat\": \"two\"}' < /dev/null");
+  EXPECT_EQ(o.status, 2) << o.text;
+  EXPECT_TRUE(
+      has(o.text, "{\"fatal\":\"worker --config: worker config: 'repeat' has the wrong type\"}"))
+      << o.text;
+  const Output unknown = sh(kBin + " worker --config '{\"kernel\": \"x.so\"}' < /dev/null");
+  EXPECT_EQ(unknown.status, 2) << unknown.text;
+  EXPECT_TRUE(has(unknown.text, "unknown field 'kernel'")) << unknown.text;
+  const Output other = sh(kBin + " worker --kernels a.so --config '{\"kernels\": \"b.so\"}'");
+  EXPECT_EQ(other.status, 2) << other.text;
+  EXPECT_TRUE(has(other.text, "--kernels 'a.so' is not the config's kernels 'b.so'")) << other.text;
+}
+
 // The worker gets whole Cases (it reads no case file: --cases points nowhere) and answers each
 // request with its seq and id.
 TEST_F(Cli, WorkerSpeaksOneJsonLinePerCase) {
@@ -540,8 +556,11 @@ TEST_F(Cli, WorkerSpeaksOneJsonLinePerCase) {
         << "\n"
         << nlohmann::json{{"seq", 8}, {"id", "nope/x"}, {"case", {{"op", "nope"}}}}.dump() << "\n";
   }
-  const Output o = sh(kBin + " --cases " + dir("no_cases").string() + " --golden " + golden_ +
-                      " worker --kernels " + kFake + " < " + requests.string());
+  attncheck::WorkerConfig cfg;
+  cfg.golden_dir = golden_;
+  cfg.kernels = kFake;
+  const Output o = sh(kBin + " --cases " + dir("no_cases").string() + " worker --config '" +
+                      cfg.to_json().dump() + "' < " + requests.string());
   EXPECT_EQ(o.status, 0) << o.text;
   std::istringstream lines(o.text);
   std::string hello, first, second;
