@@ -196,13 +196,14 @@ class DeviceBlockCache {
 // the launch lock than its kernel and its poison fill together. A block is reused only for a
 // sparse storage of the same library that needs at least half of it, and every byte a launch can
 // see is written again (guards, poison, window: upload_sparse), so nothing of an earlier case is
-// read by the next one. At most kKept bytes in all, the oldest released first; an allocation that
+// read by the next one. At most kKept bytes in all (less when several processes share the GPU:
+// see the constructor), the oldest released first; an allocation that
 // fails releases every kept block and is tried once more. The cache lives in the process (the
 // threads' runners and several libraries share one context), under the launch lock.
 // ATTNCHECK_DEVICE_BLOCK_CACHE=0 keeps none.
 class SparseBlockCache {
  public:
-  static constexpr size_t kKept = size_t{24} << 30;
+  static constexpr size_t kKept = size_t{24} << 30;  // unless told otherwise (below)
   static constexpr size_t kGranule = size_t{64} << 20;
 
   static SparseBlockCache& process() {
@@ -235,19 +236,26 @@ class SparseBlockCache {
   }
   void give_back(const KernelLibrary& lib, void* ptr, size_t capacity) {
     const auto lock = lib.exclusive();
-    if (!enabled_ || capacity > kKept) {
+    if (!enabled_ || capacity > max_kept_) {
       lib.api().release(ptr);
       return;
     }
-    release_while([&](size_t kept) { return kept + capacity > kKept; });
+    release_while([&](size_t kept) { return kept + capacity > max_kept_; });
     kept_.push_back({&lib.api(), ptr, capacity});
     bytes_ += capacity;
   }
 
  private:
+  // $ATTNCHECK_SPARSE_BLOCK_CACHE_BYTES: the pool's share of the GPU for this process
+  // (PoolPlan::slot_env), since other processes on the same GPU keep theirs too.
   SparseBlockCache() {
     const char* env = std::getenv("ATTNCHECK_DEVICE_BLOCK_CACHE");
     enabled_ = !(env && std::string(env) == "0");
+    if (const char* bytes = std::getenv("ATTNCHECK_SPARSE_BLOCK_CACHE_BYTES"); bytes && *bytes) {
+      char* end = nullptr;
+      const unsigned long long n = std::strtoull(bytes, &end, 10);
+      if (end && *end == '\0') max_kept_ = std::min<unsigned long long>(n, kKept);
+    }
   }
   // Releases the oldest kept blocks while `more(bytes kept)` says so.
   template <class More>
@@ -264,6 +272,7 @@ class SparseBlockCache {
     size_t capacity;
   };
   bool enabled_ = true;
+  size_t max_kept_ = kKept;
   std::deque<Block> kept_;
   size_t bytes_ = 0;
 };

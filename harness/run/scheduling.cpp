@@ -197,6 +197,11 @@ int PoolPlan::processes() const {
   return n;
 }
 
+uint64_t sparse_block_cache_share(uint64_t memory_bytes, int processes) {
+  if (memory_bytes == 0) return processes > 1 ? 0 : kSparseBlockCacheMax;
+  return std::min(kSparseBlockCacheMax, memory_bytes / 4 / static_cast<uint64_t>(processes));
+}
+
 std::vector<std::vector<std::string>> PoolPlan::slot_env() const {
   std::vector<std::vector<std::string>> out;
   const std::string omp = "OMP_NUM_THREADS=" + std::to_string(cpu_threads);
@@ -206,13 +211,18 @@ std::vector<std::vector<std::string>> PoolPlan::slot_env() const {
   }
   std::vector<int> left;  // processes per pool
   for (const auto& p : pools) left.push_back((p.jobs + threads - 1) / std::max(threads, 1));
+  std::vector<std::string> sparse_cache;
+  for (size_t i = 0; i < pools.size(); ++i)
+    sparse_cache.push_back(
+        "ATTNCHECK_SPARSE_BLOCK_CACHE_BYTES=" +
+        std::to_string(sparse_block_cache_share(pools[i].gpu.memory_bytes, std::max(left[i], 1))));
   for (bool any = true; any;) {
     any = false;
     for (size_t i = 0; i < pools.size(); ++i) {
       if (left[i] == 0) continue;
       --left[i];
       any = true;
-      out.push_back({variable + "=" + pools[i].gpu.id, omp});
+      out.push_back({variable + "=" + pools[i].gpu.id, omp, sparse_cache[i]});
     }
   }
   return out;

@@ -57,6 +57,12 @@ void use_ctest_gpu();
 // cases of a process's threads are on the GPU one at a time, run/device.h); the largest problems
 // (sparse caches past 2^31 bytes) need a few GiB.
 constexpr uint64_t kGpuMemoryPerWorker = uint64_t{6} << 30;
+// The sparse blocks (large-offset cases' extents, run/device.cpp SparseBlockCache) one worker
+// process may keep between launches: a quarter of its GPU's memory shared by the processes on it,
+// at most kSparseBlockCacheMax; none when the memory is unknown and several processes share it
+// (they cannot release each other's blocks when an allocation fails).
+constexpr uint64_t kSparseBlockCacheMax = uint64_t{24} << 30;
+uint64_t sparse_block_cache_share(uint64_t memory_bytes, int processes);
 // And per further thread of it: the device blocks its runner keeps between launches (at most
 // DeviceBlockCache::kKept, run/device.cpp).
 constexpr uint64_t kGpuMemoryPerThread = uint64_t{512} << 20;

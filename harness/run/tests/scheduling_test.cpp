@@ -83,11 +83,29 @@ TEST(PoolPlan, SlotsInterleaveThePoolsAndSetTheThreads) {
   plan.variable = "CUDA_VISIBLE_DEVICES";
   const auto env = plan.slot_env();
   ASSERT_EQ(env.size(), 6u);
-  EXPECT_EQ(env[0], (std::vector<std::string>{"CUDA_VISIBLE_DEVICES=0", "OMP_NUM_THREADS=1"}));
+  // Three processes per GPU of unknown memory: none keeps sparse blocks.
+  EXPECT_EQ(env[0], (std::vector<std::string>{"CUDA_VISIBLE_DEVICES=0", "OMP_NUM_THREADS=1",
+                                              "ATTNCHECK_SPARSE_BLOCK_CACHE_BYTES=0"}));
   EXPECT_EQ(env[1].front(), "CUDA_VISIBLE_DEVICES=1");
   EXPECT_EQ(std::count_if(env.begin(), env.end(),
                           [](const auto& e) { return e.front() == "CUDA_VISIBLE_DEVICES=1"; }),
             3);
+}
+
+// Each process on a GPU may keep a share of a quarter of its memory in sparse blocks, since the
+// processes cannot release each other's blocks when an allocation fails.
+TEST(PoolPlan, SparseBlocksKeptAreAShareOfTheGpu) {
+  const uint64_t gib = uint64_t{1} << 30;
+  EXPECT_EQ(sparse_block_cache_share(140 * gib, 1), kSparseBlockCacheMax);
+  EXPECT_EQ(sparse_block_cache_share(140 * gib, 2), 140 * gib / 8);
+  EXPECT_EQ(sparse_block_cache_share(140 * gib, 7), 5 * gib);
+  EXPECT_EQ(sparse_block_cache_share(0, 1), kSparseBlockCacheMax);
+  EXPECT_EQ(sparse_block_cache_share(0, 2), 0u);
+  PoolPlan plan = plan_pools({{"0", 80 * gib}}, 4, 0, 0, 2);
+  plan.variable = "CUDA_VISIBLE_DEVICES";
+  const auto env = plan.slot_env();
+  ASSERT_EQ(env.size(), 2u);
+  EXPECT_EQ(env[1].back(), "ATTNCHECK_SPARSE_BLOCK_CACHE_BYTES=" + std::to_string(10 * gib));
 }
 
 TEST(CaseDurations, EstimatesUnmeasuredCasesFromTheirOp) {
