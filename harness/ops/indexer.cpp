@@ -336,14 +336,31 @@ class IndexerKCacheOp final : public TypedOp<KCacheParams> {
     return quantizer_kernel_params(p);
   }
 
+  // Invariance (docs/verification.md "Invariance"): each token writes only its own slot (slots
+  // are distinct): the tokens in another order, and the second half of the tokens written alone
+  // into the cache the first half left (a writer fed in chunks must not touch the other tokens of
+  // a page it writes); the cache compared whole.
+  std::vector<Relation> relations(const Problem& prob) const override {
+    const P& p = typed(prob);
+    BatchArgs tokens{{"slot_mapping", "k"}, {}, ""};
+    tokens.unit = "token";
+    tokens.whole = {"kv_cache"};
+    const auto seed = static_cast<uint64_t>(p.seed);
+    std::vector<Relation> out;
+    if (request_count(prob, tokens) > 1)
+      out.push_back(
+          permuted_requests(prob, tokens, derangement(request_count(prob, tokens), seed)));
+    if (auto chunked = chunked_write(prob, tokens, [&](const Problem& first) {
+          return TensorMap{{"kv_cache", written_cache(first, p)}};
+        }))
+      out.push_back(std::move(*chunked));
+    return out;
+  }
+
   TensorMap reference(const Problem& prob, const P& p) const override {
     // A large-offset cache is compared over the pages the host holds (the rows a device
     // read-back returns, run/device.cpp).
-    return {{"kv_cache",
-             ix::write_k_cache(prob.arg("kv_cache"), prob.arg("k"), prob.arg("slot_mapping"),
-                               ix::layout_for_block_size(p.block_size), p.fp8,
-                               quant_max_of(p.fp8, p.quant_max))
-                 .held_rows()}};
+    return {{"kv_cache", written_cache(prob, p).held_rows()}};
   }
 
   std::vector<OutputCheck> checks(const Problem&, const P&, const TensorMap&) const override {
@@ -353,6 +370,14 @@ class IndexerKCacheOp final : public TypedOp<KCacheParams> {
                           "deterministic)"),
              {},
              {}}};
+  }
+
+ private:
+  // The cache as the reference leaves it after `prob`'s tokens (same view, its own storage).
+  static Tensor written_cache(const Problem& prob, const P& p) {
+    return ix::write_k_cache(prob.arg("kv_cache"), prob.arg("k"), prob.arg("slot_mapping"),
+                             ix::layout_for_block_size(p.block_size), p.fp8,
+                             quant_max_of(p.fp8, p.quant_max));
   }
 };
 
@@ -422,6 +447,23 @@ class IndexerGatherOp final : public TypedOp<GatherParams> {
 
   nlohmann::json kernel_params(const P&, const Problem&) const override {
     return nlohmann::json::object();
+  }
+
+  // Invariance (docs/verification.md "Invariance"): each request's rows are a copy of its own
+  // pages: the requests in another order, the longest alone, the pages shuffled.
+  std::vector<Relation> relations(const Problem& prob) const override {
+    const auto seed = static_cast<uint64_t>(typed(prob).seed);
+    const BatchArgs batch{{"block_table"}, {"k_fp8", "k_scale"}, "cu_seq_lens"};
+    const Tensor& cu = prob.arg("cu_seq_lens");
+    int64_t longest = 0;
+    for (int64_t r = 0; r + 1 < cu.size(0); ++r)
+      if (cu.at<int32_t>({r + 1}) - cu.at<int32_t>({r}) >
+          cu.at<int32_t>({longest + 1}) - cu.at<int32_t>({longest}))
+        longest = r;
+    auto out = permuted_and_alone(prob, batch, longest, seed);
+    if (auto shuffled = shuffled_pages(prob, {"kv_cache"}, "block_table", seed))
+      out.push_back(std::move(*shuffled));
+    return out;
   }
 
   TensorMap reference(const Problem& prob, const P& p) const override {
@@ -509,6 +551,14 @@ class IndexerQQuantOp final : public TypedOp<QQuantParams> {
 
   nlohmann::json kernel_params(const P& p, const Problem&) const override {
     return quantizer_kernel_params(p);
+  }
+
+  // Invariance (docs/verification.md "Invariance"): tokens are quantized independently: the
+  // tokens in another order, and the second half alone (chunked vs whole).
+  std::vector<Relation> relations(const Problem& prob) const override {
+    BatchArgs tokens{{"q", "weights_raw", "q_fp8", "q_scale", "weights"}, {}, ""};
+    tokens.unit = "token";
+    return permuted_and_chunked(prob, tokens, static_cast<uint64_t>(typed(prob).seed));
   }
 
   TensorMap reference(const Problem& prob, const P& p) const override {

@@ -229,6 +229,24 @@ class IndexerMxfp4KCacheOp final : public TypedOp<KCacheParams> {
     return j;
   }
 
+  // Invariance (docs/verification.md "Invariance"): each token writes only its own slot (slots
+  // are distinct): the tokens in another order, and the second half written alone into the cache
+  // the first half left; the cache compared whole.
+  std::vector<Relation> relations(const Problem& prob) const override {
+    const P& p = typed(prob);
+    BatchArgs tokens{{"slot_mapping", "k"}, {}, ""};
+    tokens.unit = "token";
+    tokens.whole = {"kv_cache"};
+    std::vector<Relation> out;
+    const int64_t T = request_count(prob, tokens);
+    if (T > 1)
+      out.push_back(permuted_requests(prob, tokens, derangement(T, static_cast<uint64_t>(p.seed))));
+    if (auto chunked =
+            chunked_write(prob, tokens, [&](const Problem& first) { return reference(first, p); }))
+      out.push_back(std::move(*chunked));
+    return out;
+  }
+
   TensorMap reference(const Problem& prob, const P& p) const override {
     return {{"kv_cache", mx::write_k_cache(prob.arg("kv_cache"), prob.arg("k"),
                                            prob.arg("slot_mapping"), p.geometry(), p.scale_rule)}};
@@ -409,6 +427,19 @@ class IndexerMxfp4LogitsDecodeOp final : public TypedOp<LogitsParams> {
     nlohmann::json j = {{"n_per_tile", n_per_tile_of(p.layout)}};
     add_format_params(j, p.geometry());
     return j;
+  }
+
+  // Invariance (docs/verification.md "Invariance"): each request's next_n rows read only its q,
+  // scales, weights, length and pages: the requests in another order, the longest alone, the
+  // pages shuffled.
+  std::vector<Relation> relations(const Problem& prob) const override {
+    const auto seed = static_cast<uint64_t>(typed(prob).seed);
+    BatchArgs batch{{"q", "q_scale", "context_lens", "block_table"}, {"weights", "logits"}, ""};
+    batch.tokens_per_request = prob.arg("q").size(1);
+    auto out = permuted_and_alone(prob, batch, longest_request(prob.arg("context_lens")), seed);
+    if (auto shuffled = shuffled_pages(prob, {"kv_cache"}, "block_table", seed))
+      out.push_back(std::move(*shuffled));
+    return out;
   }
 
   TensorMap reference(const Problem& prob, const P& prm) const override {
