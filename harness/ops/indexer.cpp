@@ -9,6 +9,7 @@
 #include "core/policy.h"
 #include "core/rng.h"
 #include "ops/indexer_inputs.h"
+#include "ops/values.h"
 #include "reference/page_indices.h"
 
 namespace attncheck::indexer_ops {
@@ -239,6 +240,21 @@ nlohmann::json quantizer_kernel_params(const QuantParams& p) {
           {"quant_max", static_cast<double>(quant_max_of(p.fp8, p.quant_max))}};
 }
 
+// The quantizers' value kinds (harness/ops/values.h) on their bf16 rows: typical, or large =
+// every row x 2^112 (amax up to 2^125, near bf16's top; ue8m0 scales up to 2^117). Exact in bf16
+// (a power of two), the codes stay those of typical rows and only the scales move: a kernel that
+// takes the amax, the scale or its reciprocal through fp16 / bf16, or clamps the scale exponent,
+// writes inf, NaN or wrong codes. (A tiny kind has nothing to show: the amax floors, 1e-4 and
+// 1e-10, lie far above bf16's subnormals, and zero rows already take the floored scale.)
+const std::vector<values::Values> kQuantValues = {values::Values::typical, values::Values::large};
+constexpr const char* kQuantValuesHelp =
+    "input value distribution (harness/ops/indexer.cpp): typical; large = the bf16 rows x 2^112 "
+    "(amax near bf16's top, scales up to 2^117)";
+
+void shape_quant_rows(values::Values v, const Tensor& rows) {
+  if (v == values::Values::large) values::scale_finite(rows, std::ldexp(1.0, 112));
+}
+
 // ---------------------------------------------------------------------------------------------
 // indexer_k_cache: per-token K quantization + paged cache write (docs/ops/indexer.md).
 struct KCacheParams : QuantParams {
@@ -247,6 +263,7 @@ struct KCacheParams : QuantParams {
   int64_t pad = 0;
   int64_t k_stride = 128;
   int64_t offset_log2 = 0;
+  values::Values values = values::Values::typical;
 };
 
 class IndexerKCacheOp final : public TypedOp<KCacheParams> {
@@ -268,6 +285,7 @@ class IndexerKCacheOp final : public TypedOp<KCacheParams> {
                     "31 / 32: every page the writer fills starts past byte 2^31 / 2^32 of the "
                     "cache (slots past 2^31 / token bytes); the host holds and compares "
                     "only those pages, the device poisons the rest with 0xFF");
+    values::add_field(f, &P::values, kQuantValues, kQuantValuesHelp);
     return f;
   }
 
@@ -317,6 +335,7 @@ class IndexerKCacheOp final : public TypedOp<KCacheParams> {
     fill_normal(k_storage, Rng(c.id, "k_storage", static_cast<uint64_t>(p.seed)));
     Tensor k = k_storage.slice(1, 0, ix::kHeadDim);
     fill_quant_rows(k, c.id, "k", p.seed, quant_max_of(p.fp8, p.quant_max), RowMix::edges);
+    shape_quant_rows(p.values, k);
     const int64_t total = first + blocks;
     Tensor storage =
         first > 0 ? Tensor::sparse(DType::u8, {total * stride}, first * stride, blocks * stride)
@@ -485,6 +504,7 @@ class IndexerGatherOp final : public TypedOp<GatherParams> {
 struct QQuantParams : QuantParams {
   int64_t tokens = 16;
   int64_t heads = 64;
+  values::Values values = values::Values::typical;
 };
 
 class IndexerQQuantOp final : public TypedOp<QQuantParams> {
@@ -509,6 +529,7 @@ class IndexerQQuantOp final : public TypedOp<QQuantParams> {
     add_fp8(f);
     add_quant_max(f);
     add_seed(f);
+    values::add_field(f, &P::values, kQuantValues, kQuantValuesHelp);
     return f;
   }
 
@@ -532,6 +553,7 @@ class IndexerQQuantOp final : public TypedOp<QQuantParams> {
     Tensor q = Tensor::empty(DType::bf16, {T, H, ix::kHeadDim});
     fill_quant_rows(q.reshape({T * H, ix::kHeadDim}), c.id, "q", p.seed,
                     quant_max_of(p.fp8, p.quant_max), RowMix::edges);
+    shape_quant_rows(p.values, q);
     // weights_raw is the tail of the fused wk|weights_proj GEMM output [T, 128 + H].
     Tensor kw = Tensor::empty(DType::bf16, {T, ix::kHeadDim + H});
     fill_normal(kw, Rng(c.id, "kw", static_cast<uint64_t>(p.seed)));

@@ -17,6 +17,7 @@
 #include "core/policy.h"
 #include "core/rng.h"
 #include "ops/typed_op.h"
+#include "ops/values.h"
 #include "reference/indexer_mxfp4.h"
 
 namespace attncheck {
@@ -275,6 +276,21 @@ class IndexerMxfp4KCacheOp final : public TypedOp<KCacheParams> {
 // ---------------------------------------------------------------------------------------------
 enum class Scales { model, extreme };
 
+// The logits' value kinds (harness/ops/values.h) on the fp32 head weights, as the fp8 logits ops
+// do (harness/ops/indexer_scores.cpp): typical N(0, 1); large x 2^40 (logits near 2^40, past
+// fp16: a half-precision head sum or store overflows); tiny x 2^-130 (every weight an fp32
+// subnormal: a kernel that flushes them returns 0).
+const std::vector<values::Values> kWeightValues = {values::Values::typical, values::Values::large,
+                                                   values::Values::tiny};
+constexpr const char* kWeightValuesHelp =
+    "head weight distribution (harness/ops/indexer_mxfp4.cpp): typical N(0, 1); large = x 2^40 "
+    "(logits near 2^40); tiny = x 2^-130 (fp32 subnormal weights)";
+
+void shape_weights(values::Values v, const Tensor& w) {
+  if (v == values::Values::large) values::scale_finite(w, std::ldexp(1.0, 40));
+  if (v == values::Values::tiny) values::scale_finite(w, std::ldexp(1.0, -130));
+}
+
 struct LogitsParams {
   int64_t heads = 32;
   int64_t head_dim = 128;
@@ -284,6 +300,7 @@ struct LogitsParams {
   int64_t next_n = 1;
   int64_t max_ctx = 200;
   Scales scales = Scales::model;
+  values::Values values = values::Values::typical;
   mx::KeyFormat format = mx::KeyFormat::mxfp4;
   GlobalScale global_scale = GlobalScale::odd;
   int64_t seed = 0;
@@ -339,6 +356,7 @@ class IndexerMxfp4LogitsDecodeOp final : public TypedOp<LogitsParams> {
                 "extreme: K block 0 scale bytes 0..2 against q bytes 250..252, K block 1 bytes "
                 "250..252 against q bytes 0..2 (products stay fp32-normal); nvfp4: K block 0 "
                 "e4m3 bytes 0x00 (zero), 0x01 (2^-9), 0x7E (448), q unchanged");
+    values::add_field(f, &P::values, kWeightValues, kWeightValuesHelp);
     return add_key_format_fields(f);
   }
 
@@ -404,6 +422,7 @@ class IndexerMxfp4LogitsDecodeOp final : public TypedOp<LogitsParams> {
       }
     Tensor w = Tensor::empty(DType::f32, {B * NN, H});
     fill_normal(w, Rng(c.id, "weights", static_cast<uint64_t>(seed)));
+    shape_weights(prm.values, w);
     const int64_t width = max_ctx + 5;  // columns past every context must read -inf
     Tensor logits_buf = Tensor::empty(DType::f32, {B * NN, width + 16});
     poison(logits_buf);
