@@ -234,7 +234,8 @@ class FakeGraphs : public ::testing::Test {
 };
 
 TEST_F(FakeGraphs, ACorrectCaptureReplaysWithinBudget) {
-  for (const char* op : {"decode_attention", "rope", "kv_cache_write"}) {
+  for (const char* op :
+       {"decode_attention", "rope", "kv_cache_write", "mla_decode", "sparse_mla", "page_indices"}) {
     const Result r = run(*lib_, op, nullptr);
     EXPECT_EQ(r.verdict, Verdict::passed) << op << ": " << r.message;
     EXPECT_TRUE(contains(r.message, "graph replay within budget")) << op << ": " << r.message;
@@ -242,7 +243,8 @@ TEST_F(FakeGraphs, ACorrectCaptureReplaysWithinBudget) {
 }
 
 TEST_F(FakeGraphs, BakedMetadataFailsNamingGraphReplay) {
-  for (const char* op : {"decode_attention", "rope", "kv_cache_write"}) {
+  for (const char* op :
+       {"decode_attention", "rope", "kv_cache_write", "mla_decode", "sparse_mla", "page_indices"}) {
     const Result r = run(*lib_, op, "bake");
     EXPECT_EQ(r.verdict, Verdict::failed) << op << ": " << r.message;
     EXPECT_TRUE(contains(r.message, "graph replay (captured with")) << op << ": " << r.message;
