@@ -77,6 +77,29 @@ bool reverse_elements(const Tensor& t) {
   return changed;
 }
 
+bool drop_second_half(const Tensor& indices) {
+  if (indices.ndim() != 2 || indices.dtype() != DType::i32)
+    throw std::invalid_argument("graph variant: an index table must be 2-D int32, got " +
+                                indices.describe());
+  bool changed = false;
+  for (int64_t r = 0; r < indices.size(0); ++r) {
+    int64_t valid = 0;
+    for (int64_t j = 0; j < indices.size(1); ++j) valid += indices.at<int32_t>({r, j}) >= 0;
+    int64_t keep = (valid + 1) / 2;
+    for (int64_t j = 0; j < indices.size(1); ++j) {
+      auto& id = indices.at<int32_t>({r, j});
+      if (id < 0) continue;
+      if (keep > 0) {
+        --keep;
+        continue;
+      }
+      id = -1;
+      changed = true;
+    }
+  }
+  return changed;
+}
+
 std::optional<GraphVariant> metadata_variant(const Problem& p,
                                              const std::vector<MetadataChange>& changes) {
   std::vector<std::string> names;
@@ -101,6 +124,9 @@ MetadataChange permuted_block_ids(const std::string& table) {
 }
 MetadataChange reversed(const std::string& arg) {
   return {arg, "reversed", reverse_elements};
+}
+MetadataChange second_half_dropped(const std::string& indices) {
+  return {indices, "with the second half of each row's indices -1", drop_second_half};
 }
 
 namespace {

@@ -40,6 +40,12 @@ bool permute_block_ids(const Tensor& table);
 // at another index. Returns whether any element changed.
 bool reverse_elements(const Tensor& t);
 
+// In each row of a 2-D int32 table of indices (-1 = no index), the valid entries past the first
+// half of them (rounded up) become -1: every row keeps its first indices and no row grows, so
+// the longest row shrinks (a maximum read on the host at capture is stale). Returns whether any
+// entry changed.
+bool drop_second_half(const Tensor& indices);
+
 // One change of a metadata input: the argument, the change in words, and the change itself
 // (applied to the variant's own copy; returns whether anything changed).
 struct MetadataChange {
@@ -57,6 +63,7 @@ std::optional<GraphVariant> metadata_variant(const Problem& p,
 MetadataChange halved(const std::string& lens, int64_t min_len);
 MetadataChange permuted_block_ids(const std::string& table);
 MetadataChange reversed(const std::string& arg);
+MetadataChange second_half_dropped(const std::string& indices);
 
 // Which arguments of `variant` differ in contents from `p` (bitwise, over each view's elements),
 // and what else differs in words: argument names, shapes, strides, dtypes, roles, the kernel

@@ -9,6 +9,7 @@
 #include "core/policy.h"
 #include "core/rng.h"
 #include "ops/indexer_inputs.h"
+#include "ops/values.h"
 #include "reference/page_indices.h"
 
 namespace attncheck::indexer_ops {
@@ -243,6 +244,21 @@ nlohmann::json quantizer_kernel_params(const QuantParams& p) {
           {"quant_max", static_cast<double>(quant_max_of(p.fp8, p.quant_max))}};
 }
 
+// The quantizers' value kinds (harness/ops/values.h) on their bf16 rows: typical, or large =
+// every row x 2^112 (amax up to 2^125, near bf16's top; ue8m0 scales up to 2^117). Exact in bf16
+// (a power of two), the codes stay those of typical rows and only the scales move: a kernel that
+// takes the amax, the scale or its reciprocal through fp16 / bf16, or clamps the scale exponent,
+// writes inf, NaN or wrong codes. (A tiny kind has nothing to show: the amax floors, 1e-4 and
+// 1e-10, lie far above bf16's subnormals, and zero rows already take the floored scale.)
+const std::vector<values::Values> kQuantValues = {values::Values::typical, values::Values::large};
+constexpr const char* kQuantValuesHelp =
+    "input value distribution (harness/ops/indexer.cpp): typical; large = the bf16 rows x 2^112 "
+    "(amax near bf16's top, scales up to 2^117)";
+
+void shape_quant_rows(values::Values v, const Tensor& rows) {
+  if (v == values::Values::large) values::scale_finite(rows, std::ldexp(1.0, 112));
+}
+
 // ---------------------------------------------------------------------------------------------
 // indexer_k_cache: per-token K quantization + paged cache write (docs/ops/indexer.md).
 struct KCacheParams : QuantParams {
@@ -251,6 +267,7 @@ struct KCacheParams : QuantParams {
   int64_t pad = 0;
   int64_t k_stride = 128;
   int64_t offset_log2 = 0;
+  values::Values values = values::Values::typical;
 };
 
 class IndexerKCacheOp final : public TypedOp<KCacheParams> {
@@ -272,6 +289,7 @@ class IndexerKCacheOp final : public TypedOp<KCacheParams> {
                     "31 / 32: every page the writer fills starts past byte 2^31 / 2^32 of the "
                     "cache (slots past 2^31 / token bytes); the host holds and compares "
                     "only those pages, the device poisons the rest with 0xFF");
+    values::add_field(f, &P::values, kQuantValues, kQuantValuesHelp);
     return f;
   }
 
@@ -325,6 +343,7 @@ class IndexerKCacheOp final : public TypedOp<KCacheParams> {
     fill_normal(k_storage, Rng(c.id, "k_storage", static_cast<uint64_t>(p.seed)));
     Tensor k = k_storage.slice(1, 0, ix::kHeadDim);
     fill_quant_rows(k, c.id, "k", p.seed, quant_max_of(p.fp8, p.quant_max), RowMix::edges);
+    shape_quant_rows(p.values, k);
     const int64_t total = first + blocks;
     Tensor storage =
         first > 0 ? Tensor::sparse(DType::u8, {total * stride}, first * stride, blocks * stride)
@@ -345,18 +364,31 @@ class IndexerKCacheOp final : public TypedOp<KCacheParams> {
     return quantizer_kernel_params(p);
   }
 
+  // Invariance (docs/verification.md "Invariance"): each token writes only its own slot (slots
+  // are distinct): the tokens in another order, and the second half of the tokens written alone
+  // into the cache the first half left (a writer fed in chunks must not touch the other tokens of
+  // a page it writes); the cache compared whole.
+  std::vector<Relation> relations(const Problem& prob) const override {
+    const P& p = typed(prob);
+    BatchArgs tokens{{"slot_mapping", "k"}, {}, ""};
+    tokens.unit = "token";
+    tokens.whole = {"kv_cache"};
+    const auto seed = static_cast<uint64_t>(p.seed);
+    std::vector<Relation> out;
+    if (request_count(prob, tokens) > 1)
+      out.push_back(
+          permuted_requests(prob, tokens, derangement(request_count(prob, tokens), seed)));
+    if (auto chunked = chunked_write(prob, tokens, [&](const Problem& first) {
+          return TensorMap{{"kv_cache", written_cache(first, p)}};
+        }))
+      out.push_back(std::move(*chunked));
+    return out;
+  }
+
   TensorMap reference(const Problem& prob, const P& p) const override {
     // A large-offset cache is compared over the pages the host holds (the rows a device
-    // read-back returns, run/device.cpp). far_rows: the last token alone writes and the host
-    // holds its k row only (the reference quantizes every row it is given).
-    const Tensor& k = prob.arg("k");
-    const Tensor& slots = prob.arg("slot_mapping");
-    const int64_t T = slots.size(0), from = p.far_rows ? T - 1 : 0;
-    return {{"kv_cache",
-             ix::write_k_cache(prob.arg("kv_cache"), k.slice(0, from, k.size(0)),
-                               slots.slice(0, from, T), ix::layout_for_block_size(p.block_size),
-                               p.fp8, quant_max_of(p.fp8, p.quant_max))
-                 .held_rows()}};
+    // read-back returns, run/device.cpp).
+    return {{"kv_cache", written_cache(prob, p).held_rows()}};
   }
 
   std::vector<OutputCheck> checks(const Problem&, const P&, const TensorMap&) const override {
@@ -366,6 +398,19 @@ class IndexerKCacheOp final : public TypedOp<KCacheParams> {
                           "deterministic)"),
              {},
              {}}};
+  }
+
+ private:
+  // The cache as the reference leaves it after `prob`'s tokens (same view, its own storage).
+  // far_rows: the last token alone writes and the host holds its k row only (the reference
+  // quantizes every row it is given).
+  static Tensor written_cache(const Problem& prob, const P& p) {
+    const Tensor& k = prob.arg("k");
+    const Tensor& slots = prob.arg("slot_mapping");
+    const int64_t T = slots.size(0), from = p.far_rows && T > 0 ? T - 1 : 0;
+    return ix::write_k_cache(prob.arg("kv_cache"), k.slice(0, from, k.size(0)),
+                             slots.slice(0, from, T), ix::layout_for_block_size(p.block_size),
+                             p.fp8, quant_max_of(p.fp8, p.quant_max));
   }
 };
 
@@ -437,6 +482,23 @@ class IndexerGatherOp final : public TypedOp<GatherParams> {
     return nlohmann::json::object();
   }
 
+  // Invariance (docs/verification.md "Invariance"): each request's rows are a copy of its own
+  // pages: the requests in another order, the longest alone, the pages shuffled.
+  std::vector<Relation> relations(const Problem& prob) const override {
+    const auto seed = static_cast<uint64_t>(typed(prob).seed);
+    const BatchArgs batch{{"block_table"}, {"k_fp8", "k_scale"}, "cu_seq_lens"};
+    const Tensor& cu = prob.arg("cu_seq_lens");
+    int64_t longest = 0;
+    for (int64_t r = 0; r + 1 < cu.size(0); ++r)
+      if (cu.at<int32_t>({r + 1}) - cu.at<int32_t>({r}) >
+          cu.at<int32_t>({longest + 1}) - cu.at<int32_t>({longest}))
+        longest = r;
+    auto out = permuted_and_alone(prob, batch, longest, seed);
+    if (auto shuffled = shuffled_pages(prob, {"kv_cache"}, "block_table", seed))
+      out.push_back(std::move(*shuffled));
+    return out;
+  }
+
   TensorMap reference(const Problem& prob, const P& p) const override {
     const auto g = ix::gather_k_cache(
         {prob.arg("kv_cache"), p.block_size, ix::layout_for_block_size(p.block_size)},
@@ -456,6 +518,7 @@ class IndexerGatherOp final : public TypedOp<GatherParams> {
 struct QQuantParams : QuantParams {
   int64_t tokens = 16;
   int64_t heads = 64;
+  values::Values values = values::Values::typical;
 };
 
 class IndexerQQuantOp final : public TypedOp<QQuantParams> {
@@ -480,6 +543,7 @@ class IndexerQQuantOp final : public TypedOp<QQuantParams> {
     add_fp8(f);
     add_quant_max(f);
     add_seed(f);
+    values::add_field(f, &P::values, kQuantValues, kQuantValuesHelp);
     return f;
   }
 
@@ -503,6 +567,7 @@ class IndexerQQuantOp final : public TypedOp<QQuantParams> {
     Tensor q = Tensor::empty(DType::bf16, {T, H, ix::kHeadDim});
     fill_quant_rows(q.reshape({T * H, ix::kHeadDim}), c.id, "q", p.seed,
                     quant_max_of(p.fp8, p.quant_max), RowMix::edges);
+    shape_quant_rows(p.values, q);
     // weights_raw is the tail of the fused wk|weights_proj GEMM output [T, 128 + H].
     Tensor kw = Tensor::empty(DType::bf16, {T, ix::kHeadDim + H});
     fill_normal(kw, Rng(c.id, "kw", static_cast<uint64_t>(p.seed)));
@@ -522,6 +587,14 @@ class IndexerQQuantOp final : public TypedOp<QQuantParams> {
 
   nlohmann::json kernel_params(const P& p, const Problem&) const override {
     return quantizer_kernel_params(p);
+  }
+
+  // Invariance (docs/verification.md "Invariance"): tokens are quantized independently: the
+  // tokens in another order, and the second half alone (chunked vs whole).
+  std::vector<Relation> relations(const Problem& prob) const override {
+    BatchArgs tokens{{"q", "weights_raw", "q_fp8", "q_scale", "weights"}, {}, ""};
+    tokens.unit = "token";
+    return permuted_and_chunked(prob, tokens, static_cast<uint64_t>(typed(prob).seed));
   }
 
   TensorMap reference(const Problem& prob, const P& p) const override {

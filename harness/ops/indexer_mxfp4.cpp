@@ -18,6 +18,7 @@
 #include "core/rng.h"
 #include "ops/paged.h"
 #include "ops/typed_op.h"
+#include "ops/values.h"
 #include "reference/indexer_mxfp4.h"
 
 namespace attncheck {
@@ -247,6 +248,24 @@ class IndexerMxfp4KCacheOp final : public TypedOp<KCacheParams> {
     return j;
   }
 
+  // Invariance (docs/verification.md "Invariance"): each token writes only its own slot (slots
+  // are distinct): the tokens in another order, and the second half written alone into the cache
+  // the first half left; the cache compared whole.
+  std::vector<Relation> relations(const Problem& prob) const override {
+    const P& p = typed(prob);
+    BatchArgs tokens{{"slot_mapping", "k"}, {}, ""};
+    tokens.unit = "token";
+    tokens.whole = {"kv_cache"};
+    std::vector<Relation> out;
+    const int64_t T = request_count(prob, tokens);
+    if (T > 1)
+      out.push_back(permuted_requests(prob, tokens, derangement(T, static_cast<uint64_t>(p.seed))));
+    if (auto chunked =
+            chunked_write(prob, tokens, [&](const Problem& first) { return reference(first, p); }))
+      out.push_back(std::move(*chunked));
+    return out;
+  }
+
   TensorMap reference(const Problem& prob, const P& p) const override {
     // A large-offset cache is compared over the pages the host holds (run/device.cpp).
     return {{"kv_cache", mx::write_k_cache(prob.arg("kv_cache"), prob.arg("k"),
@@ -277,6 +296,21 @@ class IndexerMxfp4KCacheOp final : public TypedOp<KCacheParams> {
 // ---------------------------------------------------------------------------------------------
 enum class Scales { model, extreme };
 
+// The logits' value kinds (harness/ops/values.h) on the fp32 head weights, as the fp8 logits ops
+// do (harness/ops/indexer_scores.cpp): typical N(0, 1); large x 2^40 (logits near 2^40, past
+// fp16: a half-precision head sum or store overflows); tiny x 2^-130 (every weight an fp32
+// subnormal: a kernel that flushes them returns 0).
+const std::vector<values::Values> kWeightValues = {values::Values::typical, values::Values::large,
+                                                   values::Values::tiny};
+constexpr const char* kWeightValuesHelp =
+    "head weight distribution (harness/ops/indexer_mxfp4.cpp): typical N(0, 1); large = x 2^40 "
+    "(logits near 2^40); tiny = x 2^-130 (fp32 subnormal weights)";
+
+void shape_weights(values::Values v, const Tensor& w) {
+  if (v == values::Values::large) values::scale_finite(w, std::ldexp(1.0, 40));
+  if (v == values::Values::tiny) values::scale_finite(w, std::ldexp(1.0, -130));
+}
+
 struct LogitsParams {
   int64_t heads = 32;
   int64_t head_dim = 128;
@@ -286,6 +320,7 @@ struct LogitsParams {
   int64_t next_n = 1;
   int64_t max_ctx = 200;
   Scales scales = Scales::model;
+  values::Values values = values::Values::typical;
   mx::KeyFormat format = mx::KeyFormat::mxfp4;
   GlobalScale global_scale = GlobalScale::odd;
   int64_t seed = 0;
@@ -342,6 +377,7 @@ class IndexerMxfp4LogitsDecodeOp final : public TypedOp<LogitsParams> {
                 "extreme: K block 0 scale bytes 0..2 against q bytes 250..252, K block 1 bytes "
                 "250..252 against q bytes 0..2 (products stay fp32-normal); nvfp4: K block 0 "
                 "e4m3 bytes 0x00 (zero), 0x01 (2^-9), 0x7E (448), q unchanged");
+    values::add_field(f, &P::values, kWeightValues, kWeightValuesHelp);
     return add_key_format_fields(f);
   }
 
@@ -411,6 +447,7 @@ class IndexerMxfp4LogitsDecodeOp final : public TypedOp<LogitsParams> {
       }
     Tensor w = Tensor::empty(DType::f32, {B * NN, H});
     fill_normal(w, Rng(c.id, "weights", static_cast<uint64_t>(seed)));
+    shape_weights(prm.values, w);
     const int64_t width = max_ctx + 5;  // columns past every context must read -inf
     Tensor logits_buf = Tensor::empty(DType::f32, {B * NN, width + 16});
     poison(logits_buf);
@@ -434,6 +471,19 @@ class IndexerMxfp4LogitsDecodeOp final : public TypedOp<LogitsParams> {
     nlohmann::json j = {{"n_per_tile", n_per_tile_of(p.layout)}};
     add_format_params(j, p.geometry());
     return j;
+  }
+
+  // Invariance (docs/verification.md "Invariance"): each request's next_n rows read only its q,
+  // scales, weights, length and pages: the requests in another order, the longest alone, the
+  // pages shuffled.
+  std::vector<Relation> relations(const Problem& prob) const override {
+    const auto seed = static_cast<uint64_t>(typed(prob).seed);
+    BatchArgs batch{{"q", "q_scale", "context_lens", "block_table"}, {"weights", "logits"}, ""};
+    batch.tokens_per_request = prob.arg("q").size(1);
+    auto out = permuted_and_alone(prob, batch, longest_request(prob.arg("context_lens")), seed);
+    if (auto shuffled = shuffled_pages(prob, {"kv_cache"}, "block_table", seed))
+      out.push_back(std::move(*shuffled));
+    return out;
   }
 
   TensorMap reference(const Problem& prob, const P& prm) const override {

@@ -167,6 +167,15 @@ class IndexerLogitsPrefillOp final : public TypedOp<LogitsPrefillParams> {
     return {{"fp8_format", fp8_format_name(p.fp8)}};
   }
 
+  // Invariance (docs/verification.md "Invariance"): each query row reads its own q, weights and
+  // window of the shared keys: the rows in another order, and the second half of the rows alone
+  // (prefill over query chunks vs whole).
+  std::vector<Relation> relations(const Problem& prob) const override {
+    BatchArgs rows{{"q", "weights", "cu_seqlen_ks", "cu_seqlen_ke", "logits"}, {}, ""};
+    rows.unit = "query row";
+    return permuted_and_chunked(prob, rows, static_cast<uint64_t>(typed(prob).seed));
+  }
+
   // far_rows: the keys the host holds (the last one) with the windows moved onto them, the
   // logits of the other columns -inf (no window reaches them).
   TensorMap reference(const Problem& prob, const P&) const override {
@@ -321,6 +330,19 @@ class IndexerLogitsDecodeOp final : public TypedOp<LogitsDecodeParams> {
     return {{"fp8_format", fp8_format_name(p.fp8)}, {"chunk_q", p.chunk_q}};
   }
 
+  // Invariance (docs/verification.md "Invariance"): each request's next_n rows read only its q,
+  // weights, length and pages: the requests in another order, the longest alone, the pages
+  // shuffled.
+  std::vector<Relation> relations(const Problem& prob) const override {
+    const auto seed = static_cast<uint64_t>(typed(prob).seed);
+    BatchArgs batch{{"q", "context_lens", "block_table"}, {"weights", "logits"}, ""};
+    batch.tokens_per_request = prob.arg("q").size(1);
+    auto out = permuted_and_alone(prob, batch, longest_request(prob.arg("context_lens")), seed);
+    if (auto shuffled = shuffled_pages(prob, {"kv_cache"}, "block_table", seed))
+      out.push_back(std::move(*shuffled));
+    return out;
+  }
+
   TensorMap reference(const Problem& prob, const P& p) const override {
     return {{"logits", ix::paged_mqa_logits(prob.arg("q"), cache_view(prob, p), prob.arg("weights"),
                                             prob.arg("context_lens"), prob.arg("block_table"),
@@ -453,6 +475,14 @@ class IndexerTopkPrefillOp final : public TypedOp<TopkPrefillParams> {
     return nlohmann::json::object();
   }
 
+  // Invariance (docs/verification.md "Invariance"): each row is ranked alone within its window:
+  // the rows in another order, and the second half alone (chunked vs whole).
+  std::vector<Relation> relations(const Problem& prob) const override {
+    BatchArgs rows{{"logits", "cu_seqlen_ks", "cu_seqlen_ke", "topk_indices"}, {}, ""};
+    rows.unit = "row";
+    return permuted_and_chunked(prob, rows, static_cast<uint64_t>(typed(prob).seed));
+  }
+
   TensorMap reference(const Problem& prob, const P& p) const override {
     return {{"topk_indices", ix::topk_prefill(prob.arg("logits"), prob.arg("cu_seqlen_ks"),
                                               prob.arg("cu_seqlen_ke"), p.topk)}};
@@ -540,6 +570,16 @@ class IndexerTopkDecodeOp final : public TypedOp<TopkDecodeParams> {
 
   nlohmann::json kernel_params(const P& p, const Problem&) const override {
     return {{"next_n", p.next_n}};
+  }
+
+  // Invariance (docs/verification.md "Invariance"): each request's next_n rows are ranked within
+  // its own length: the requests in another order, the longest alone.
+  std::vector<Relation> relations(const Problem& prob) const override {
+    const P& p = typed(prob);
+    BatchArgs batch{{"seq_lens"}, {"logits", "topk_indices"}, ""};
+    batch.tokens_per_request = p.next_n;
+    return permuted_and_alone(prob, batch, longest_request(prob.arg("seq_lens")),
+                              static_cast<uint64_t>(p.seed));
   }
 
   TensorMap reference(const Problem& prob, const P& p) const override {

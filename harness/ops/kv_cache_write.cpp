@@ -261,6 +261,25 @@ class KvCacheWriteOp final : public TypedOp<KvCacheWriteParams> {
     return metadata_variant(prob, {reversed("slot_mapping")});
   }
 
+  // Invariance (docs/verification.md "Invariance"): each token writes only its own slot (slots
+  // are distinct, padding tokens none): the tokens in another order, and the second half written
+  // alone into the caches (and per-token scales) as the first half leaves them; those compared
+  // whole.
+  std::vector<Relation> relations(const Problem& prob) const override {
+    const P& p = typed(prob);
+    BatchArgs tokens{{"slot_mapping", "key", "value"}, {}, ""};
+    tokens.unit = "token";
+    tokens.whole = {"key_cache", "value_cache", "k_dequant_scales", "v_dequant_scales"};
+    const auto seed = static_cast<uint64_t>(p.seed);
+    std::vector<Relation> out;
+    if (const int64_t T = request_count(prob, tokens); T > 1)
+      out.push_back(permuted_requests(prob, tokens, derangement(T, seed)));
+    if (auto chunked =
+            chunked_write(prob, tokens, [&](const Problem& first) { return reference(first, p); }))
+      out.push_back(std::move(*chunked));
+    return out;
+  }
+
   nlohmann::json kernel_params(const P& p, const Problem&) const override {
     const DType cache_dtype = kv_cache_dtype(p.kv, p.dtype);
     nlohmann::json kp;

@@ -145,8 +145,20 @@ class MlaDecodeOp final : public ContractDependentTypedOp<MlaDecodeParams> {
     return kp;
   }
 
+  // Graph replay (docs/verification.md "Graph replay"): captured at half the lengths (never below
+  // the most query tokens of a request, the causal minimum) and another block order, replayed
+  // with the case's own: a maximum length or page indices read on the host at capture are stale.
+  std::optional<GraphVariant> graph_variant(const Problem& prob) const override {
+    const Tensor& qsl = prob.arg("query_start_loc");
+    int64_t qlen = 1;
+    for (int64_t r = 0; r + 1 < qsl.size(0); ++r)
+      qlen = std::max<int64_t>(qlen, qsl.at<int32_t>({r + 1}) - qsl.at<int32_t>({r}));
+    return metadata_variant(prob, {halved("seq_lens", qlen), permuted_block_ids("block_table")});
+  }
+
   // Invariance (docs/verification.md "Invariance"): the requests in another order, the longest
-  // alone, one KV split instead of the kernel's choice, the blocks shuffled.
+  // alone, one KV split instead of the kernel's choice, the blocks shuffled, the same cache at
+  // block size 1 (mla::at_block_size_one).
   std::vector<Relation> relations(const Problem& prob) const override {
     const P& p = typed(prob);
     const BatchArgs batch{{"block_table", "seq_lens"}, {"q", "out", "lse"}, "query_start_loc"};
@@ -164,6 +176,7 @@ class MlaDecodeOp final : public ContractDependentTypedOp<MlaDecodeParams> {
     if (auto shuffled =
             shuffled_pages(prob, {"kv_cache"}, "block_table", static_cast<uint64_t>(p.seed)))
       out.push_back(std::move(*shuffled));
+    if (auto repaged = mla::at_block_size_one(prob, p)) out.push_back(std::move(*repaged));
     return out;
   }
 

@@ -101,6 +101,22 @@ class PageIndicesOp final : public TypedOp<PageIndicesParams> {
     return {{"kernel_block_size", p.block_size}};
   }
 
+  // Graph replay (docs/verification.md "Graph replay"): captured with another block order,
+  // replayed with the case's own: slots (or a table) read on the host at capture are stale. The
+  // lengths stay: the output holds exactly cu_seq_lens[B] slots, so a capture at other lengths
+  // would be another output shape, not other metadata.
+  std::optional<GraphVariant> graph_variant(const Problem& prob) const override {
+    return metadata_variant(prob, {permuted_block_ids("block_table")});
+  }
+
+  // Invariance (docs/verification.md "Invariance"): each request's slots come from its own row
+  // and length: the requests in another order, the longest alone.
+  std::vector<Relation> relations(const Problem& prob) const override {
+    const BatchArgs batch{{"block_table", "seq_lens"}, {"page_indices"}, "cu_seq_lens"};
+    return permuted_and_alone(prob, batch, longest_request(prob.arg("seq_lens")),
+                              static_cast<uint64_t>(typed(prob).seed));
+  }
+
   TensorMap reference(const Problem& prob, const P& p) const override {
     return {{"page_indices",
              ref::page_indices(prob.arg("block_table"), prob.arg("seq_lens"), p.block_size)}};

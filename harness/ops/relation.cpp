@@ -21,7 +21,8 @@ std::vector<Rows> token_rows(const Problem& p, const BatchArgs& args, int64_t re
   std::vector<Rows> rows;
   for (int64_t r = 0; r < requests; ++r) {
     if (args.token_starts.empty()) {
-      rows.emplace_back(r, r + 1);
+      const int64_t n = args.tokens_per_request;
+      rows.emplace_back(r * n, (r + 1) * n);
     } else {
       const Tensor& s = p.arg(args.token_starts);
       rows.emplace_back(s.at<int32_t>({r}), s.at<int32_t>({r + 1}));
@@ -30,12 +31,33 @@ std::vector<Rows> token_rows(const Problem& p, const BatchArgs& args, int64_t re
   return rows;
 }
 
-// A contiguous tensor of `t`'s rows `picked`, in that order.
-Tensor gather_rows(const Tensor& t, const std::vector<Rows>& picked) {
+// Whether `t` is rows of contiguous elements, each row stride(0) apart (padded or not).
+bool padded_rows_layout(const Tensor& t) {
+  if (t.ndim() < 2 || t.size(0) < 1) return false;
+  const Tensor row = t.select(0, 0);
+  return row.is_contiguous() && t.stride(0) >= std::max<int64_t>(row.numel(), 1);
+}
+
+// An empty tensor of `rows` rows laid out as `t`'s: padded rows keep their row stride (the
+// layout the kernel accepted in the case's launch; the gaps hold the byte `t` starts with),
+// anything else contiguous.
+Tensor rows_like(const Tensor& t, int64_t rows) {
   Shape shape = t.shape();
-  shape[0] = 0;
-  for (const auto& [b, e] : picked) shape[0] += e - b;
-  Tensor out = Tensor::empty(t.dtype(), shape);
+  shape[0] = rows;
+  if (t.storage()->sparse() || !padded_rows_layout(t) || t.stride(0) == t.select(0, 0).numel())
+    return Tensor::empty(t.dtype(), shape);
+  Shape strides = Tensor::contiguous_strides(shape);
+  strides[0] = t.stride(0);
+  const std::byte gap = *t.data();
+  return Tensor::filled_bytes(t.dtype(), {std::max<int64_t>(rows, 1) * t.stride(0)}, gap)
+      .as_strided(shape, strides, 0);
+}
+
+// A tensor of `t`'s rows `picked`, in that order, laid out as `t` (rows_like).
+Tensor gather_rows(const Tensor& t, const std::vector<Rows>& picked) {
+  int64_t rows = 0;
+  for (const auto& [b, e] : picked) rows += e - b;
+  Tensor out = rows_like(t, rows);
   int64_t at = 0;
   for (const auto& [b, e] : picked) {
     if (e > b) out.slice(0, at, at + e - b).copy_from(t.slice(0, b, e));
@@ -88,6 +110,10 @@ Relation select_requests(const Problem& p, const BatchArgs& args,
       const auto f = first.find(name);
       const auto g = got.find(name);
       if (f == first.end() || g == got.end()) continue;
+      if (listed(args.whole, name)) {
+        out.emplace(name, g->second);
+        continue;
+      }
       Tensor merged = f->second.clone();
       const bool per_request = listed(args.per_request, name);
       if (per_request || listed(args.per_token, name)) {
@@ -117,6 +143,62 @@ void copy_page(Tensor to, const Tensor& from) {
 
 std::vector<std::string> known_properties() {
   return {kBatchInvariant, kBatchOrderInvariant, kSplitInvariant, kPageOrderInvariant};
+}
+
+Relation requests_alone(const Problem& p, const BatchArgs& args, int64_t begin, int64_t end) {
+  const int64_t n = request_count(p, args);
+  if (begin < 0 || end > n || begin >= end)
+    throw std::logic_error("relation: chunk [" + std::to_string(begin) + ", " +
+                           std::to_string(end) + ") is not inside [0, " + std::to_string(n) + ")");
+  std::vector<int64_t> picked(static_cast<size_t>(end - begin));
+  std::iota(picked.begin(), picked.end(), begin);
+  Relation rel = select_requests(p, args, picked);
+  rel.name = args.unit + "s [" + std::to_string(begin) + ", " + std::to_string(end) +
+             ") alone vs the whole " + std::to_string(n) + " (chunked)";
+  rel.bitwise_under = {kBatchInvariant};
+  return rel;
+}
+
+std::vector<Relation> permuted_and_alone(const Problem& p, const BatchArgs& args, int64_t alone,
+                                         uint64_t seed) {
+  const int64_t n = request_count(p, args);
+  if (n < 2) return {};
+  return {permuted_requests(p, args, derangement(n, seed)), request_alone(p, args, alone)};
+}
+
+std::vector<Relation> permuted_and_chunked(const Problem& p, const BatchArgs& args, uint64_t seed) {
+  const int64_t n = request_count(p, args);
+  if (n < 2) return {};
+  return {permuted_requests(p, args, derangement(n, seed)), requests_alone(p, args, n / 2, n)};
+}
+
+std::optional<Relation> chunked_write(const Problem& p, const BatchArgs& tokens,
+                                      const std::function<TensorMap(const Problem&)>& write_first) {
+  const int64_t n = request_count(p, tokens);
+  std::vector<std::string> written;
+  for (const auto& name : tokens.whole) {
+    if (!p.has_arg(name)) continue;
+    if (p.arg(name).storage()->sparse()) return std::nullopt;
+    written.push_back(name);
+  }
+  if (n < 2 || written.empty()) return std::nullopt;
+  Relation rel = requests_alone(p, tokens, n / 2, n);
+  const TensorMap before = write_first(requests_alone(p, tokens, 0, n / 2).problem);
+  // Own copies of the outputs' storages (K and V caches may share one), their views then
+  // overwritten element by element: bytes outside the views stay the case's.
+  std::map<const Storage*, std::shared_ptr<Storage>> copies;
+  for (const auto& name : written) {
+    const auto& s = p.arg(name).storage();
+    if (!copies.count(s.get())) copies[s.get()] = std::make_shared<Storage>(*s);
+  }
+  for (auto& a : rel.problem.args) {
+    const auto it = copies.find(a.tensor.storage().get());
+    if (it != copies.end()) a.tensor = a.tensor.rebased(it->second);
+  }
+  for (const auto& name : written) rel.problem.arg(name).copy_from(before.at(name));
+  rel.name +=
+      ", into the outputs as " + tokens.unit + "s [0, " + std::to_string(n / 2) + ") leave them";
+  return rel;
 }
 
 int64_t request_count(const Problem& p, const BatchArgs& args) {

@@ -39,16 +39,37 @@ struct Relation {
 struct BatchArgs {
   std::vector<std::string> per_request;  // dim 0 = request (lengths, block table rows)
   std::vector<std::string> per_token;    // dim 0 = query token (q, out, lse)
-  // int32 [B + 1] prefix sums of tokens per request ("query_start_loc"); "": one token per
-  // request, and per_token args are indexed by request.
+  // int32 [B + 1] prefix sums of tokens per request ("query_start_loc"); "": every request has
+  // `tokens_per_request` consecutive rows of the per_token args (next_n decode rows).
   std::string token_starts;
   std::string unit = "request";  // what one row of per_request is, in relation names ("token")
+  int64_t tokens_per_request = 1;
+  // Outputs the transformed launch produces as a whole (a cache the tokens write into): taken
+  // from it unchanged, not row by row.
+  std::vector<std::string> whole = {};
 };
 
 // The requests of `p` in `order` (a permutation of [0, B)), outputs un-permuted.
 Relation permuted_requests(const Problem& p, const BatchArgs& args, std::vector<int64_t> order);
 // Request `r` alone as a batch of one; its rows replace the first launch's rows.
 Relation request_alone(const Problem& p, const BatchArgs& args, int64_t r);
+// The requests [begin, end) alone, as the batch of a launch of their own: a chunk of the batch
+// (chunked prefill over query rows, a writer over token chunks); their rows replace the first
+// launch's.
+Relation requests_alone(const Problem& p, const BatchArgs& args, int64_t begin, int64_t end);
+// The usual relations of a batch, for two or more requests (none otherwise): the requests in a
+// derangement seeded by `seed`, and request `alone` as a batch of one.
+std::vector<Relation> permuted_and_alone(const Problem& p, const BatchArgs& args, int64_t alone,
+                                         uint64_t seed);
+// Rows independent of each other (query rows, tokens), for two or more: the rows in a derangement
+// and the second half [n/2, n) as a launch of its own (chunked vs whole).
+std::vector<Relation> permuted_and_chunked(const Problem& p, const BatchArgs& args, uint64_t seed);
+// A writer over token chunks: tokens [T/2, T) alone, written into the outputs `tokens.whole`
+// (the caches, inout) as `write_first` (the op's reference) leaves them after tokens [0, T/2);
+// those outputs are compared whole with the case's launch. nullopt for fewer than 2 tokens or an
+// output on a sparse storage.
+std::optional<Relation> chunked_write(const Problem& p, const BatchArgs& tokens,
+                                      const std::function<TensorMap(const Problem&)>& write_first);
 // The request with the most tokens in `seq_lens` (int32 [B]; the first of equals).
 int64_t longest_request(const Tensor& seq_lens);
 // The number of requests (dim 0 of the first per_request arg).

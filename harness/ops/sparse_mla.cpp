@@ -167,9 +167,18 @@ class SparseMlaOp final : public ContractDependentTypedOp<SparseMlaParams> {
     return mla::common_kernel_params(p);
   }
 
+  // Graph replay (docs/verification.md "Graph replay"): captured with the second half of each
+  // token's top-k indices -1 (every row shorter) and another block order, replayed with the case's
+  // own: row lengths, their maximum or an indptr read on the host at capture are stale.
+  std::optional<GraphVariant> graph_variant(const Problem& prob) const override {
+    return metadata_variant(
+        prob, {second_half_dropped("topk_indices"), permuted_block_ids("block_table")});
+  }
+
   // Invariance (docs/verification.md "Invariance"): tokens are independent rows (their request
   // id and top-k row travel with them): the tokens in another order, the last token alone, one
-  // KV split instead of the kernel's choice, the blocks shuffled.
+  // KV split instead of the kernel's choice, the blocks shuffled, the same cache at block size 1
+  // (mla::at_block_size_one).
   std::vector<Relation> relations(const Problem& prob) const override {
     const P& p = typed(prob);
     BatchArgs tokens{{"q", "req_id_per_token", "topk_indices", "out", "lse"}, {}, ""};
@@ -187,6 +196,7 @@ class SparseMlaOp final : public ContractDependentTypedOp<SparseMlaParams> {
     if (auto shuffled =
             shuffled_pages(prob, {"kv_cache"}, "block_table", static_cast<uint64_t>(p.seed)))
       out.push_back(std::move(*shuffled));
+    if (auto repaged = mla::at_block_size_one(prob, p)) out.push_back(std::move(*repaged));
     return out;
   }
 

@@ -12,12 +12,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <string>
 #include <vector>
 
 #include "ops/op.h"
+#include "ops/values.h"
 #include "ops/tests/registered_op.h"
 #include "core/numeric.h"
 #include "reference/indexer.h"
@@ -489,6 +491,80 @@ TEST(Values, FlushedSubnormalWeightsFailOnlyTiny) {
       std::printf("%-23s %-8s %5lld subnormal weights; flushed to 0: %s\n", name, kind,
                   static_cast<long long>(subnormal), passed ? "passes" : "fails");
     }
+  }
+}
+
+// The fp8 quantizers' `large` rows (issue 37 item 3): a large case's rows scaled back by 2^-112
+// (exact: powers of two in bf16's range) quantize to the same codes, and every scale (and
+// q_quant's weight) of a row above the amax floor is 2^-112 times the large case's: the kind moves
+// only the scales, to near the top of fp32.
+Problem scaled_back(Problem p, const char* arg) {
+  Tensor t = p.arg(arg).clone();
+  values::scale_finite(t, std::ldexp(1.0, -112));
+  p.arg(arg) = t;
+  return p;
+}
+
+TEST(Values, LargeQuantizerRowsMoveOnlyTheScales) {
+  const double factor = std::ldexp(1.0, 112);
+  {
+    const Op& o = registered_op("indexer_q_quant");
+    const Problem pl = o.make(o.make_case({{"tokens", 5}, {"heads", 8}, {"values", "large"}}));
+    const TensorMap l = o.reference(pl), t = o.reference(scaled_back(pl, "q"));
+    EXPECT_EQ(t.at("q_fp8").to_vector(), l.at("q_fp8").to_vector());
+    const auto ts = t.at("q_scale").to_vector(), ls = l.at("q_scale").to_vector();
+    const auto tw = t.at("weights").to_vector(), lw = l.at("weights").to_vector();
+    int64_t moved = 0;
+    for (size_t i = 0; i < ts.size(); ++i)
+      if (ts[i] > 1e-9) {  // rows above the amax floor (zero rows keep the floored scale)
+        EXPECT_EQ(ls[i], ts[i] * factor) << i;
+        EXPECT_EQ(lw[i], tw[i] * factor) << i;
+        ++moved;
+      }
+    EXPECT_GT(moved, 30);
+    EXPECT_GT(*std::max_element(ls.begin(), ls.end()), std::ldexp(1.0, 110));
+  }
+  const Op& o = registered_op("indexer_k_cache");
+  const Problem pl = o.make(o.make_case({{"tokens", 20}, {"block_size", 1}, {"values", "large"}}));
+  const Tensor cl = o.reference(pl).at("kv_cache"),
+               ct = o.reference(scaled_back(pl, "k")).at("kv_cache");
+  int64_t codes_equal = 0, scales_moved = 0;
+  // Block size 1 (NORMAL): each page is one token's 128 codes, then its fp32 scale.
+  for (int64_t page = 0; page < ct.size(0); ++page) {
+    bool same = true;
+    for (int64_t d = 0; d < 128; ++d)
+      same = same && ct.get_bits({page, 0, d}) == cl.get_bits({page, 0, d});
+    codes_equal += same;
+    float st = 0, sl = 0;
+    std::memcpy(&st, ct.element_ptr(Index{page, 0, 128}), 4);
+    std::memcpy(&sl, cl.element_ptr(Index{page, 0, 128}), 4);
+    scales_moved +=
+        std::isfinite(st) && st > 1e-4f / 448 * 2 && sl == st * static_cast<float>(factor);
+  }
+  EXPECT_EQ(codes_equal, ct.size(0));
+  EXPECT_GT(scales_moved, 8);
+}
+
+// indexer_mxfp4_logits_decode's weight kinds (each case id seeds its own N(0, 1) weights): large
+// puts the largest |w| near 2^40, tiny makes every weight a nonzero fp32 subnormal.
+TEST(Values, Mxfp4LogitsWeightKinds) {
+  const Op& o = registered_op("indexer_mxfp4_logits_decode");
+  const auto weights = [&](const char* kind) {
+    return o.make(o.make_case({{"heads", 8}, {"batch", 2}, {"max_ctx", 30}, {"values", kind}}))
+        .arg("weights")
+        .to_vector();
+  };
+  const auto largest = [](const std::vector<double>& w) {
+    double m = 0;
+    for (const double x : w) m = std::max(m, std::fabs(x));
+    return m;
+  };
+  EXPECT_LT(largest(weights("typical")), 8.0);
+  EXPECT_GT(largest(weights("large")), std::ldexp(1.0, 39));
+  EXPECT_LT(largest(weights("large")), std::ldexp(1.0, 43));
+  for (const double w : weights("tiny")) {
+    EXPECT_LT(std::fabs(w), std::numeric_limits<float>::min());
+    EXPECT_NE(w, 0.0);
   }
 }
 

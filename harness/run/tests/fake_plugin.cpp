@@ -388,7 +388,12 @@ int run_impl(const char* op_name, const char* params_json, const attncheck_arg* 
   p.kernel = op_name;
   {
     std::lock_guard<std::mutex> lock(g_mutex);
-    p.params = op->bind_any(g_case_params);
+    Params typed = g_case_params;
+    // The launch's kernel block size wins over the case's: an invariance relation re-views the
+    // MLA cache at block size 1 (ops/mla_inputs.h at_block_size_one) within the same case.
+    if (params.contains("kernel_block_size") && typed.contains("block_size"))
+      typed["block_size"] = params["kernel_block_size"];
+    p.params = op->bind_any(typed);
   }
   for (int i = 0; i < n_args; ++i) {
     const DLTensor& t = args[i].tensor;

@@ -61,6 +61,19 @@ TEST(GraphVariant, ReversalChangesOnlyUnequalElements) {
   EXPECT_FALSE(reverse_elements(i32({3, 3, 3})));
 }
 
+TEST(GraphVariant, DroppedSecondHalfKeepsEachRowsFirstIndices) {
+  Tensor idx = Tensor::full(DType::i32, {3, 4}, -1);
+  for (int32_t j = 0; j < 4; ++j) idx.at<int32_t>({0, j}) = 10 + j;  // 4 valid: keeps 2
+  idx.at<int32_t>({1, 1}) = 7;                                       // 1 valid: keeps it
+  idx.at<int32_t>({2, 0}) = 3, idx.at<int32_t>({2, 2}) = 5, idx.at<int32_t>({2, 3}) = 6;  // 3: 2
+  EXPECT_TRUE(drop_second_half(idx));
+  EXPECT_EQ(values(idx), (std::vector<int32_t>{10, 11, -1, -1, -1, 7, -1, -1, 3, -1, 5, -1}));
+  Tensor one = Tensor::full(DType::i32, {1, 3}, -1);
+  one.at<int32_t>({0, 2}) = 4;
+  EXPECT_FALSE(drop_second_half(one));
+  EXPECT_THROW(drop_second_half(i32({1, 2})), std::invalid_argument);
+}
+
 Problem two_arg_problem() {
   Problem p;
   p.kernel = "k";
@@ -102,8 +115,8 @@ TEST(GraphVariant, WrongDeclarationsAreNamed) {
 // Every op that declares metadata gives a valid variant of its default case: same structure,
 // only the declared inputs changed.
 TEST(GraphVariant, DeclaringOpsGiveValidVariantsOfTheirDefaultCases) {
-  for (const char* name :
-       {"decode_attention", "kv_gather", "kv_cache_write", "rope", "indexer_logits_decode"}) {
+  for (const char* name : {"decode_attention", "kv_gather", "kv_cache_write", "rope",
+                           "indexer_logits_decode", "mla_decode", "sparse_mla", "page_indices"}) {
     const Op* op = find_op(name);
     ASSERT_NE(op, nullptr) << name;
     const Problem p = op->problem(op->make_case(Params::object()));
@@ -111,6 +124,32 @@ TEST(GraphVariant, DeclaringOpsGiveValidVariantsOfTheirDefaultCases) {
     ASSERT_TRUE(v.has_value()) << name << ": the default case changes no metadata";
     EXPECT_EQ(graph_variant_error(p, *v), "") << name;
     EXPECT_FALSE(v->how.empty()) << name;
+  }
+}
+
+// The wrappers that read metadata on the host (mla_decode, sparse_mla, page_indices): their
+// variants are valid problems of the op (the reference takes them) whose answer fails the case's
+// checks, so a replay that kept the capture's metadata fails; over their quick-tier shapes.
+TEST(GraphVariant, HostMetadataOpsGiveVariantsWhoseStaleAnswerFails) {
+  const std::vector<std::pair<const char*, Params>> cases = {
+      {"mla_decode", Params::object()},
+      {"mla_decode", {{"qlen", 3}, {"batch", 3}, {"block_size", 1}}},
+      {"sparse_mla", Params::object()},
+      {"sparse_mla", {{"pattern", "holes"}, {"qlen", 2}}},
+      {"page_indices", Params::object()},
+      {"page_indices", {{"table", "strided"}, {"block_size", 1}}}};
+  for (const auto& [name, given] : cases) {
+    const Op* op = find_op(name);
+    const Problem p = op->problem(op->make_case(given));
+    const auto v = op->graph_variant(p);
+    ASSERT_TRUE(v.has_value()) << name << " " << given.dump();
+    ASSERT_EQ(graph_variant_error(p, *v), "") << name;
+    const TensorMap expected = op->reference(p);
+    bool failed = false;
+    for (const auto& c :
+         check_outputs(op->checks(p, expected), expected, op->reference(v->capture)))
+      failed = failed || !c.passed;
+    EXPECT_TRUE(failed) << name << " " << given.dump() << ": " << v->how;
   }
 }
 
@@ -195,7 +234,8 @@ class FakeGraphs : public ::testing::Test {
 };
 
 TEST_F(FakeGraphs, ACorrectCaptureReplaysWithinBudget) {
-  for (const char* op : {"decode_attention", "rope", "kv_cache_write"}) {
+  for (const char* op :
+       {"decode_attention", "rope", "kv_cache_write", "mla_decode", "sparse_mla", "page_indices"}) {
     const Result r = run(*lib_, op, nullptr);
     EXPECT_EQ(r.verdict, Verdict::passed) << op << ": " << r.message;
     EXPECT_TRUE(contains(r.message, "graph replay within budget")) << op << ": " << r.message;
@@ -203,7 +243,8 @@ TEST_F(FakeGraphs, ACorrectCaptureReplaysWithinBudget) {
 }
 
 TEST_F(FakeGraphs, BakedMetadataFailsNamingGraphReplay) {
-  for (const char* op : {"decode_attention", "rope", "kv_cache_write"}) {
+  for (const char* op :
+       {"decode_attention", "rope", "kv_cache_write", "mla_decode", "sparse_mla", "page_indices"}) {
     const Result r = run(*lib_, op, "bake");
     EXPECT_EQ(r.verdict, Verdict::failed) << op << ": " << r.message;
     EXPECT_TRUE(contains(r.message, "graph replay (captured with")) << op << ": " << r.message;

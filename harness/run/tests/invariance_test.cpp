@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <map>
 #include <set>
 
 #include "ops/relation.h"
@@ -92,6 +93,101 @@ TEST(Relations, MappedBackReferenceIsTheCasesReference) {
           ASSERT_LE(std::fabs(want[i] - got[i]), 1e-9 * (1 + std::fabs(want[i])))
               << op_name << ": " << rel.name << ": '" << name << "' element " << i;
       }
+    }
+  }
+}
+
+// The indexer ops and page_indices (issue 37): which relations each declares on a small case,
+// by name; every one keeps the logical problem (the reference mapped back is the case's, exactly:
+// these references are row-wise or bitwise).
+const std::vector<std::pair<const char*, Params>>& indexer_cases() {
+  static const std::vector<std::pair<const char*, Params>> cases = {
+      {"indexer_k_cache", {{"tokens", 40}, {"block_size", 16}}},
+      {"indexer_k_cache", {{"tokens", 9}, {"block_size", 1}, {"k_stride", 192}}},
+      {"indexer_gather", {{"batch", 3}, {"max_ctx", 70}, {"block_size", 16}}},
+      {"indexer_q_quant", {{"tokens", 6}, {"heads", 8}}},
+      {"indexer_logits_prefill", {{"heads", 16}, {"max_ctx", 40}, {"qlen", 6}}},
+      {"indexer_logits_decode", {{"heads", 16}, {"batch", 3}, {"next_n", 2}, {"max_ctx", 70}}},
+      {"indexer_topk_prefill", {{"topk", 8}, {"max_ctx", 40}, {"qlen", 6}}},
+      {"indexer_topk_decode", {{"topk", 8}, {"batch", 4}, {"next_n", 2}, {"max_ctx", 40}}},
+      {"indexer_mxfp4_k_cache", {{"tokens", 20}}},
+      {"indexer_mxfp4_logits_decode", {{"heads", 8}, {"batch", 3}, {"next_n", 2}}},
+      {"page_indices", {{"batch", 4}, {"max_ctx", 60}}},
+      {"kv_cache_write", {{"tokens", 24}}},
+      {"kv_cache_write", {{"tokens", 15}, {"kv", "e4m3fn"}, {"key", "qkv"}, {"layout", "shuffle"}}},
+      {"kv_cache_write",
+       {{"quant", "per_token"}, {"layout", "paged"}, {"kv", "e4m3fnuz"}, {"rows", "zero_tiny"}}}};
+  return cases;
+}
+
+TEST(Relations, IndexerOpsDeclareTheirRelations) {
+  const std::map<std::string, std::vector<std::string>> want = {
+      {"indexer_k_cache",
+       {"token permutation [",
+        "tokens [20, 40) alone vs the whole 40 "
+        "(chunked), into the outputs as tokens [0, 20)"}},
+      {"indexer_gather", {"batch permutation [", "alone vs in the batch of 3", "shuffled"}},
+      {"indexer_q_quant", {"token permutation [", "tokens [3, 6) alone vs the whole 6"}},
+      {"indexer_logits_prefill", {"query row permutation [", "query rows ["}},
+      {"indexer_logits_decode", {"batch permutation [", "alone vs in the batch of 3", "shuffled"}},
+      {"indexer_topk_prefill", {"row permutation [", "rows ["}},
+      {"indexer_topk_decode", {"batch permutation [", "alone vs in the batch of 4"}},
+      {"indexer_mxfp4_k_cache", {"token permutation [", "(chunked), into the outputs"}},
+      {"kv_cache_write",
+       {"token permutation [", "tokens [12, 24) alone vs the whole 24 (chunked)"}},
+      {"indexer_mxfp4_logits_decode",
+       {"batch permutation [", "alone vs in the batch of 3", "shuffled"}},
+      {"page_indices", {"batch permutation [", "alone vs in the batch of 4"}}};
+  std::set<std::string> seen;
+  for (const auto& [op_name, given] : indexer_cases()) {
+    if (!seen.insert(op_name).second) continue;
+    const Op* op = find_op(op_name);
+    const auto rels = op->relations(op->problem(op->make_case(given)));
+    const auto& names = want.at(op_name);
+    ASSERT_EQ(rels.size(), names.size()) << op_name;
+    for (size_t i = 0; i < names.size(); ++i)
+      EXPECT_TRUE(contains(rels[i].name, names[i])) << op_name << ": " << rels[i].name;
+  }
+}
+
+TEST(Relations, IndexerRelationsKeepTheLogicalProblem) {
+  for (const auto& [op_name, given] : indexer_cases()) {
+    const Op* op = find_op(op_name);
+    const Problem p = op->problem(op->make_case(given));
+    const TensorMap expected = op->reference(p);
+    const auto rels = op->relations(p);
+    ASSERT_FALSE(rels.empty()) << op_name;
+    for (const auto& rel : rels) {
+      const TensorMap mapped = rel.back(op->reference(rel.problem), expected);
+      for (const auto& [name, t] : expected) {
+        const auto want = t.to_vector(), got = mapped.at(name).to_vector();
+        ASSERT_EQ(want.size(), got.size()) << op_name << ": " << rel.name;
+        for (size_t i = 0; i < want.size(); ++i)
+          ASSERT_TRUE(want[i] == got[i] || (std::isnan(want[i]) && std::isnan(got[i])))
+              << op_name << ": " << rel.name << ": '" << name << "' element " << i << ": "
+              << want[i] << " vs " << got[i];
+      }
+    }
+  }
+}
+
+// The chunked write is not vacuous: a writer that starts the second chunk from the case's
+// original cache (losing the first chunk's tokens, as one rewriting whole pages from scratch
+// would) fails it.
+TEST(Relations, ChunkedWriteSeesAWriterThatLosesTheFirstChunk) {
+  for (const char* op_name : {"indexer_k_cache", "indexer_mxfp4_k_cache", "kv_cache_write"}) {
+    const Op* op = find_op(op_name);
+    const Problem p = op->problem(op->make_case({{"tokens", 24}}));
+    const TensorMap expected = op->reference(p);
+    for (const auto& rel : op->relations(p)) {
+      if (!contains(rel.name, "chunked")) continue;
+      Problem lost = rel.problem;
+      for (const auto& [name, t] : expected) lost.arg(name) = p.arg(name);
+      const TensorMap mapped = rel.back(op->reference(lost), expected);
+      bool same = true;
+      for (const auto& c : check_outputs(op->checks(p, expected), expected, mapped))
+        same = same && c.passed;
+      EXPECT_FALSE(same) << op_name << ": " << rel.name;
     }
   }
 }
