@@ -79,7 +79,7 @@ Problem Op::problem(const Case& c) const {
       {"op", name()},
       {"id", c.id},
       {"params", c.params},
-      {"invalid", p.expect_refusal.empty() ? nlohmann::json() : nlohmann::json(p.expect_refusal)},
+      {"invalid", p.expect_refusal ? nlohmann::json(*p.expect_refusal) : nlohmann::json()},
       {"fields", field_list()}};
   if (p.kernel.empty()) p.kernel = name();
   const auto entries = kernel_entries();

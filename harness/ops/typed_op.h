@@ -286,7 +286,7 @@ class TypedOp : public Op {
       if (p.storage_offset) shift_storages(prob);
     prob.params = p;
     prob.kernel_params = kernel_params(p, prob);
-    prob.expect_refusal = invalid(p).value_or("");
+    prob.expect_refusal = invalid(p);
     return prob;
   }
   // far_rows cases: the reference and the budgets see the last row (all the host holds).

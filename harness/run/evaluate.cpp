@@ -395,7 +395,7 @@ void judge_refusal(Result& r, const Problem& p, const std::optional<GoldenCase>&
     if (!golden) {
       r.verdict = Verdict::skipped;
       r.message = "nothing compared: no golden for this case; invalid configuration (" +
-                  p.expect_refusal + ")" + not_checked;
+                  p.expect_refusal.value_or("") + ")" + not_checked;
       return;
     }
     r.mode = Mode::reference;
@@ -404,12 +404,12 @@ void judge_refusal(Result& r, const Problem& p, const std::optional<GoldenCase>&
     if (!digests.empty())
       problems.push_back("inputs differ from those the golden was computed from (" + digests +
                          "): the input generator changed; regenerate the golden deliberately");
-    if (p.expect_refusal.empty() != golden->expect_refusal.empty())
-      problems.push_back(p.expect_refusal.empty()
+    if (p.expect_refusal.has_value() != golden->expect_refusal.has_value())
+      problems.push_back(!p.expect_refusal
                              ? "the golden marks this case invalid, the op now accepts it"
                              : "the op now marks this case invalid, the golden holds outputs");
     r.verdict = problems.empty() ? Verdict::refused_as_expected : Verdict::failed;
-    r.message = problems.empty() ? "invalid configuration (" + p.expect_refusal +
+    r.message = problems.empty() ? "invalid configuration (" + p.expect_refusal.value_or("") +
                                        "), as the golden records" + not_checked
                                  : join(problems);
     return;
@@ -422,7 +422,7 @@ void judge_refusal(Result& r, const Problem& p, const std::optional<GoldenCase>&
                                      : "refused, but wrote: " + join(o.violations);
   } else if (o.status == ATTNCHECK_OK) {
     r.verdict = Verdict::failed;
-    r.message = "kernel ran an invalid configuration (" + p.expect_refusal + ")";
+    r.message = "kernel ran an invalid configuration (" + p.expect_refusal.value_or("") + ")";
   } else {
     launch_failed(r, o, "instead of refusing: ");
   }
@@ -487,11 +487,11 @@ void evaluate_kernel(Result& r, const Op& op, const Case& c, const Problem& p,
     return;
   }
   r.mode = Mode::kernel;
-  if (!p.expect_refusal.empty()) return judge_refusal(r, p, golden, ctx);
+  if (p.expect_refusal) return judge_refusal(r, p, golden, ctx);
 
   TensorMap expected;
   bool golden_fits = false;
-  if (ctx.golden_as_expected && golden && golden->expect_refusal.empty()) {
+  if (ctx.golden_as_expected && golden && !golden->expect_refusal) {
     const PhaseClock clock(r.timings.golden_ms);  // the inputs' digests against the golden's
     golden_fits = golden->input_digests == input_digests(p);
   }
@@ -718,7 +718,7 @@ Result evaluate_timed(const Case& c, const EvalContext& ctx, CaseArtifacts* arti
         return r;
       }
     }
-    if (!ctx.device && (!p.expect_refusal.empty() || (golden && !golden->expect_refusal.empty())))
+    if (!ctx.device && (p.expect_refusal || (golden && golden->expect_refusal)))
       judge_refusal(r, p, golden, ctx);
     else if (ctx.device) {
       evaluate_kernel(r, *op, c, p, golden, ctx, artifacts);
