@@ -1,8 +1,9 @@
 // One op family = one Op: its axes, how a case becomes kernel arguments (inputs generated
 // deterministically from the case id), the reference outputs, and how each output is checked.
-// Adding an op touches reference/, kernels_under_test/, harness/ops/ and cases/ once each.
+// Every op is a TypedOp<P> (ops/typed_op.h); Op is the type-erased face the run machinery holds.
+// Adding an op touches reference/, kernels_under_test/, harness/ops/, cases/, golden/ and
+// docs/ops/ (README.md "Adding an op").
 #pragma once
-#include <any>
 #include <map>
 #include <memory>
 #include <optional>
