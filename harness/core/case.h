@@ -52,7 +52,9 @@ struct Problem {
   std::vector<Arg> args;
   Params kernel_params = Params::object();  // scalars for the kernel (JSON object)
   std::string kernel;                       // the kernel entry to launch (Op::make sets it)
-  std::string expect_refusal;  // non-empty: invalid configuration, the kernel must refuse (reason)
+  // Set for an invalid configuration: the kernel must refuse it, for this reason (the op's
+  // TypedOp::invalid).
+  std::optional<std::string> expect_refusal;
   std::any params;  // the op's typed parameters (ops/typed_op.h), for reference() and checks()
   // What the kernel library may learn of the case (the ABI's case_context): set by Op::problem.
   nlohmann::json case_context;

@@ -79,7 +79,7 @@ Problem Op::problem(const Case& c) const {
       {"op", name()},
       {"id", c.id},
       {"params", c.params},
-      {"invalid", p.expect_refusal.empty() ? nlohmann::json() : nlohmann::json(p.expect_refusal)},
+      {"invalid", p.expect_refusal ? nlohmann::json(*p.expect_refusal) : nlohmann::json()},
       {"fields", field_list()}};
   if (p.kernel.empty()) p.kernel = name();
   const auto entries = kernel_entries();
@@ -101,34 +101,11 @@ std::string Op::vars(const Params& p) const {
 }
 
 Params Op::complete(const Params& given) const {
-  if (!given.is_object()) throw std::invalid_argument(name() + ": case parameters must be a table");
-  const auto ax = axes();
-  for (const auto& item : given.items()) {
-    const std::string& k = item.key();  // a plain name: clang 14 cannot capture a binding
-    if (std::none_of(ax.begin(), ax.end(), [&](const Axis& a) { return a.name == k; })) {
-      std::string known;
-      for (const auto& a : ax) known += (known.empty() ? "" : ", ") + a.name;
-      throw std::invalid_argument(name() + ": unknown axis '" + k + "' (known: " + known + ")");
-    }
-  }
+  if (const auto problem = value_problem(given); problem && !problem->out_of_bounds)
+    throw std::invalid_argument(name() + ": " + problem->what);
   Params p = Params::object();
-  for (const auto& a : ax) {
-    nlohmann::json v = given.contains(a.name) ? given.at(a.name) : a.default_value;
-    const bool num_ok = v.is_number() && a.default_value.is_number();
-    if (v.type() != a.default_value.type() && !num_ok)
-      throw std::invalid_argument(name() + ": axis '" + a.name + "' expects a " +
-                                  a.default_value.type_name() + ", got " + v.dump());
-    if (a.default_value.is_number_integer() && !v.is_number_integer())
-      throw std::invalid_argument(name() + ": axis '" + a.name + "' expects an integer, got " +
-                                  v.dump());
-    if (!a.allowed.empty() && std::find(a.allowed.begin(), a.allowed.end(), v) == a.allowed.end()) {
-      std::string ok;
-      for (const auto& x : a.allowed) ok += (ok.empty() ? "" : ", ") + x.dump();
-      throw std::invalid_argument(name() + ": axis '" + a.name + "' value " + v.dump() +
-                                  " is not one of " + ok);
-    }
-    p[a.name] = v;
-  }
+  for (const auto& a : axes())
+    p[a.name] = given.contains(a.name) ? given.at(a.name) : a.default_value;
   return p;
 }
 
@@ -211,16 +188,31 @@ SizeLimits size_limits() {
   return l;
 }
 
-std::optional<std::string> Op::size_error(const Params& params, const SizeLimits& limits) const {
-  const auto ax = axes();
-  for (const auto& a : ax) {
-    const auto it = params.find(a.name);
-    if (it == params.end() || !it->is_number()) continue;
-    const double v = it->get<double>();
-    if (!(v >= a.min && v <= a.max))
-      return "axis '" + a.name + "' = " + it->dump() + " is outside op '" + name() +
-             "''s bounds [" + number_text(a.min) + ", " + number_text(a.max) + "]";
+std::optional<ValueProblem> axis_value_problem(const std::string& op, const Axis& a,
+                                               const nlohmann::json& v) {
+  const bool num_ok = v.is_number() && a.default_value.is_number();
+  if (v.type() != a.default_value.type() && !num_ok)
+    return ValueProblem{"axis '" + a.name + "' expects a " + a.default_value.type_name() +
+                        ", got " + v.dump()};
+  if (a.default_value.is_number_integer() && !v.is_number_integer())
+    return ValueProblem{"axis '" + a.name + "' expects an integer, got " + v.dump()};
+  if (a.type == FieldType::dtype && !parse_dtype(v.get<std::string>()))
+    return ValueProblem{"axis '" + a.name + "' value " + v.dump() + " is no dtype name"};
+  if (!a.allowed.empty() && std::find(a.allowed.begin(), a.allowed.end(), v) == a.allowed.end()) {
+    std::string ok;
+    for (const auto& x : a.allowed) ok += (ok.empty() ? "" : ", ") + x.dump();
+    return ValueProblem{"axis '" + a.name + "' value " + v.dump() + " is not one of " + ok};
   }
+  if (v.is_number() && !(v.get<double>() >= a.min && v.get<double>() <= a.max))
+    return ValueProblem{"axis '" + a.name + "' = " + v.dump() + " is outside op '" + op +
+                            "''s bounds [" + number_text(a.min) + ", " + number_text(a.max) + "]",
+                        true};
+  return std::nullopt;
+}
+
+std::optional<std::string> Op::size_error(const Params& params, const SizeLimits& limits) const {
+  if (const auto problem = value_problem(params)) return problem->what;
+  const auto ax = axes();
   const CaseSize s = size(params);
   const bool bytes_over = !(s.bytes() <= limits.bytes);
   const bool work_over = !(s.work <= limits.work);

@@ -1,8 +1,9 @@
 // One op family = one Op: its axes, how a case becomes kernel arguments (inputs generated
 // deterministically from the case id), the reference outputs, and how each output is checked.
-// Adding an op touches reference/, kernels_under_test/, harness/ops/ and cases/ once each.
+// Every op is a TypedOp<P> (ops/typed_op.h); Op is the type-erased face the run machinery holds.
+// Adding an op touches reference/, kernels_under_test/, harness/ops/, cases/, golden/ and
+// docs/ops/ (README.md "Adding an op").
 #pragma once
-#include <any>
 #include <map>
 #include <memory>
 #include <optional>
@@ -38,8 +39,20 @@ struct Axis {
   static constexpr double kDefaultBound = 1 << 17;
   double min = -kDefaultBound;
   double max = kDefaultBound;
-  FieldType type = FieldType::integer;  // typed ops (ops/typed_op.h) say; else from the default
+  FieldType type = FieldType::integer;  // the field's C++ type (ops/typed_op.h)
 };
+
+// What is wrong with axis values (Fields<P>::check, the one validator, ops/typed_op.h).
+struct ValueProblem {
+  std::string what;  // "axis 'heads' value 5 is not one of 1, 2, 3, 4"
+  // A numeric value outside [Axis::min, Axis::max]: part of the size budget (Op::size_error),
+  // reported with the case id; every other problem means the values describe no case id.
+  bool out_of_bounds = false;
+};
+// One value of an axis: of the axis' type (a dtype's name for a dtype), one of its allowed
+// values, within its bounds; `op` names the op in the bounds message.
+std::optional<ValueProblem> axis_value_problem(const std::string& op, const Axis& axis,
+                                               const nlohmann::json& value);
 
 // A named region of one output that a kernel entry may declare unspecified (its partial contract,
 // docs/verification.md "Partial contracts"): "logits" / "past_context".
@@ -80,7 +93,7 @@ struct CaseSize {
   double bytes() const { return input_bytes + output_bytes + workspace_bytes; }
 };
 // The first count below its minimum ("axis 'batch' = 0 counts nothing: ..."), or nothing: part of
-// the case error (Op::case_error) of typed ops, after the op's own unbuildable().
+// the case error (Op::case_error), after the op's own unbuildable().
 std::optional<std::string> count_error(const CaseSize& size);
 
 // The budget every case must fit: 4 GiB of host bytes and 2^39 units of work by default (smoke,
@@ -136,17 +149,15 @@ class Op {
     (void)p;
     return {};
   }
-  // Why the kernel must refuse the configuration of these (completed) parameters, or nothing:
-  // the op's one answer (typed ops: TypedOp::invalid), for evaluate(), goldens and the bridge.
-  virtual std::optional<std::string> invalid_reason(const Params& params) const {
-    (void)params;
-    return std::nullopt;
-  }
-  // The op's typed parameters (Problem::params) bound from axis values; empty for untyped ops.
-  virtual std::any bind_any(const Params& params) const {
-    (void)params;
-    return {};
-  }
+  // The first problem of these axis values (unknown axis, type, allowed values, bounds), or
+  // nothing: Fields<P>::check (ops/typed_op.h), the one validator.
+  virtual std::optional<ValueProblem> value_problem(const Params& given) const = 0;
+  // Why these (completed, valid) values describe no case at all (a case-file error): the op's
+  // TypedOp::unbuildable, then its counts (CaseSize::counts) below their minimum.
+  virtual std::optional<std::string> case_error(const Params& params) const = 0;
+  // Why the kernel must refuse the configuration of these (completed, valid) values, or nothing:
+  // the op's TypedOp::invalid, also what make() puts in Problem::expect_refusal.
+  virtual std::optional<std::string> invalid_reason(const Params& params) const = 0;
   // Graph replay (ops/graph_variant.h): the problem to capture the launch with, whose metadata
   // inputs (lengths, block tables, positions, slots, indices) hold other contents than `p`'s;
   // nothing for ops without mutable metadata, or when `p` leaves nothing to change.
@@ -163,17 +174,11 @@ class Op {
     (void)output, (void)region, (void)p, (void)idx;
     return false;
   }
-  // Why these (completed) parameters describe no case at all (a case-file error), or nothing.
-  virtual std::optional<std::string> case_error(const Params& params) const {
-    (void)params;
-    return std::nullopt;
-  }
-
   // The case's declared size (CaseSize), from its completed parameters; nothing is allocated.
   virtual CaseSize size(const Params& params) const = 0;
-  // Why these completed parameters are no case to build: a numeric axis outside its bounds, or a
-  // size over the budget (naming the axis that weighs most and the limit); nothing when the case
-  // fits.
+  // Why these completed parameters are no case to build: a value value_problem() refuses (a
+  // numeric axis outside its bounds), or a size over the budget (naming the axis that weighs most
+  // and the limit); nothing when the case fits.
   std::optional<std::string> size_error(const Params& params, const SizeLimits& limits) const;
 
   // The axes as the ABI's case_context lists them: name, type, default, allowed, min, max.
@@ -182,24 +187,13 @@ class Op {
   // make() with the kernel entry filled in and checked against kernel_entries().
   Problem problem(const Case& c) const;
 
-  // Fills defaults, rejects unknown axes and disallowed values (message names the axis).
+  // Fills defaults; throws std::invalid_argument("<op>: <problem>") for a value_problem() other
+  // than bounds (those are make_case's, with the case id).
   Params complete(const Params& given) const;
   // complete(), the case's id, and size_error() against size_limits(): throws CaseSizeError
   // ("<id>: <why>") for a case outside its bounds or over the budget, so no caller (case files,
   // --params, shrink, coverage) builds one.
   Case make_case(const Params& given, std::vector<std::string> tiers = {}) const;
-};
-
-// An op whose budgets depend on the kernel's arithmetic contract: it derives its checks for any
-// contract in contract_checks(); checks() are those of the default contract.
-class ContractDependentOp : public Op {
- public:
-  std::vector<OutputCheck> checks(const Problem& p, const TensorMap& expected) const final {
-    return contract_checks(p, expected, Contract{});
-  }
-  bool contract_dependent() const final { return true; }
-  std::vector<OutputCheck> contract_checks(const Problem& p, const TensorMap& expected,
-                                           const Contract& contract) const override = 0;
 };
 
 void register_op(std::unique_ptr<Op> op);

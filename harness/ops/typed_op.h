@@ -2,10 +2,12 @@
 // the struct's fields are the op's axes, and its vars() are the case id and the filter).
 //
 //   fields()          the fields of P: axis name, id prefix, member, help, allowed values or
-//   bounds;
-//                     the default of each axis is the member's value in P{}
-//   bind(case) -> P   the only reader of a case's values
-//   unbuildable(P)    axis combinations that describe no case: an error in the case file
+//                     bounds; the default of each axis is the member's value in P{}
+//   check(values)     (Fields<P>::check) the one validator of axis values: unknown axes, type,
+//                     allowed values, bounds
+//   bind(case) -> P   the only reader of a case's values, once check() has accepted them
+//   unbuildable(P)    combinations of (valid) values that describe no case: an error in the case
+//                     file
 //   invalid(P)        the configuration's refusal reason, or nothing (PyTorch OpInfo's error
 //                     inputs): decided here once; evaluate(), golden generation and the bridge's
 //                     adapters all ask this, and references never decide validity
@@ -18,9 +20,10 @@
 //                     the only writer of the kernel's JSON scalars
 //   reference(prob, P), checks(prob, P, expected)
 //
-// The fields double as the reflection the coverage audit and the shrinker need (Op::axes() and
-// field_types()).
+// The fields double as the reflection the coverage audit and the shrinker need (Op::axes(), each
+// axis with its FieldType).
 #pragma once
+#include <algorithm>
 #include <any>
 #include <functional>
 #include <mutex>
@@ -36,7 +39,8 @@
 
 namespace attncheck {
 
-// One field of P: its axis, and how it is read from a case's JSON value into P and back.
+// One field of P: its axis, and how a case's JSON value is read into P and back. read() converts
+// values Fields<P>::check has accepted; it judges nothing.
 template <class P>
 struct Field {
   Axis axis;
@@ -64,10 +68,10 @@ class Fields {
       else
         return p.*member;
     };
-    f.read = [member, name](P& p, const nlohmann::json& v) {
+    f.read = [member](P& p, const nlohmann::json& v) {
       if constexpr (std::is_same_v<T, DType>) {
         const auto t = parse_dtype(v.get<std::string>());
-        if (!t) throw std::invalid_argument("axis '" + name + "': unknown dtype " + v.dump());
+        if (!t) throw std::logic_error("bind: unchecked dtype " + v.dump());
         p.*member = *t;
       } else {
         p.*member = v.get<T>();
@@ -90,13 +94,13 @@ class Fields {
         if (value == p.*member) return text;
       throw std::logic_error("enum value without a name");
     };
-    f.read = [member, names, name](P& p, const nlohmann::json& v) {
+    f.read = [member, names](P& p, const nlohmann::json& v) {
       for (const auto& [value, text] : names)
         if (v == text) {
           p.*member = value;
           return;
         }
-      throw std::invalid_argument("axis '" + name + "': no value " + v.dump());
+      throw std::logic_error("bind: unchecked choice " + v.dump());
     };
     push(std::move(name), std::move(prefix), std::move(f), std::move(help));
     for (const auto& [value, text] : names) fields_.back().axis.allowed.emplace_back(text);
@@ -117,6 +121,33 @@ class Fields {
   Fields& out_of_id_at_default() {
     fields_.back().axis.in_id_at_default = false;
     return *this;
+  }
+
+  // The one validator of axis values (Op::complete, Op::size_error, case files and make() ask
+  // it, through Op::value_problem): the first of `given`'s axes that P has no field for, else the
+  // first value of the wrong type or outside its allowed values, else the first numeric value
+  // outside its bounds (axis_value_problem, ops/op.h); nothing when every value is one of its
+  // field's. `op` names the op in messages.
+  std::optional<ValueProblem> check(const std::string& op, const Params& given) const {
+    if (!given.is_object()) return ValueProblem{"case parameters must be a table"};
+    for (const auto& item : given.items()) {
+      const std::string& k = item.key();  // a plain name: clang 14 cannot capture a binding
+      if (std::none_of(fields_.begin(), fields_.end(),
+                       [&](const Field<P>& f) { return f.axis.name == k; })) {
+        std::string known;
+        for (const auto& f : fields_) known += (known.empty() ? "" : ", ") + f.axis.name;
+        return ValueProblem{"unknown axis '" + k + "' (known: " + known + ")"};
+      }
+    }
+    std::optional<ValueProblem> out_of_bounds;
+    for (const auto& f : fields_) {
+      const auto it = given.find(f.axis.name);
+      if (it == given.end()) continue;
+      auto problem = axis_value_problem(op, f.axis, *it);
+      if (problem && !problem->out_of_bounds) return problem;
+      if (problem && !out_of_bounds) out_of_bounds = std::move(problem);
+    }
+    return out_of_bounds;
   }
 
   const std::vector<Field<P>>& list() const& { return fields_; }
@@ -165,7 +196,8 @@ class TypedOp : public Op {
     return checks(prob, p, expected);
   }
 
-  // The only reader of a case's values: fields missing from `params` keep P{}'s defaults.
+  // The only reader of a case's values, which value_problem() has accepted: fields missing from
+  // `params` keep P{}'s defaults.
   P bind(const attncheck::Params& params) const {
     P p{};
     for (const auto& f : field_list().list()) {
@@ -222,10 +254,12 @@ class TypedOp : public Op {
     for (const auto& f : field_list().list()) out.push_back(f.axis);
     return out;
   }
+  std::optional<ValueProblem> value_problem(const attncheck::Params& given) const final {
+    return field_list().check(name(), given);
+  }
   std::optional<std::string> invalid_reason(const attncheck::Params& params) const final {
     return invalid(bind(params));
   }
-  std::any bind_any(const attncheck::Params& params) const final { return bind(params); }
   CaseSize size(const attncheck::Params& params) const final { return size(bind(params)); }
   // The op's unbuildable(), then its counts (CaseSize::counts) below their minimum.
   std::optional<std::string> case_error(const attncheck::Params& params) const final {
@@ -234,6 +268,8 @@ class TypedOp : public Op {
     return count_error(size(p));
   }
   Problem make(const Case& c) const final {
+    if (const auto problem = value_problem(c.params))
+      throw std::invalid_argument(c.id + ": " + problem->what);
     const P p = bind(c);
     if (const auto why = case_error(c.params)) throw std::invalid_argument(c.id + ": " + *why);
     Problem prob = make(c, p);
@@ -250,7 +286,7 @@ class TypedOp : public Op {
       if (p.storage_offset) shift_storages(prob);
     prob.params = p;
     prob.kernel_params = kernel_params(p, prob);
-    prob.expect_refusal = invalid(p).value_or("");
+    prob.expect_refusal = invalid(p);
     return prob;
   }
   // far_rows cases: the reference and the budgets see the last row (all the host holds).

@@ -85,20 +85,14 @@ std::vector<nlohmann::json> value_list(const std::string& path, const toml::node
   return out;
 }
 
-// Numeric axis values within the op's bounds (Axis::min/max).
-void check_bounds(const std::string& path, const Op& op, const Params& given,
-                  const toml::node& node) {
-  for (const auto& a : op.axes()) {
-    const auto it = given.find(a.name);
-    if (it == given.end() || !it->is_number()) continue;
-    const double v = it->get<double>();
-    if (!(v >= a.min && v <= a.max)) {
-      std::ostringstream os;
-      os << "axis '" << a.name << "' = " << it->dump() << " is outside op '" << op.name()
-         << "''s bounds [" << a.min << ", " << a.max << "]";
-      fail(path, node, os.str());
-    }
-  }
+// One axis value as the file gives it, judged by the op's one validator (Op::value_problem:
+// unknown axis, type, allowed values, bounds); the error names `node` and `field`.
+void check_value(const std::string& path, const Op& op, const std::string& axis,
+                 const nlohmann::json& value, const toml::node& node, const std::string& field) {
+  Params one = Params::object();
+  one[axis] = value;
+  if (const auto problem = op.value_problem(one))
+    fail(path, node, field + ": " + op.name() + ": " + problem->what);
 }
 
 int64_t env_limit(const char* name, int64_t fallback) {
@@ -167,6 +161,11 @@ std::string registered_ops() {
   std::string s;
   for (const Op* o : all_ops()) s += (s.empty() ? "" : ", ") + o->name();
   return s;
+}
+
+bool has_axis(const Op& op, const std::string& name) {
+  const auto axes = op.axes();
+  return std::any_of(axes.begin(), axes.end(), [&](const Axis& a) { return a.name == name; });
 }
 
 std::string axis_names_of(const Op& op) {
@@ -373,10 +372,11 @@ bool IdRegex::search(std::string_view text) const {
                                 *static_cast<const re2::RE2*>(re_.get()));
 }
 
-CaseFile load_case_file(const std::string& path) {
-  toml::table root;
+namespace {
+
+toml::table parse_toml(const std::string& path) {
   try {
-    root = toml::parse_file(path);
+    return toml::parse_file(path);
   } catch (const toml::parse_error& e) {
     std::ostringstream os;
     os << path << ":" << e.source().begin.line << ":" << e.source().begin.column
@@ -385,288 +385,322 @@ CaseFile load_case_file(const std::string& path) {
   } catch (const std::exception& e) {
     throw CaseFileError(path + ": cannot read: " + e.what());
   }
+}
 
-  CaseFile f;
-  f.path = path;
-  allow_keys(path, root, "case file", {"op", "defaults", "group", "known_bug", "coverage"});
+// The file's `op = "<name>"`, a registered op.
+const Op& file_op(const std::string& path, const toml::table& root, std::string& name) {
   const toml::node* op_node = root.get("op");
   if (!op_node) throw CaseFileError(path + ":1:1: missing 'op = \"<op name>\"'");
-  f.op = as_string(path, *op_node, "op");
-  const Op* op = find_op(f.op);
-  if (!op) {
-    fail(path, *op_node, "op: unknown op '" + f.op + "' (registered: " + registered_ops() + ")");
-  }
-  std::set<std::string> axis_names;
-  for (const auto& a : op->axes()) axis_names.insert(a.name);
+  name = as_string(path, *op_node, "op");
+  const Op* op = find_op(name);
+  if (!op)
+    fail(path, *op_node, "op: unknown op '" + name + "' (registered: " + registered_ops() + ")");
+  return *op;
+}
 
-  // Checks one assignment of axis values (given on top of the file's defaults), naming `node`.
-  auto validate = [&](const Params& given, const toml::node& node, const std::string& field) {
-    check_bounds(path, *op, given, node);
+// `[defaults]`: axis values for every group of the file.
+Params parse_defaults(const std::string& path, const toml::node& node, const Op& op) {
+  Params defaults = Params::object();
+  for (const auto& [k, v] : as_table(path, node, "[defaults]")) {
+    const std::string axis(k.str());
+    const nlohmann::json value = scalar(path, v, "[defaults] " + axis);
+    check_value(path, op, axis, value, v, "[defaults] " + axis);
+    defaults[axis] = value;
+  }
+  return defaults;
+}
+
+// One `[[known_bug]]`: { id = "<regex>", arch = "<regex>", reason = "..." }.
+KnownBugRule parse_known_bug(const std::string& path, const toml::node& e) {
+  const auto& t = as_table(path, e, "[[known_bug]]");
+  allow_keys(path, t, "[[known_bug]]", {"id", "arch", "reason"});
+  KnownBugRule r;
+  r.source = line_of(path, e.source());
+  const toml::node* id = t.get("id");
+  const toml::node* reason = t.get("reason");
+  if (!id || !reason) fail(path, e, "[[known_bug]]: needs 'id' (a regex) and 'reason'");
+  r.id_regex = as_string(path, *id, "[[known_bug]] id");
+  r.reason = as_string(path, *reason, "[[known_bug]] reason");
+  if (const toml::node* a = t.get("arch")) r.arch = as_string(path, *a, "[[known_bug]] arch");
+  for (const auto& [field, text] : {std::pair{"id", r.id_regex}, std::pair{"arch", r.arch}}) {
     try {
-      (void)op->complete(merged(f.defaults, given));
-    } catch (const std::exception& e) {
-      fail(path, node, field + ": " + e.what());
-    }
-  };
-
-  if (const toml::node* d = root.get("defaults")) {
-    const auto& t = as_table(path, *d, "[defaults]");
-    for (const auto& [k, v] : t) {
-      Params one = Params::object();
-      one[std::string(k.str())] = scalar(path, v, "[defaults] " + std::string(k.str()));
-      check_bounds(path, *op, one, v);
-      try {
-        (void)op->complete(one);
-      } catch (const std::exception& e) {
-        fail(path, v, "[defaults] " + std::string(k.str()) + ": " + e.what());
+      (void)IdRegex(text, std::string("[[known_bug]] ") + field);
+      // The arch pattern is also matched with std::regex (run/evaluate.cpp): kept short, so
+      // that engine's recursion and backtracking stay small (arches are short words).
+      if (std::string(field) == "arch") {
+        if (text.size() > kMaxArchRegexBytes)
+          throw std::invalid_argument("[[known_bug]] arch regex longer than " +
+                                      std::to_string(kMaxArchRegexBytes) + " bytes");
+        (void)std::regex(text);
       }
-      f.defaults[std::string(k.str())] = one[std::string(k.str())];
+    } catch (const std::exception& ex) {
+      fail(path, *t.get(field), ex.what());
     }
   }
+  return r;
+}
 
-  if (const toml::node* kb = root.get("known_bug")) {
-    const auto* arr = kb->as_array();
-    if (!arr) fail(path, *kb, "known_bug: expected [[known_bug]] entries");
-    for (const auto& e : *arr) {
-      const auto& t = as_table(path, e, "[[known_bug]]");
-      allow_keys(path, t, "[[known_bug]]", {"id", "arch", "reason"});
-      KnownBugRule r;
-      r.source = line_of(path, e.source());
-      const toml::node* id = t.get("id");
-      const toml::node* reason = t.get("reason");
-      if (!id || !reason) fail(path, e, "[[known_bug]]: needs 'id' (a regex) and 'reason'");
-      r.id_regex = as_string(path, *id, "[[known_bug]] id");
-      r.reason = as_string(path, *reason, "[[known_bug]] reason");
-      if (const toml::node* a = t.get("arch")) r.arch = as_string(path, *a, "[[known_bug]] arch");
-      for (const auto& [field, text] : {std::pair{"id", r.id_regex}, std::pair{"arch", r.arch}}) {
-        try {
-          (void)IdRegex(text, std::string("[[known_bug]] ") + field);
-          // The arch pattern is also matched with std::regex (run/evaluate.cpp): kept short, so
-          // that engine's recursion and backtracking stay small (arches are short words).
-          if (std::string(field) == "arch") {
-            if (text.size() > kMaxArchRegexBytes)
-              throw std::invalid_argument("[[known_bug]] arch regex longer than " +
-                                          std::to_string(kMaxArchRegexBytes) + " bytes");
-            (void)std::regex(text);
-          }
-        } catch (const std::exception& ex) {
-          fail(path, *t.get(field), ex.what());
-        }
+std::vector<KnownBugRule> parse_known_bugs(const std::string& path, const toml::node& node) {
+  const auto* arr = node.as_array();
+  if (!arr) fail(path, node, "known_bug: expected [[known_bug]] entries");
+  std::vector<KnownBugRule> rules;
+  for (const auto& e : *arr) rules.push_back(parse_known_bug(path, e));
+  return rules;
+}
+
+// A group's `tiers = { <tier> = "cartesian" | "pairwise" | "list" }`.
+void parse_group_tiers(const std::string& path, const toml::table& t, const toml::node& gnode,
+                       CaseGroup& g) {
+  const std::string gw = where_group(g);
+  const toml::node* tiers = t.get("tiers");
+  if (!tiers) fail(path, gnode, gw + ": missing 'tiers', e.g. tiers = { smoke = \"pairwise\" }");
+  const auto& tt = as_table(path, *tiers, gw + " tiers");
+  if (tt.empty()) fail(path, *tiers, gw + " tiers: empty (name at least one tier)");
+  for (const auto& [tier, how_node] : tt) {
+    const std::string tier_name(tier.str());
+    if (!is_tier(tier_name))
+      fail(path, how_node,
+           gw + " tiers: unknown tier '" + tier_name + "' (tiers: " + tier_names() + ")");
+    const std::string how = as_string(path, how_node, gw + " tiers." + tier_name);
+    if (how != "cartesian" && how != "pairwise" && how != "list")
+      fail(path, how_node,
+           gw + " tiers." + tier_name + ": unknown expansion '" + how +
+               "' (expansions: cartesian, pairwise, list)");
+    g.tiers[tier_name] = how;
+  }
+}
+
+// A group's `axes = { <axis> = [values] }`, each value valid and listed once; stored in the op's
+// axis order, so rows and ids do not depend on how the file orders its keys.
+void parse_group_axes(const std::string& path, const toml::node& node, const Op& op,
+                      const std::string& op_name, CaseGroup& g) {
+  const std::string gw = where_group(g);
+  for (const auto& [k, v] : as_table(path, node, gw + " axes")) {
+    const std::string axis(k.str());
+    const std::string field = gw + " axis '" + axis + "'";
+    if (!has_axis(op, axis))
+      fail(path, v,
+           field + ": unknown axis of op '" + op_name + "' (axes: " + axis_names_of(op) + ")");
+    auto values = value_list(path, v, field, false);
+    const auto* arr = v.as_array();
+    std::set<nlohmann::json> listed;  // n log n: an axis of 100,000 values answers at once
+    for (size_t i = 0; i < values.size(); ++i) {
+      check_value(path, op, axis, values[i], *arr->get(i), field);
+      if (!listed.insert(values[i]).second)
+        fail(path, *arr->get(i), field + ": value " + json_text(values[i]) + " listed twice");
+    }
+    g.axes.emplace_back(axis, std::move(values));
+  }
+  std::vector<std::pair<std::string, std::vector<nlohmann::json>>> ordered;
+  for (const auto& a : op.axes())
+    for (auto& ax : g.axes)
+      if (ax.first == a.name) ordered.push_back(std::move(ax));
+  g.axes = std::move(ordered);
+}
+
+// A group's `cases = [ { <axis> = value, ... } ]`, for its `list` tiers.
+void parse_group_cases(const std::string& path, const toml::node& node, const Op& op,
+                       const std::string& op_name, CaseGroup& g) {
+  const std::string gw = where_group(g);
+  const auto* arr = node.as_array();
+  if (!arr || arr->empty())
+    fail(path, node, gw + " cases: expected a non-empty list of tables, e.g. [ { heads = 4 } ]");
+  for (const auto& e : *arr) {
+    const auto& ct = as_table(path, e, gw + " cases entry");
+    Params p = Params::object();
+    for (const auto& [k, v] : ct) {
+      const std::string axis(k.str());
+      if (!has_axis(op, axis))
+        fail(path, v,
+             gw + " case: unknown axis '" + axis + "' of op '" + op_name +
+                 "' (axes: " + axis_names_of(op) + ")");
+      p[axis] = scalar(path, v, gw + " case axis '" + axis + "'");
+      check_value(path, op, axis, p[axis], v, gw + " case axis '" + axis + "'");
+    }
+    g.cases.push_back(std::move(p));
+    g.case_sources.push_back(line_of(path, e.source()));
+  }
+}
+
+// Why an exclude rule can never fire in the group (a typo or a stale line), or nothing.
+std::optional<std::string> dead_rule(const std::map<std::string, std::vector<nlohmann::json>>& rule,
+                                     const Op& op, const CaseFile& f, const CaseGroup& g,
+                                     bool uses_axes) {
+  const Params base = op.complete(f.defaults);
+  bool live = false;
+  std::string why_dead;
+  if (g.has_axes && uses_axes) {
+    live = true;
+    for (const auto& [axis, values] : rule) {
+      const std::string& axis_name = axis;  // clang 14 cannot capture a binding
+      const auto ax = std::find_if(g.axes.begin(), g.axes.end(),
+                                   [&](const auto& a) { return a.first == axis_name; });
+      const auto& pool =
+          ax != g.axes.end() ? ax->second : std::vector<nlohmann::json>{base.at(axis)};
+      const bool any = std::any_of(values.begin(), values.end(), [&](const auto& v) {
+        return std::find(pool.begin(), pool.end(), v) != pool.end();
+      });
+      if (!any) {
+        live = false;
+        why_dead = axis + " takes none of the listed values in this group";
+        break;
       }
-      f.known_bugs.push_back(std::move(r));
     }
   }
+  for (const auto& c : g.cases) {
+    if (live) break;
+    live = exclude_matches(rule, op.complete(merged(f.defaults, c)));
+  }
+  if (live) return std::nullopt;
+  return why_dead.empty() ? "" : " (" + why_dead + ")";
+}
 
-  if (const toml::node* cov = root.get("coverage"))
-    f.coverage_accepts = parse_coverage(path, *cov, *op);
+// A group's `exclude = [ { <axis> = value or [values] } ]`: each rule names axes of the op and
+// matches some case of the group.
+void parse_group_excludes(const std::string& path, const toml::node& node, const Op& op,
+                          const CaseFile& f, bool uses_axes, CaseGroup& g) {
+  const std::string gw = where_group(g);
+  const auto* arr = node.as_array();
+  if (!arr) fail(path, node, gw + " exclude: expected a list of tables");
+  for (const auto& e : *arr) {
+    const auto& et = as_table(path, e, gw + " exclude entry");
+    if (et.empty()) fail(path, e, gw + " exclude: an empty rule would exclude every case");
+    std::map<std::string, std::vector<nlohmann::json>> rule;
+    for (const auto& [k, v] : et) {
+      const std::string axis(k.str());
+      if (!has_axis(op, axis))
+        fail(path, v, gw + " exclude: unknown axis '" + axis + "' of op '" + f.op + "'");
+      rule[axis] = value_list(path, v, gw + " exclude axis '" + axis + "'", true);
+    }
+    if (const auto dead = dead_rule(rule, op, f, g, uses_axes))
+      fail(path, e, gw + " exclude: the rule matches no case of the group" + *dead);
+    g.excludes.push_back(std::move(rule));
+    g.exclude_sources.push_back(line_of(path, e.source()));
+  }
+}
 
+CaseGroup parse_group(const std::string& path, const toml::node& gnode, const Op& op,
+                      const CaseFile& f) {
+  const auto& t = as_table(path, gnode, "[[group]]");
+  CaseGroup g;
+  g.source = line_of(path, gnode.source());
+  allow_keys(path, t, "[[group]]", {"name", "tiers", "axes", "exclude", "cases", "note"});
+  const toml::node* name = t.get("name");
+  if (!name) fail(path, gnode, "[[group]]: missing 'name'");
+  g.name = as_string(path, *name, "[[group]] name");
+  const std::string gw = where_group(g);
+  if (const toml::node* n = t.get("note")) g.note = as_string(path, *n, gw + " note");
+  parse_group_tiers(path, t, gnode, g);
+  const bool uses_list = std::any_of(g.tiers.begin(), g.tiers.end(),
+                                     [](const auto& kv) { return kv.second == "list"; });
+  const bool uses_axes = std::any_of(g.tiers.begin(), g.tiers.end(),
+                                     [](const auto& kv) { return kv.second != "list"; });
+  if (const toml::node* axes = t.get("axes")) {
+    g.has_axes = true;
+    parse_group_axes(path, *axes, op, f.op, g);
+    if (!uses_axes)
+      fail(path, *axes, gw + ": has 'axes' but every tier uses 'list' (the axes would be unused)");
+  } else if (uses_axes) {
+    fail(path, gnode,
+         gw + ": a tier expands 'cartesian' or 'pairwise' but the group has no 'axes'");
+  }
+  if (const toml::node* cases = t.get("cases")) {
+    parse_group_cases(path, *cases, op, f.op, g);
+    if (!uses_list)
+      fail(path, *cases, gw + ": has 'cases' but no tier uses 'list' (the cases would be unused)");
+  } else if (uses_list) {
+    fail(path, gnode, gw + ": a tier uses 'list' but the group has no 'cases'");
+  }
+  if (const toml::node* ex = t.get("exclude")) parse_group_excludes(path, *ex, op, f, uses_axes, g);
+  return g;
+}
+
+std::vector<CaseGroup> parse_groups(const std::string& path, const toml::table& root, const Op& op,
+                                    const CaseFile& f) {
   const toml::node* groups = root.get("group");
   if (!groups) throw CaseFileError(path + ":1:1: no [[group]]: the file defines no case");
   const auto* garr = groups->as_array();
   if (!garr) fail(path, *groups, "group: expected [[group]] entries");
-  for (const auto& gnode : *garr) {
-    const auto& t = as_table(path, gnode, "[[group]]");
-    CaseGroup g;
-    g.source = line_of(path, gnode.source());
-    allow_keys(path, t, "[[group]]", {"name", "tiers", "axes", "exclude", "cases", "note"});
-    const toml::node* name = t.get("name");
-    if (!name) fail(path, gnode, "[[group]]: missing 'name'");
-    g.name = as_string(path, *name, "[[group]] name");
-    const std::string gw = where_group(g);
-    if (const toml::node* n = t.get("note")) g.note = as_string(path, *n, gw + " note");
+  std::vector<CaseGroup> out;
+  for (const auto& gnode : *garr) out.push_back(parse_group(path, gnode, op, f));
+  return out;
+}
 
-    const toml::node* tiers = t.get("tiers");
-    if (!tiers) fail(path, gnode, gw + ": missing 'tiers', e.g. tiers = { smoke = \"pairwise\" }");
-    const auto& tt = as_table(path, *tiers, gw + " tiers");
-    if (tt.empty()) fail(path, *tiers, gw + " tiers: empty (name at least one tier)");
-    for (const auto& [tier, how_node] : tt) {
-      const std::string tier_name(tier.str());
-      if (!is_tier(tier_name))
-        fail(path, how_node,
-             gw + " tiers: unknown tier '" + tier_name + "' (tiers: " + tier_names() + ")");
-      const std::string how = as_string(path, how_node, gw + " tiers." + tier_name);
-      if (how != "cartesian" && how != "pairwise" && how != "list")
-        fail(path, how_node,
-             gw + " tiers." + tier_name + ": unknown expansion '" + how +
-                 "' (expansions: cartesian, pairwise, list)");
-      g.tiers[tier_name] = how;
-    }
-    const bool uses_list = std::any_of(g.tiers.begin(), g.tiers.end(),
-                                       [](const auto& kv) { return kv.second == "list"; });
-    const bool uses_axes = std::any_of(g.tiers.begin(), g.tiers.end(),
-                                       [](const auto& kv) { return kv.second != "list"; });
+uint64_t saturating_add(uint64_t x, uint64_t y) {
+  return x > UINT64_MAX - y ? UINT64_MAX : x + y;
+}
 
-    if (const toml::node* axes = t.get("axes")) {
-      g.has_axes = true;
-      const auto& at_ = as_table(path, *axes, gw + " axes");
-      for (const auto& [k, v] : at_) {
-        const std::string axis(k.str());
-        const std::string field = gw + " axis '" + axis + "'";
-        if (!axis_names.count(axis)) {
-          fail(path, v,
-               field + ": unknown axis of op '" + f.op + "' (axes: " + axis_names_of(*op) + ")");
-        }
-        auto values = value_list(path, v, field, false);
-        const auto* arr = v.as_array();
-        std::set<nlohmann::json> listed;  // n log n: an axis of 100,000 values answers at once
-        for (size_t i = 0; i < values.size(); ++i) {
-          Params one = Params::object();
-          one[axis] = values[i];
-          validate(one, *arr->get(i), field);
-          if (!listed.insert(values[i]).second)
-            fail(path, *arr->get(i), field + ": value " + json_text(values[i]) + " listed twice");
-        }
-        g.axes.emplace_back(axis, std::move(values));
-      }
-      // The op's axis order, so rows and ids do not depend on how the file orders its keys.
-      std::vector<std::pair<std::string, std::vector<nlohmann::json>>> ordered;
-      for (const auto& a : op->axes())
-        for (auto& ax : g.axes)
-          if (ax.first == a.name) ordered.push_back(std::move(ax));
-      g.axes = std::move(ordered);
-      if (!uses_axes)
-        fail(path, *axes,
-             gw + ": has 'axes' but every tier uses 'list' (the axes would be unused)");
-    } else if (uses_axes) {
-      fail(path, gnode,
-           gw + ": a tier expands 'cartesian' or 'pairwise' but the group has no 'axes'");
-    }
+// The running case counts of one file's expansion, checked against CaseLimits as they grow.
+struct ExpansionCount {
+  CaseLimits limits = case_limits();
+  std::map<std::string, uint64_t> per_tier;
+  uint64_t in_file = 0;
 
-    if (const toml::node* cases = t.get("cases")) {
-      const auto* arr = cases->as_array();
-      if (!arr || arr->empty())
-        fail(path, *cases,
-             gw + " cases: expected a non-empty list of tables, e.g. [ { heads = 4 } ]");
-      for (const auto& e : *arr) {
-        const auto& ct = as_table(path, e, gw + " cases entry");
-        Params p = Params::object();
-        for (const auto& [k, v] : ct) {
-          const std::string axis(k.str());
-          if (!axis_names.count(axis)) {
-            fail(path, v,
-                 gw + " case: unknown axis '" + axis + "' of op '" + f.op +
-                     "' (axes: " + axis_names_of(*op) + ")");
-          }
-          p[axis] = scalar(path, v, gw + " case axis '" + axis + "'");
-          Params one = Params::object();
-          one[axis] = p[axis];
-          validate(one, v, gw + " case axis '" + axis + "'");
-        }
-        g.cases.push_back(std::move(p));
-        g.case_sources.push_back(line_of(path, e.source()));
-      }
-      if (!uses_list)
-        fail(path, *cases,
-             gw + ": has 'cases' but no tier uses 'list' (the cases would be unused)");
-    } else if (uses_list) {
-      fail(path, gnode, gw + ": a tier uses 'list' but the group has no 'cases'");
-    }
-
-    if (const toml::node* ex = t.get("exclude")) {
-      const auto* arr = ex->as_array();
-      if (!arr) fail(path, *ex, gw + " exclude: expected a list of tables");
-      for (const auto& e : *arr) {
-        const auto& et = as_table(path, e, gw + " exclude entry");
-        if (et.empty()) fail(path, e, gw + " exclude: an empty rule would exclude every case");
-        std::map<std::string, std::vector<nlohmann::json>> rule;
-        for (const auto& [k, v] : et) {
-          const std::string axis(k.str());
-          if (!axis_names.count(axis))
-            fail(path, v, gw + " exclude: unknown axis '" + axis + "' of op '" + f.op + "'");
-          rule[axis] = value_list(path, v, gw + " exclude axis '" + axis + "'", true);
-        }
-        // A rule that can never fire is a typo or a stale line: say so.
-        const Params base = op->complete(f.defaults);
-        bool live = false;
-        std::string why_dead;
-        if (g.has_axes && uses_axes) {
-          live = true;
-          for (const auto& [axis, values] : rule) {
-            const std::string& axis_name = axis;  // clang 14 cannot capture a binding
-            const auto ax = std::find_if(g.axes.begin(), g.axes.end(),
-                                         [&](const auto& a) { return a.first == axis_name; });
-            const auto& pool =
-                ax != g.axes.end() ? ax->second : std::vector<nlohmann::json>{base.at(axis)};
-            const bool any = std::any_of(values.begin(), values.end(), [&](const auto& v) {
-              return std::find(pool.begin(), pool.end(), v) != pool.end();
-            });
-            if (!any) {
-              live = false;
-              why_dead = axis + " takes none of the listed values in this group";
-              break;
-            }
-          }
-        }
-        for (const auto& c : g.cases) {
-          if (live) break;
-          live = exclude_matches(rule, op->complete(merged(f.defaults, c)));
-        }
-        if (!live)
-          fail(path, e,
-               gw + " exclude: the rule matches no case of the group" +
-                   (why_dead.empty() ? "" : " (" + why_dead + ")"));
-        g.excludes.push_back(std::move(rule));
-        g.exclude_sources.push_back(line_of(path, e.source()));
-      }
-    }
-    f.groups.push_back(std::move(g));
-  }
-
-  // Expand every tier now: empty expansions and duplicate ids are file errors.
-  const CaseLimits limits = case_limits();
-  const auto over_limit = [&](const CaseGroup& g, const std::string& tier, uint64_t in_tier,
-                              uint64_t in_file) {
+  // Throws when `in_tier` cases in `tier` or `in_file` in the file are over the limits.
+  void check(const CaseGroup& g, const std::string& tier, uint64_t in_tier,
+             uint64_t in_file_now) const {
     const bool tier_over = in_tier > static_cast<uint64_t>(limits.per_tier);
-    if (!tier_over && in_file <= static_cast<uint64_t>(limits.per_file)) return;
+    if (!tier_over && in_file_now <= static_cast<uint64_t>(limits.per_file)) return;
     std::ostringstream os;
     os << g.source << ": " << where_group(g) << " tier '" << tier
        << "': " << (tier_over ? "tier '" + tier + "' of this file" : std::string("this file"))
-       << " would hold " << (tier_over ? in_tier : in_file) << " cases, over the limit of "
+       << " would hold " << (tier_over ? in_tier : in_file_now) << " cases, over the limit of "
        << (tier_over ? limits.per_tier : limits.per_file) << " per "
        << (tier_over ? "tier" : "file") << " (narrow the axes, use pairwise, or raise "
        << (tier_over ? "$ATTNCHECK_MAX_CASES_PER_TIER" : "$ATTNCHECK_MAX_CASES_PER_FILE") << ")";
     throw CaseFileError(os.str());
-  };
-  std::map<std::string, uint64_t> per_tier;
-  uint64_t in_file = 0;
-  const auto saturating_add = [](uint64_t x, uint64_t y) {
-    return x > UINT64_MAX - y ? UINT64_MAX : x + y;
-  };
-  std::map<std::string, std::map<std::string, std::string>> seen;  // tier -> id -> source
+  }
+
+  // Before a tier of a group is built: what its rows can cost at most (cartesian) or at least
+  // (pairwise) must fit.
+  void check_before(const CaseGroup& g, const std::string& tier, const std::string& how) {
+    if (how == "cartesian") {
+      const uint64_t bound = row_bound(g, how);
+      check(g, tier, saturating_add(per_tier[tier], bound), saturating_add(in_file, bound));
+    } else if (how == "pairwise") {
+      // Sized before it is built: more pairs than the tier's limit of rows could cover (each
+      // row covers one pair of every two axes) is refused, and so are rows the two largest axes
+      // need alone.
+      const PairwiseCost cost = pairwise_cost(g);
+      const auto room = static_cast<uint64_t>(limits.per_tier);
+      if (cost.pairs > room * std::max<uint64_t>(cost.axis_pairs, 1))
+        throw CaseFileError(g.source + ": " + where_group(g) + " tier '" + tier +
+                            "' (pairwise): its axes hold " + std::to_string(cost.pairs) +
+                            " value pairs to cover, more than " + std::to_string(room) +
+                            " cases (the limit per tier) can cover; the two largest axes "
+                            "alone need " +
+                            std::to_string(cost.floor) +
+                            " cases (narrow the axes, or raise $ATTNCHECK_MAX_CASES_PER_TIER)");
+      check(g, tier, saturating_add(per_tier[tier], cost.floor),
+            saturating_add(in_file, cost.floor));
+    }
+  }
+
+  void add(const CaseGroup& g, const std::string& tier, size_t cases) {
+    per_tier[tier] += cases;
+    in_file += cases;
+    check(g, tier, per_tier[tier], in_file);
+  }
+};
+
+using SeenIds = std::map<std::string, std::map<std::string, std::string>>;  // tier -> id -> source
+
+// Every tier of every group, expanded now: empty expansions and duplicate ids are file errors.
+void expand_tiers(const Op& op, CaseFile& f, SeenIds& seen) {
+  ExpansionCount count;
   for (const auto& g : f.groups) {
     for (const auto& [tier, how] : g.tiers) {
-      if (how == "cartesian") {
-        const uint64_t bound = row_bound(g, how);
-        over_limit(g, tier, saturating_add(per_tier[tier], bound), saturating_add(in_file, bound));
-      } else if (how == "pairwise") {
-        // Sized before it is built: more pairs than the tier's limit of rows could cover (each
-        // row covers one pair of every two axes) is refused, and so are rows the two largest axes
-        // need alone.
-        const PairwiseCost cost = pairwise_cost(g);
-        const auto room = static_cast<uint64_t>(limits.per_tier);
-        if (cost.pairs > room * std::max<uint64_t>(cost.axis_pairs, 1))
-          throw CaseFileError(g.source + ": " + where_group(g) + " tier '" + tier +
-                              "' (pairwise): its axes hold " + std::to_string(cost.pairs) +
-                              " value pairs to cover, more than " + std::to_string(room) +
-                              " cases (the limit per tier) can cover; the two largest axes "
-                              "alone need " +
-                              std::to_string(cost.floor) +
-                              " cases (narrow the axes, or raise $ATTNCHECK_MAX_CASES_PER_TIER)");
-        over_limit(g, tier, saturating_add(per_tier[tier], cost.floor),
-                   saturating_add(in_file, cost.floor));
-      }
+      count.check_before(g, tier, how);
       std::vector<Case> cs;
       try {
-        cs = expand_group(*op, f, g, tier);
+        cs = expand_group(op, f, g, tier);
       } catch (const std::exception& e) {
         throw CaseFileError(g.source + ": " + where_group(g) + " tier '" + tier + "': " + e.what());
       }
       if (cs.empty())
         throw CaseFileError(g.source + ": " + where_group(g) + " tier '" + tier + "' (" + how +
                             ") expands to no case: every combination is excluded");
-      per_tier[tier] += cs.size();
-      in_file += cs.size();
-      over_limit(g, tier, per_tier[tier], in_file);
+      count.add(g, tier, cs.size());
       for (auto& c : cs) {
         auto [it, fresh] = seen[tier].emplace(c.id, c.source);
         if (!fresh)
@@ -677,9 +711,12 @@ CaseFile load_case_file(const std::string& path) {
       }
     }
   }
-  // The accuracy tiers nest, smoke within quick within full, so the PR gate (quick) and the
-  // nightly run (full) never skip a case the smoke tier checks. Inherited cases follow the tier's
-  // own, in file order.
+}
+
+// The accuracy tiers nest, smoke within quick within full, so the PR gate (quick) and the
+// nightly run (full) never skip a case the smoke tier checks. Inherited cases follow the tier's
+// own, in file order.
+void nest_tiers(CaseFile& f, SeenIds& seen) {
   for (const auto& [lower, upper] : {std::pair{"smoke", "quick"}, std::pair{"quick", "full"}}) {
     const auto it = f.tiers.find(lower);
     if (it == f.tiers.end()) continue;
@@ -687,40 +724,66 @@ CaseFile load_case_file(const std::string& path) {
     for (const auto& c : inherited)
       if (seen[upper].emplace(c.id, c.source).second) f.tiers[upper].push_back(c);
   }
-  // Tier membership and known-bug marks.
+}
+
+// The known-bug mark of the rules that match a case: several marks hold on any of their arches,
+// each reason naming its arch.
+KnownBug known_bug_of(const std::vector<const KnownBugRule*>& hits) {
+  if (hits.size() == 1) return KnownBug{hits[0]->reason, hits[0]->arch};
+  std::string reason, arch;
+  bool any_arch = false;
+  for (const auto* r : hits) {
+    reason += (reason.empty() ? "" : "; ") + r->reason +
+              (r->arch.empty() ? "" : " [arch " + r->arch + "]");
+    any_arch = any_arch || r->arch.empty();
+    arch += (arch.empty() ? "" : "|") + ("(?:" + r->arch + ")");
+  }
+  return KnownBug{reason, any_arch ? "" : arch};
+}
+
+// Each case's tier membership and known-bug mark; a [[known_bug]] that marks no case is an error.
+void mark_cases(CaseFile& f, const SeenIds& seen) {
   std::vector<char> rule_used(f.known_bugs.size(), 0);
   std::vector<IdRegex> rule_ids;
   for (const auto& r : f.known_bugs) rule_ids.emplace_back(r.id_regex, "[[known_bug]] id");
   for (auto& [tier, cs] : f.tiers) {
     for (auto& c : cs) {
-      for (std::string_view t : kTiers)
-        if (seen[std::string(t)].count(c.id)) c.tiers.emplace_back(t);
+      for (std::string_view t : kTiers) {
+        const auto in = seen.find(std::string(t));
+        if (in != seen.end() && in->second.count(c.id)) c.tiers.emplace_back(t);
+      }
       std::vector<const KnownBugRule*> hits;
       for (size_t i = 0; i < f.known_bugs.size(); ++i) {
         if (!rule_ids[i].search(c.id)) continue;
         rule_used[i] = 1;
         hits.push_back(&f.known_bugs[i]);
       }
-      if (hits.size() == 1) {
-        c.known_bug = KnownBug{hits[0]->reason, hits[0]->arch};
-      } else if (hits.size() > 1) {
-        // Several marks: any of their arches; each reason names its arch.
-        std::string reason, arch;
-        bool any_arch = false;
-        for (const auto* r : hits) {
-          reason += (reason.empty() ? "" : "; ") + r->reason +
-                    (r->arch.empty() ? "" : " [arch " + r->arch + "]");
-          any_arch = any_arch || r->arch.empty();
-          arch += (arch.empty() ? "" : "|") + ("(?:" + r->arch + ")");
-        }
-        c.known_bug = KnownBug{reason, any_arch ? "" : arch};
-      }
+      if (!hits.empty()) c.known_bug = known_bug_of(hits);
     }
   }
   for (size_t i = 0; i < f.known_bugs.size(); ++i)
     if (!rule_used[i])
       throw CaseFileError(f.known_bugs[i].source + ": [[known_bug]] id regex '" +
                           f.known_bugs[i].id_regex + "' matches no case of this file");
+}
+
+}  // namespace
+
+CaseFile load_case_file(const std::string& path) {
+  const toml::table root = parse_toml(path);
+  CaseFile f;
+  f.path = path;
+  allow_keys(path, root, "case file", {"op", "defaults", "group", "known_bug", "coverage"});
+  const Op& op = file_op(path, root, f.op);
+  if (const toml::node* d = root.get("defaults")) f.defaults = parse_defaults(path, *d, op);
+  if (const toml::node* kb = root.get("known_bug")) f.known_bugs = parse_known_bugs(path, *kb);
+  if (const toml::node* cov = root.get("coverage"))
+    f.coverage_accepts = parse_coverage(path, *cov, op);
+  f.groups = parse_groups(path, root, op, f);
+  SeenIds seen;
+  expand_tiers(op, f, seen);
+  nest_tiers(f, seen);
+  mark_cases(f, seen);
   return f;
 }
 

@@ -369,7 +369,7 @@ OpCoverage audit_op(const Op& op, const std::vector<Case>& cases,
       oc.errors.push_back(c.source + ": " + c.id + ": cannot build the problem: " + e.what());
       continue;
     }
-    if (!prob.expect_refusal.empty()) {
+    if (prob.expect_refusal) {
       ++oc.refused;
       continue;
     }

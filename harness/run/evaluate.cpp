@@ -275,6 +275,102 @@ void stress_launches(Result& r, const Op& op, const Problem& p, const TensorMap&
   r.stress = st;
 }
 
+// The second launch, from flipped poison: elements neither launch wrote (they differ between
+// the launches by construction), then the same outputs bitwise for a deterministic op, or within
+// the budgets for a nondeterministic one.
+void second_launch(Result& r, const Op& op, const Problem& p, const DeviceOutcome& o,
+                   ContractJudge& judge, const DeviceRunner& device, bool& declared_used,
+                   std::vector<std::string>& problems) {
+  std::optional<PhaseClock> poison_clock(std::in_place, r.timings.guards_ms);
+  const Problem q = with_flipped_poison(p);
+  poison_clock.reset();
+  const auto o2 = device.run(q);
+  r.device_error = o2.status == ATTNCHECK_ERROR;
+  if (o2.status != ATTNCHECK_OK) {
+    Result second = r;
+    launch_failed(second, o2, "second launch: ");
+    problems.push_back(second.message);
+    return;
+  }
+  for (const auto& v : o2.violations) problems.push_back("second launch: " + v);
+  bool unwritten = false;
+  poison_clock.emplace(r.timings.guards_ms);
+  for (const auto& a : p.args) {
+    if (a.role != Role::output || !o.outputs.count(a.name) || !o2.outputs.count(a.name)) continue;
+    // Over the held rows: the outputs came back as those (a sparse output's, docs/abi.md).
+    const auto u = unwritten_elements(a.name, a.tensor.held_rows(), o.outputs.at(a.name),
+                                      q.arg(a.name).held_rows(), o2.outputs.at(a.name));
+    if (!u.empty()) problems.push_back(u);
+    unwritten = unwritten || !u.empty();
+  }
+  poison_clock.reset();
+  if (unwritten) return;
+  if (op.deterministic()) {
+    const PhaseClock clock(r.timings.compare_ms);
+    for (const auto& [name, t] : o.outputs) {
+      const auto cmp = compare_exact(name, t, o2.outputs.at(name));
+      if (!cmp.passed)
+        problems.push_back("not deterministic: launch 2 of '" + name + "': " + cmp.message);
+    }
+  } else {
+    bool declared = false;
+    for (const auto& ch : judge.check(o2.outputs, &declared))
+      if (!ch.passed) problems.push_back("launch 2: " + ch.name + ": " + ch.message);
+    declared_used = declared_used || declared;
+  }
+}
+
+// Launches 3..repeat start from the first poison and must repeat the first launch bitwise.
+void repeat_launches(Result& r, const Op& op, const Problem& p, const DeviceOutcome& o,
+                     const DeviceRunner& device, int repeat, std::vector<std::string>& problems) {
+  for (int i = 2; problems.empty() && i < repeat && op.deterministic(); ++i) {
+    const auto again = device.run(p);
+    if (again.status != ATTNCHECK_OK) {
+      Result later = r;
+      launch_failed(later, again, "launch " + std::to_string(i + 1) + ": ");
+      r.device_error = later.device_error;
+      problems.push_back(later.message);
+      break;
+    }
+    const PhaseClock clock(r.timings.compare_ms);
+    for (const auto& [name, t] : o.outputs) {
+      const auto cmp = compare_exact(name, t, again.outputs.at(name));
+      if (!cmp.passed) {
+        problems.push_back("not deterministic: launch " + std::to_string(i + 1) + " of '" + name +
+                           "': " + cmp.message);
+        break;
+      }
+    }
+  }
+}
+
+// The contract whose budgets the checks hold, and what it means for the verdict's message: a pass
+// under the declared contract says so (and whether the default's budgets fail); a first launch
+// that failed says which known contract its error would fit.
+void contract_message(Result& r, ContractJudge& judge, const DeviceOutcome& o, bool passed,
+                      bool declared_used, const std::string& default_failures,
+                      bool first_checks_failed) {
+  const Contract& declared = judge.declared();
+  const std::string default_name(kDefaultContractName);
+  r.contract = declared_used ? declared.name() : default_name;
+  if (passed && declared_used) {
+    r.message =
+        "passed under declared contract " + declared.name() + ": all checks within its budgets" +
+        (default_failures.empty()
+             ? ""
+             : " (the default " + default_name + " budgets fail: " + default_failures + ")");
+  } else if (first_checks_failed) {
+    const auto fits = judge.explaining(o.outputs);
+    const std::string hint = fits ? "the error would fit contract " + fits->name()
+                                  : std::string("no known contract explains it");
+    r.message = (declared.is_default()
+                     ? "fails its declared contract " + default_name + " (the default); " + hint
+                     : "fails its declared contract " + declared.name() + " and the default " +
+                           default_name + "; " + hint) +
+                ": " + r.message;
+  }
+}
+
 // Kernel launches and checks for a valid problem: the first launch against the expected outputs,
 // the second from flipped poison (never-written elements, determinism), further repeats bitwise.
 void judge_kernel(Result& r, const Op& op, const Problem& p, ContractJudge& judge,
@@ -297,66 +393,8 @@ void judge_kernel(Result& r, const Op& op, const Problem& p, ContractJudge& judg
   for (const auto& ch : r.checks)
     if (!ch.passed) problems.push_back(ch.name + ": " + ch.message);
 
-  if (opt.repeat >= 2) {
-    std::optional<PhaseClock> poison_clock(std::in_place, r.timings.guards_ms);
-    const Problem q = with_flipped_poison(p);
-    poison_clock.reset();
-    const auto o2 = device.run(q);
-    r.device_error = o2.status == ATTNCHECK_ERROR;
-    if (o2.status != ATTNCHECK_OK) {
-      Result second = r;
-      launch_failed(second, o2, "second launch: ");
-      problems.push_back(second.message);
-    } else {
-      for (const auto& v : o2.violations) problems.push_back("second launch: " + v);
-      bool unwritten = false;
-      poison_clock.emplace(r.timings.guards_ms);
-      for (const auto& a : p.args) {
-        if (a.role != Role::output || !o.outputs.count(a.name) || !o2.outputs.count(a.name))
-          continue;
-        // Over the held rows: the outputs came back as those (a sparse output's, docs/abi.md).
-        const auto u = unwritten_elements(a.name, a.tensor.held_rows(), o.outputs.at(a.name),
-                                          q.arg(a.name).held_rows(), o2.outputs.at(a.name));
-        if (!u.empty()) problems.push_back(u);
-        unwritten = unwritten || !u.empty();
-      }
-      poison_clock.reset();
-      // Unwritten elements differ between the launches by construction: not nondeterminism.
-      if (!unwritten && op.deterministic()) {
-        const PhaseClock clock(r.timings.compare_ms);
-        for (const auto& [name, t] : o.outputs) {
-          const auto cmp = compare_exact(name, t, o2.outputs.at(name));
-          if (!cmp.passed)
-            problems.push_back("not deterministic: launch 2 of '" + name + "': " + cmp.message);
-        }
-      } else if (!unwritten) {
-        bool declared = false;
-        for (const auto& ch : judge.check(o2.outputs, &declared))
-          if (!ch.passed) problems.push_back("launch 2: " + ch.name + ": " + ch.message);
-        declared_used = declared_used || declared;
-      }
-    }
-  }
-  // Launches 3..repeat start from the first poison and must repeat the first launch bitwise.
-  for (int i = 2; problems.empty() && i < opt.repeat && op.deterministic(); ++i) {
-    const auto again = device.run(p);
-    if (again.status != ATTNCHECK_OK) {
-      Result later = r;
-      launch_failed(later, again, "launch " + std::to_string(i + 1) + ": ");
-      r.device_error = later.device_error;
-      problems.push_back(later.message);
-      break;
-    }
-    const PhaseClock clock(r.timings.compare_ms);
-    for (const auto& [name, t] : o.outputs) {
-      const auto cmp = compare_exact(name, t, again.outputs.at(name));
-      if (!cmp.passed) {
-        problems.push_back("not deterministic: launch " + std::to_string(i + 1) + " of '" + name +
-                           "': " + cmp.message);
-        break;
-      }
-    }
-  }
+  if (opt.repeat >= 2) second_launch(r, op, p, o, judge, device, declared_used, problems);
+  repeat_launches(r, op, p, o, device, opt.repeat, problems);
   if (opt.invariance && problems.empty())  // the op's relations (run/invariance.h)
     check_invariance(r, op, p, judge.expected(), o.outputs,
                      judge.applies() ? std::optional(judge.declared()) : std::nullopt, device,
@@ -374,28 +412,9 @@ void judge_kernel(Result& r, const Op& op, const Problem& p, ContractJudge& judg
   r.message = problems.empty() ? "all checks within budget" : join(problems);
   if (problems.empty() && graph.kind != GraphReplayOutcome::Kind::not_declared)
     r.message += "; " + graph.message;
-  if (!judge.applies()) return;
-  // The contract whose budgets the checks hold, and what it means for the verdict.
-  const Contract& declared = judge.declared();
-  const std::string default_name(kDefaultContractName);
-  r.contract = declared_used ? declared.name() : default_name;
-  if (problems.empty() && declared_used) {
-    r.message =
-        "passed under declared contract " + declared.name() + ": all checks within its budgets" +
-        (default_failures.empty()
-             ? ""
-             : " (the default " + default_name + " budgets fail: " + default_failures + ")");
-  } else if (first_checks_failed) {
-    // Which known contract, had the kernel declared it, would the first launch's error fit?
-    const auto fits = judge.explaining(o.outputs);
-    const std::string hint = fits ? "the error would fit contract " + fits->name()
-                                  : std::string("no known contract explains it");
-    r.message = (declared.is_default()
-                     ? "fails its declared contract " + default_name + " (the default); " + hint
-                     : "fails its declared contract " + declared.name() + " and the default " +
-                           default_name + "; " + hint) +
-                ": " + r.message;
-  }
+  if (judge.applies())
+    contract_message(r, judge, o, problems.empty(), declared_used, default_failures,
+                     first_checks_failed);
 }
 
 // The one refusal branch (both modes): the configuration is invalid by the op's invalid() (asked
@@ -410,7 +429,7 @@ void judge_refusal(Result& r, const Problem& p, const std::optional<GoldenCase>&
     if (!golden) {
       r.verdict = Verdict::skipped;
       r.message = "nothing compared: no golden for this case; invalid configuration (" +
-                  p.expect_refusal + ")" + not_checked;
+                  p.expect_refusal.value_or("") + ")" + not_checked;
       return;
     }
     r.mode = Mode::reference;
@@ -419,12 +438,12 @@ void judge_refusal(Result& r, const Problem& p, const std::optional<GoldenCase>&
     if (!digests.empty())
       problems.push_back("inputs differ from those the golden was computed from (" + digests +
                          "): the input generator changed; regenerate the golden deliberately");
-    if (p.expect_refusal.empty() != golden->expect_refusal.empty())
-      problems.push_back(p.expect_refusal.empty()
+    if (p.expect_refusal.has_value() != golden->expect_refusal.has_value())
+      problems.push_back(!p.expect_refusal
                              ? "the golden marks this case invalid, the op now accepts it"
                              : "the op now marks this case invalid, the golden holds outputs");
     r.verdict = problems.empty() ? Verdict::refused_as_expected : Verdict::failed;
-    r.message = problems.empty() ? "invalid configuration (" + p.expect_refusal +
+    r.message = problems.empty() ? "invalid configuration (" + p.expect_refusal.value_or("") +
                                        "), as the golden records" + not_checked
                                  : join(problems);
     return;
@@ -437,7 +456,7 @@ void judge_refusal(Result& r, const Problem& p, const std::optional<GoldenCase>&
                                      : "refused, but wrote: " + join(o.violations);
   } else if (o.status == ATTNCHECK_OK) {
     r.verdict = Verdict::failed;
-    r.message = "kernel ran an invalid configuration (" + p.expect_refusal + ")";
+    r.message = "kernel ran an invalid configuration (" + p.expect_refusal.value_or("") + ")";
   } else {
     launch_failed(r, o, "instead of refusing: ");
   }
@@ -502,11 +521,11 @@ void evaluate_kernel(Result& r, const Op& op, const Case& c, const Problem& p,
     return;
   }
   r.mode = Mode::kernel;
-  if (!p.expect_refusal.empty()) return judge_refusal(r, p, golden, ctx);
+  if (p.expect_refusal) return judge_refusal(r, p, golden, ctx);
 
   TensorMap expected;
   bool golden_fits = false;
-  if (ctx.golden_as_expected && golden && golden->expect_refusal.empty()) {
+  if (ctx.golden_as_expected && golden && !golden->expect_refusal) {
     const PhaseClock clock(r.timings.golden_ms);  // the inputs' digests against the golden's
     golden_fits = golden->input_digests == input_digests(p);
   }
@@ -736,7 +755,7 @@ Result evaluate_timed(const Case& c, const EvalContext& ctx, CaseArtifacts* arti
         return r;
       }
     }
-    if (!ctx.device && (!p.expect_refusal.empty() || (golden && !golden->expect_refusal.empty())))
+    if (!ctx.device && (p.expect_refusal || (golden && golden->expect_refusal)))
       judge_refusal(r, p, golden, ctx);
     else if (ctx.device) {
       evaluate_kernel(r, *op, c, p, golden, ctx, artifacts);

@@ -103,7 +103,9 @@ nlohmann::json input_digests(const Problem& p) {
       h.update(a.tensor.storage()->bytes.data(), a.tensor.storage()->bytes.size());
     args[a.name] = h.hex();
   }
-  return {{"args", args}, {"kernel_params", p.kernel_params}, {"expect_refusal", p.expect_refusal}};
+  return {{"args", args},
+          {"kernel_params", p.kernel_params},
+          {"expect_refusal", p.expect_refusal.value_or("")}};
 }
 
 Tensor golden_storage_form(const Tensor& expected) {
@@ -382,7 +384,8 @@ std::optional<GoldenCase> GoldenStore::load(const std::string& op, const std::st
                              "', expected '" + id + "'");
   gc.params = f.attr_json(g, "params");
   gc.input_digests = f.attr_json(g, "input_digests");
-  gc.expect_refusal = f.attr_string(g, "expect_refusal");
+  if (std::string why = f.attr_string(g, "expect_refusal"); !why.empty())
+    gc.expect_refusal = std::move(why);
   if (f.has(g + "/outputs"))
     for (const auto& name : f.children(g + "/outputs")) {
       const std::string ds = g + "/outputs/" + name;

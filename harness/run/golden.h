@@ -53,7 +53,7 @@ struct GoldenCase {
   std::string id;
   Params params;
   nlohmann::json input_digests;
-  std::string expect_refusal;
+  std::optional<std::string> expect_refusal;  // stored "" for a valid configuration
   TensorMap outputs;  // as the reference produced them (float32-stored f64 widened back)
   std::map<std::string, DType> stored_dtypes;
 };

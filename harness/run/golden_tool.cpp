@@ -67,20 +67,12 @@ void swap_directories(const fs::path& a, const fs::path& b) {
 
 }  // namespace
 
-int golden_generate(const std::vector<CaseFile>& files, const GoldenOptions& opt,
-                    std::ostream& out) {
-  const auto per_op = golden_cases(files, opt.ops);
-  fs::create_directories(opt.dir);
-  // The real directory (a symlinked golden/ keeps its link), and a fresh staging directory next
-  // to it; a killed generate's staging directory is removed here.
-  const fs::path dir = fs::canonical(opt.dir);
-  const fs::path staging = golden_staging_dir(dir.string());
-  fs::remove_all(staging);
-  fs::create_directory(staging);
-  std::map<std::string, ManifestEntry> manifest;
-  if (fs::exists(dir / "MANIFEST"))
-    for (const auto& e : read_manifest(dir.string())) manifest[e.file] = e;
-  // Everything that is not regenerated is kept: hard links into the staging directory.
+namespace {
+
+// Hard links (copies where a link cannot be made) in `staging` of everything in `dir` that is not
+// regenerated: the golden files of other ops and whatever else the directory holds.
+void stage_kept_files(const fs::path& dir, const fs::path& staging,
+                      const std::map<std::string, std::vector<Case>>& per_op) {
   for (const auto& entry : fs::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
     if (name == "MANIFEST") continue;
@@ -94,50 +86,92 @@ int golden_generate(const std::vector<CaseFile>& files, const GoldenOptions& opt
       fs::copy(entry.path(), staging / name,
                fs::copy_options::recursive | fs::copy_options::copy_symlinks);
   }
+}
+
+// One case's group: its id, values, input digests and refusal, and the reference's outputs
+// (none for an invalid configuration: the op's invalid(), decided once in Op::problem).
+void write_golden_case(H5File& f, const Op& op, const Case& c) {
+  Problem p = op.problem(c);
+  const std::string g = golden_group(c.id);
+  f.create_group(g);
+  f.set_attr(g, "id", c.id);
+  f.set_attr_json(g, "params", c.params);
+  f.set_attr_json(g, "tiers", c.tiers);
+  f.set_attr_json(g, "input_digests", input_digests(p));
+  f.set_attr(g, "expect_refusal", p.expect_refusal.value_or(""));
+  if (p.expect_refusal) return;
+  TensorMap expected;
+  try {
+    expected = op.reference(p);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(c.id + " (" + c.source + "): reference failed: " + e.what());
+  }
+  for (const auto& [name, t] : expected) {
+    const std::string ds = g + "/outputs/" + name;
+    f.write_tensor(ds, golden_storage_form(t));
+    f.set_attr(ds, "reference_dtype", std::string(dtype_name(t.dtype())));
+  }
+}
+
+// <op>.h5 at `path`, holding every case of the op; its MANIFEST line.
+ManifestEntry write_op_golden(const Op& op, const std::vector<Case>& cases, const fs::path& path) {
+  H5File f = H5File::create(path);
+  // No revision in the file: its bytes depend on the case files and the reference alone, so
+  // regenerating on a clean checkout is byte-identical (the commit that wrote golden/ is its
+  // provenance: `git log golden/`).
+  f.set_attr("/", "format", kGoldenFormat);
+  f.set_attr("/", "op", op.name());
+  f.set_attr("/", "generator", "attncheck " + attncheck_version() + " golden generate");
+  f.set_attr("/", "tiers", "smoke,quick");
+  f.set_attr("/", "case_count", static_cast<int64_t>(cases.size()));
+  f.set_attr("/", "storage", kGoldenStorageNote);
+  for (const auto& c : cases) write_golden_case(f, op, c);
+  f.commit();
+  ManifestEntry e;
+  e.file = op.name() + ".h5";
+  e.sha256 = sha256_file(path.string());
+  e.size = fs::file_size(path);
+  e.cases = static_cast<int64_t>(cases.size());
+  return e;
+}
+
+// The set's total size against kGoldenBudgetBytes: 1 (naming the heaviest files) when over.
+int report_golden_budget(const std::vector<ManifestEntry>& entries, std::ostream& out) {
+  uint64_t total = 0;
+  for (const auto& e : entries) total += e.size;
+  out << "  total " << fmt_bytes(total) << " in " << entries.size() << " files (budget "
+      << fmt_bytes(kGoldenBudgetBytes) << ")\n";
+  if (total <= kGoldenBudgetBytes) return 0;
+  auto heavy = entries;
+  std::sort(heavy.begin(), heavy.end(),
+            [](const auto& a, const auto& b) { return a.size > b.size; });
+  out << "  OVER BUDGET; heaviest:";
+  for (size_t i = 0; i < std::min<size_t>(3, heavy.size()); ++i)
+    out << " " << heavy[i].file << " (" << fmt_bytes(heavy[i].size) << ")";
+  out << "\n";
+  return 1;
+}
+
+}  // namespace
+
+int golden_generate(const std::vector<CaseFile>& files, const GoldenOptions& opt,
+                    std::ostream& out) {
+  const auto per_op = golden_cases(files, opt.ops);
+  fs::create_directories(opt.dir);
+  // The real directory (a symlinked golden/ keeps its link), and a fresh staging directory next
+  // to it; a killed generate's staging directory is removed here.
+  const fs::path dir = fs::canonical(opt.dir);
+  const fs::path staging = golden_staging_dir(dir.string());
+  fs::remove_all(staging);
+  fs::create_directory(staging);
+  std::map<std::string, ManifestEntry> manifest;
+  if (fs::exists(dir / "MANIFEST"))
+    for (const auto& e : read_manifest(dir.string())) manifest[e.file] = e;
+  stage_kept_files(dir, staging, per_op);
 
   for (const auto& [op_name, cases] : per_op) {
     const auto t0 = std::chrono::steady_clock::now();
-    const Op& op = *find_op(op_name);
-    const fs::path path = staging / (op_name + ".h5");
-    H5File f = H5File::create(path);
-    // No revision in the file: its bytes depend on the case files and the reference alone, so
-    // regenerating on a clean checkout is byte-identical (the commit that wrote golden/ is its
-    // provenance: `git log golden/`).
-    f.set_attr("/", "format", kGoldenFormat);
-    f.set_attr("/", "op", op_name);
-    f.set_attr("/", "generator", "attncheck " + attncheck_version() + " golden generate");
-    f.set_attr("/", "tiers", "smoke,quick");
-    f.set_attr("/", "case_count", static_cast<int64_t>(cases.size()));
-    f.set_attr("/", "storage", kGoldenStorageNote);
-    for (const auto& c : cases) {
-      Problem p = op.problem(c);
-      const std::string g = golden_group(c.id);
-      f.create_group(g);
-      f.set_attr(g, "id", c.id);
-      f.set_attr_json(g, "params", c.params);
-      f.set_attr_json(g, "tiers", c.tiers);
-      f.set_attr_json(g, "input_digests", input_digests(p));
-      f.set_attr(g, "expect_refusal", p.expect_refusal);
-      // Invalid configurations (the op's invalid(), decided once in Op::problem) have no outputs.
-      if (!p.expect_refusal.empty()) continue;
-      TensorMap expected;
-      try {
-        expected = op.reference(p);
-      } catch (const std::exception& e) {
-        throw std::runtime_error(c.id + " (" + c.source + "): reference failed: " + e.what());
-      }
-      for (const auto& [name, t] : expected) {
-        const std::string ds = g + "/outputs/" + name;
-        f.write_tensor(ds, golden_storage_form(t));
-        f.set_attr(ds, "reference_dtype", std::string(dtype_name(t.dtype())));
-      }
-    }
-    f.commit();
-    ManifestEntry e;
-    e.file = op_name + ".h5";
-    e.sha256 = sha256_file(path.string());
-    e.size = fs::file_size(path);
-    e.cases = static_cast<int64_t>(cases.size());
+    const ManifestEntry e = write_op_golden(*find_op(op_name), cases, staging / (op_name + ".h5"));
     manifest[e.file] = e;
     out << "  " << std::left << std::setw(24) << op_name << std::right << std::setw(6)
         << cases.size() << " cases " << std::setw(12) << fmt_bytes(e.size) << "  " << std::fixed
@@ -149,22 +183,7 @@ int golden_generate(const std::vector<CaseFile>& files, const GoldenOptions& opt
   write_manifest(staging.string(), entries);
   swap_directories(staging, dir);
   fs::remove_all(staging);  // now the old set
-
-  uint64_t total = 0;
-  for (const auto& e : entries) total += e.size;
-  out << "  total " << fmt_bytes(total) << " in " << entries.size() << " files (budget "
-      << fmt_bytes(kGoldenBudgetBytes) << ")\n";
-  if (total > kGoldenBudgetBytes) {
-    auto heavy = entries;
-    std::sort(heavy.begin(), heavy.end(),
-              [](const auto& a, const auto& b) { return a.size > b.size; });
-    out << "  OVER BUDGET; heaviest:";
-    for (size_t i = 0; i < std::min<size_t>(3, heavy.size()); ++i)
-      out << " " << heavy[i].file << " (" << fmt_bytes(heavy[i].size) << ")";
-    out << "\n";
-    return 1;
-  }
-  return 0;
+  return report_golden_budget(entries, out);
 }
 
 namespace {
@@ -174,142 +193,186 @@ struct ManifestCheck {
   bool readable = true;
 };
 
-}  // namespace
-
-int golden_verify(const std::vector<CaseFile>& files, const GoldenOptions& opt, std::ostream& out) {
-  const auto per_op = golden_cases(files, opt.ops);
+// What golden_verify found wrong, one line each, flushed: a verify that is killed (or a reader
+// that dies) loses nothing it said.
+struct VerifyLog {
+  std::ostream& out;
   int problems = 0;
-  // Every line is flushed: a verify that is killed (or a reader that dies) loses nothing it said.
-  auto problem = [&](const std::string& s) {
+  void fail(const std::string& s) {
     ++problems;
     out << "  FAIL " << s << std::endl;
-  };
-  const std::string dir = opt.dir;
-  auto shown = [&](const std::string& file) { return (fs::path(dir) / file).string(); };
+  }
+};
 
+ManifestCheck read_manifest_check(const std::string& dir, VerifyLog& log) {
   ManifestCheck man;
   try {
     for (const auto& e : read_manifest(dir)) man.entries[e.file] = e;
   } catch (const std::exception& e) {
     man.readable = false;
-    problem(e.what());
+    log.fail(e.what());
   }
-  if (opt.ops.empty()) {
-    std::error_code ec;
-    for (const auto& e : fs::directory_iterator(dir, ec)) {
-      if (e.path().filename() == "MANIFEST") continue;
-      if (e.path().extension() != ".h5") {
-        problem(e.path().string() +
-                ": not a golden file and not MANIFEST (a leftover? golden/ "
-                "holds only <op>.h5 and MANIFEST)");
+  return man;
+}
+
+// The directory as a whole: only <op>.h5 files of ops with smoke/quick cases and MANIFEST, and
+// every file MANIFEST lists present.
+void verify_golden_dir(const std::string& dir, const ManifestCheck& man,
+                       const std::map<std::string, std::vector<Case>>& per_op, VerifyLog& log) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (e.path().filename() == "MANIFEST") continue;
+    if (e.path().extension() != ".h5") {
+      log.fail(e.path().string() +
+               ": not a golden file and not MANIFEST (a leftover? golden/ "
+               "holds only <op>.h5 and MANIFEST)");
+      continue;
+    }
+    const std::string op = e.path().stem().string();
+    if (!per_op.count(op))
+      log.fail(e.path().string() + ": no case file has smoke/quick cases for op '" + op +
+               "' (stale golden: delete it, then `attncheck golden generate`)");
+  }
+  for (const auto& [file, entry] : man.entries)
+    if (!fs::exists(fs::path(dir) / file))
+      log.fail((fs::path(dir) / "MANIFEST").string() + " lists " + file + ", which does not exist");
+}
+
+// What a path that is no regular file is, for the message.
+const char* file_kind(const std::string& path) {
+  std::error_code ec;
+  const auto st = fs::status(path, ec);
+  return fs::is_directory(st)        ? "a directory"
+         : fs::is_fifo(st)           ? "a FIFO"
+         : fs::is_character_file(st) ? "a character device"
+         : fs::is_block_file(st)     ? "a block device"
+         : fs::is_socket(st)         ? "a socket"
+         : fs::exists(st)            ? "not a regular file"
+                                     : "a dangling symbolic link";
+}
+
+// One op's golden file against MANIFEST: present, a regular file, listed, of the listed size and
+// sha256. False when the file cannot be checked further (missing or not a regular file).
+bool verify_golden_file(const std::string& dir, const std::string& op_name, size_t cases,
+                        const ManifestCheck& man, VerifyLog& log) {
+  const std::string file = op_name + ".h5";
+  const std::string path = (fs::path(dir) / file).string();
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(path, ec))) {
+    log.fail(path + " missing: " + std::to_string(cases) + " smoke/quick cases of '" + op_name +
+             "' have no golden (run `attncheck golden generate --op " + op_name + "`)");
+    return false;
+  }
+  // A directory, FIFO, socket or device (also behind a symlink) is reported and skipped: a
+  // FIFO would block the hash, /dev/zero never end it.
+  if (!fs::is_regular_file(path, ec)) {
+    log.fail(path + " is " + file_kind(path) + ", not a golden file (not read)");
+    return false;
+  }
+  const auto it = man.entries.find(file);
+  if (man.readable && it == man.entries.end()) {
+    log.fail(path + " is not listed in " + (fs::path(dir) / "MANIFEST").string());
+  } else if (it != man.entries.end()) {
+    const uint64_t size = fs::file_size(path);
+    const std::string sha = sha256_file(path);
+    if (size != it->second.size)
+      log.fail(path + ": " + std::to_string(size) + " bytes, MANIFEST says " +
+               std::to_string(it->second.size) + " (truncated or replaced)");
+    if (sha != it->second.sha256)
+      log.fail(path + ": sha256 " + sha + " does not match MANIFEST (" + it->second.sha256 +
+               "): the file is corrupt or was changed outside `attncheck golden generate`");
+  }
+  return true;
+}
+
+struct OpVerified {
+  int cases = 0;
+  double worst_ratio = 0;  // the largest drift, as a fraction of the storage bound
+};
+
+// Every case of one op against its golden: stored, recomputed within the storage bound; stored
+// ids that are no longer cases, and metadata that changed, are problems too.
+OpVerified verify_op_cases(const std::string& path, const std::string& op_name,
+                           const std::vector<Case>& cases, GoldenStore& store, VerifyLog& log) {
+  OpVerified v;
+  std::vector<std::string> stored;
+  try {
+    stored = store.case_ids(op_name);
+  } catch (const std::exception& e) {
+    log.fail(std::string("cannot read golden: ") + e.what());
+    v.cases = -1;
+    return v;
+  }
+  try {
+    for (const auto& why : store.metadata_problems(op_name, cases)) log.fail(why);
+  } catch (const std::exception& e) {
+    log.fail(std::string("cannot read golden metadata: ") + e.what());
+  }
+  std::set<std::string> stored_set(stored.begin(), stored.end()), wanted;
+  for (const auto& c : cases) wanted.insert(c.id);
+  for (const auto& id : stored)
+    if (!wanted.count(id))
+      log.fail(path + " holds '" + id + "', which is no longer a smoke/quick case (regenerate)");
+  for (const auto& c : cases) {
+    if (!stored_set.count(c.id)) {
+      log.fail(c.id + " (" + c.source + "): no golden (run `attncheck golden generate --op " +
+               op_name + "`)");
+      continue;
+    }
+    try {
+      const Result r = verify_case(c, store);
+      if (r.failing()) {
+        log.fail(c.id + ": " + r.message);
         continue;
       }
-      const std::string op = e.path().stem().string();
-      if (!per_op.count(op))
-        problem(e.path().string() + ": no case file has smoke/quick cases for op '" + op +
-                "' (stale golden: delete it, then `attncheck golden generate`)");
+      for (const auto& ch : r.checks)
+        if (std::isfinite(ch.metrics.worst.ratio))
+          v.worst_ratio = std::max(v.worst_ratio, ch.metrics.worst.ratio);
+      ++v.cases;
+    } catch (const std::exception& e) {
+      log.fail(c.id + ": cannot read its golden: " + e.what());
     }
-    for (const auto& [file, entry] : man.entries)
-      if (!fs::exists(fs::path(dir) / file))
-        problem(shown("MANIFEST") + " lists " + file + ", which does not exist");
   }
+  return v;
+}
+
+}  // namespace
+
+int golden_verify(const std::vector<CaseFile>& files, const GoldenOptions& opt, std::ostream& out) {
+  const auto per_op = golden_cases(files, opt.ops);
+  VerifyLog log{out};
+  const std::string dir = opt.dir;
+  const ManifestCheck man = read_manifest_check(dir, log);
+  if (opt.ops.empty()) verify_golden_dir(dir, man, per_op, log);
 
   GoldenStore store(dir);
   for (const auto& [op_name, cases] : per_op) {
     const auto t0 = std::chrono::steady_clock::now();
-    const int before = problems;
+    const int before = log.problems;
     const std::string file = op_name + ".h5";
-    const std::string path = shown(file);
-    std::error_code ec;
-    if (!fs::exists(fs::symlink_status(path, ec))) {
-      problem(path + " missing: " + std::to_string(cases.size()) + " smoke/quick cases of '" +
-              op_name + "' have no golden (run `attncheck golden generate --op " + op_name + "`)");
-      continue;
-    }
-    // A directory, FIFO, socket or device (also behind a symlink) is reported and skipped: a
-    // FIFO would block the hash, /dev/zero never end it.
-    if (!fs::is_regular_file(path, ec)) {
-      const auto st = fs::status(path, ec);
-      const char* kind = fs::is_directory(st)        ? "a directory"
-                         : fs::is_fifo(st)           ? "a FIFO"
-                         : fs::is_character_file(st) ? "a character device"
-                         : fs::is_block_file(st)     ? "a block device"
-                         : fs::is_socket(st)         ? "a socket"
-                         : fs::exists(st)            ? "not a regular file"
-                                                     : "a dangling symbolic link";
-      problem(path + " is " + kind + ", not a golden file (not read)");
-      continue;
-    }
-    const auto it = man.entries.find(file);
-    if (man.readable && it == man.entries.end()) {
-      problem(path + " is not listed in " + shown("MANIFEST"));
-    } else if (it != man.entries.end()) {
-      const uint64_t size = fs::file_size(path);
-      const std::string sha = sha256_file(path);
-      if (size != it->second.size)
-        problem(path + ": " + std::to_string(size) + " bytes, MANIFEST says " +
-                std::to_string(it->second.size) + " (truncated or replaced)");
-      if (sha != it->second.sha256)
-        problem(path + ": sha256 " + sha + " does not match MANIFEST (" + it->second.sha256 +
-                "): the file is corrupt or was changed outside `attncheck golden generate`");
-    }
+    if (!verify_golden_file(dir, op_name, cases.size(), man, log)) continue;
     if (opt.manifest_only) {
-      if (problems == before) out << "  ok   " << file << " matches MANIFEST" << std::endl;
+      if (log.problems == before) out << "  ok   " << file << " matches MANIFEST" << std::endl;
       continue;
     }
     // Only a file that matches its MANIFEST line is parsed (GoldenStore checks again, and reads
     // it once in a child process first).
-    if (problems != before || !man.readable) {
+    if (log.problems != before || !man.readable) {
       out << "  FAIL " << std::left << std::setw(24) << op_name << std::right
           << " not parsed: the file does not match MANIFEST" << std::endl;
       continue;
     }
-    std::vector<std::string> stored;
-    try {
-      stored = store.case_ids(op_name);
-    } catch (const std::exception& e) {
-      problem(std::string("cannot read golden: ") + e.what());
-      continue;
-    }
-    try {
-      for (const auto& why : store.metadata_problems(op_name, cases)) problem(why);
-    } catch (const std::exception& e) {
-      problem(std::string("cannot read golden metadata: ") + e.what());
-    }
-    std::set<std::string> stored_set(stored.begin(), stored.end()), wanted;
-    for (const auto& c : cases) wanted.insert(c.id);
-    for (const auto& id : stored)
-      if (!wanted.count(id))
-        problem(path + " holds '" + id + "', which is no longer a smoke/quick case (regenerate)");
-    int verified = 0;
-    double worst_ratio = 0;
-    for (const auto& c : cases) {
-      if (!stored_set.count(c.id)) {
-        problem(c.id + " (" + c.source + "): no golden (run `attncheck golden generate --op " +
-                op_name + "`)");
-        continue;
-      }
-      try {
-        const Result r = verify_case(c, store);
-        if (r.failing()) {
-          problem(c.id + ": " + r.message);
-          continue;
-        }
-        for (const auto& ch : r.checks)
-          if (std::isfinite(ch.metrics.worst.ratio))
-            worst_ratio = std::max(worst_ratio, ch.metrics.worst.ratio);
-        ++verified;
-      } catch (const std::exception& e) {
-        problem(c.id + ": cannot read its golden: " + e.what());
-      }
-    }
-    out << "  " << (problems == before ? "ok   " : "FAIL ") << std::left << std::setw(24) << op_name
-        << std::right << std::setw(5) << verified << "/" << cases.size() << " cases verified"
-        << "  worst drift " << std::setprecision(2) << worst_ratio << " of the storage bound  "
+    const OpVerified v =
+        verify_op_cases((fs::path(dir) / file).string(), op_name, cases, store, log);
+    if (v.cases < 0) continue;
+    out << "  " << (log.problems == before ? "ok   " : "FAIL ") << std::left << std::setw(24)
+        << op_name << std::right << std::setw(5) << v.cases << "/" << cases.size()
+        << " cases verified"
+        << "  worst drift " << std::setprecision(2) << v.worst_ratio << " of the storage bound  "
         << std::fixed << std::setprecision(1) << seconds_since(t0) << " s" << std::endl
         << std::defaultfloat;
   }
-  return problems;
+  return log.problems;
 }
 
 int golden_diff(const std::vector<CaseFile>& files, const GoldenOptions& opt, std::ostream& out) {

@@ -272,7 +272,7 @@ void write_repro_bundle(const std::string& path, const Result& r, const CaseArti
   f.set_attr_json("/", "params", r.params);
   f.set_attr_json("/", "kernel_params", a.problem.kernel_params);
   f.set_attr("/", "kernel", a.problem.kernel);
-  f.set_attr("/", "expect_refusal", a.problem.expect_refusal);
+  f.set_attr("/", "expect_refusal", a.problem.expect_refusal.value_or(""));
   f.set_attr("/", "verdict", std::string(verdict_name(r.verdict)));
   f.set_attr("/", "mode", std::string(mode_name(r.mode)));
   f.set_attr("/", "message", r.message);

@@ -479,6 +479,20 @@ TEST_F(CaseFiles, MalformedFilesGiveLocatedErrors) {
   }
 }
 
+// A value outside its axis' bounds is judged by the op's one validator (Fields<P>::check) and
+// named like any other bad value: file, line, column, group or [defaults], axis.
+TEST_F(CaseFiles, OutOfBoundsValuesNameTheirGroupAndAxis) {
+  const std::string p = (dir_ / "bad.toml").string();
+  EXPECT_EQ(error_of("op = \"selftest_axpy\"\n[[group]]\nname=\"g\"\ntiers={smoke=\"cartesian\"}\n"
+                     "axes={n=[64, 1000000000]}\n"),
+            p + ":5:14: group 'g' axis 'n': selftest_axpy: axis 'n' = 1000000000 is outside op "
+                "'selftest_axpy''s bounds [-131072, 131072]");
+  EXPECT_EQ(error_of("op = \"selftest_axpy\"\n[defaults]\nn = -200000\n"
+                     "[[group]]\nname=\"g\"\ntiers={smoke=\"list\"}\ncases=[{}]\n"),
+            p + ":3:5: [defaults] n: selftest_axpy: axis 'n' = -200000 is outside op "
+                "'selftest_axpy''s bounds [-131072, 131072]");
+}
+
 TEST_F(CaseFiles, DuplicateIdsAcrossFilesNameBothSources) {
   write(
       "a.toml",

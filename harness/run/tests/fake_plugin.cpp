@@ -259,6 +259,19 @@ const Problem& template_problem(const Op& op) {
   if (it == made.end()) it = made.emplace(op.name(), op.make(op.make_case(Params::object()))).first;
   return it->second;
 }
+// The op's typed parameters (Problem::params) for case parameters `given` (the last case
+// context's, or a launch's variant of them): those of the problem the op makes for them, made
+// once per parameters. The caller holds g_mutex.
+const std::any& case_typed_params(const Op& op, const Params& given) {
+  static std::string made_for;
+  static std::any made;
+  const std::string key = op.name() + given.dump();
+  if (key != made_for) {
+    made = op.make(op.make_case(given)).params;
+    made_for = key;
+  }
+  return made;
+}
 // $ATTNCHECK_FAKE_PARTIAL as JSON (null when unset or not JSON: the harness reports the
 // declaration itself).
 nlohmann::json declared_partial() {
@@ -393,7 +406,7 @@ int run_impl(const char* op_name, const char* params_json, const attncheck_arg* 
     // MLA cache at block size 1 (ops/mla_inputs.h at_block_size_one) within the same case.
     if (params.contains("kernel_block_size") && typed.contains("block_size"))
       typed["block_size"] = params["kernel_block_size"];
-    p.params = op->bind_any(typed);
+    p.params = case_typed_params(*op, typed);
   }
   for (int i = 0; i < n_args; ++i) {
     const DLTensor& t = args[i].tensor;
