@@ -102,11 +102,16 @@ bool drop_second_half(const Tensor& indices) {
 
 std::optional<GraphVariant> metadata_variant(const Problem& p,
                                              const std::vector<MetadataChange>& changes) {
+  // An argument on a sparse storage (a large-offset case) holds only a window on the host: its
+  // metadata cannot be rewritten there, so it keeps the case's values.
+  std::vector<MetadataChange> held;
+  for (const auto& c : changes)
+    if (!p.arg(c.arg).storage()->sparse()) held.push_back(c);
   std::vector<std::string> names;
-  for (const auto& c : changes) names.push_back(c.arg);
+  for (const auto& c : held) names.push_back(c.arg);
   GraphVariant v;
   v.capture = with_own_storages(p, names);
-  for (const auto& c : changes) {
+  for (const auto& c : held) {
     if (!c.apply(v.capture.arg(c.arg))) continue;
     v.changed.push_back(c.arg);
     v.how += (v.how.empty() ? "" : ", ") + c.arg + " " + c.what;
@@ -116,8 +121,7 @@ std::optional<GraphVariant> metadata_variant(const Problem& p,
 }
 
 MetadataChange halved(const std::string& lens, int64_t min_len) {
-  return {lens, "halved",
-          [min_len](const Tensor& t) { return halve_lengths(t, min_len); }};
+  return {lens, "halved", [min_len](const Tensor& t) { return halve_lengths(t, min_len); }};
 }
 MetadataChange permuted_block_ids(const std::string& table) {
   return {table, "with its block ids permuted", permute_block_ids};

@@ -153,6 +153,18 @@ TEST(GraphVariant, HostMetadataOpsGiveVariantsWhoseStaleAnswerFails) {
   }
 }
 
+// A large-offset case's indices on a sparse storage (sparse_mla far_rows) keep their values; the
+// variant changes what the host holds whole (the block table).
+TEST(GraphVariant, MetadataOnASparseStorageIsLeftAsItIs) {
+  const Op* op = find_op("sparse_mla");
+  const Problem p = op->problem(op->make_case({{"far_rows", true}}));
+  ASSERT_TRUE(p.arg("topk_indices").storage()->sparse());
+  const auto v = op->graph_variant(p);
+  ASSERT_TRUE(v.has_value());
+  EXPECT_EQ(v->changed, std::vector<std::string>{"block_table"});
+  EXPECT_EQ(graph_variant_error(p, *v), "");
+}
+
 CheckResult check(bool passed) {
   CheckResult c;
   c.name = "o";
