@@ -242,6 +242,11 @@ struct Mirror {
   std::shared_ptr<Storage> host;
 };
 
+// The mirrors' bytes written back to the "device".
+void write_back(const std::vector<Mirror>& mirrors) {
+  for (const auto& m : mirrors) std::memcpy(m.base, m.host->bytes.data(), m.bytes);
+}
+
 // The op that declares this kernel entry.
 const Op* op_for_kernel(const std::string& kernel) {
   for (const Op* o : all_ops())
@@ -299,7 +304,7 @@ void write_first_input(const Problem& p, const std::vector<Mirror>& mirrors) {
     a.tensor.set_bits(zero, a.tensor.get_bits(zero) ^ 1u);
     break;
   }
-  for (const auto& m : mirrors) std::memcpy(m.base, m.host->bytes.data(), m.bytes);
+  write_back(mirrors);
 }
 
 // gap_in_view: the first element offset inside the view's extent that no element of the view
@@ -316,54 +321,53 @@ void write_first_gap(const Tensor& view, std::vector<std::byte>& bytes) {
   bytes[static_cast<size_t>(offset)] ^= std::byte{0x5A};
 }
 
-int run_impl(const char* op_name, const char* params_json, const attncheck_arg* args, int n_args,
-             char* msg, size_t msg_len) {
-  const Op* op = op_for_kernel(op_name ? op_name : "");
-  if (!op) {
-    put(msg, msg_len, std::string("fake library: no op '") + (op_name ? op_name : "") + "'");
-    return ATTNCHECK_UNKNOWN_OP;
+// spawn_and_hang: `sleep 300` started (its pid appended to $ATTNCHECK_FAKE_PID_FILE), then a hang.
+void spawn_and_hang() {
+  if (const pid_t child = ::fork(); child == 0) {
+    ::execlp("sleep", "sleep", "300", static_cast<char*>(nullptr));
+    ::_exit(127);
+  } else if (const std::string file = env("ATTNCHECK_FAKE_PID_FILE"); !file.empty()) {
+    if (FILE* f = std::fopen(file.c_str(), "a")) {
+      std::fprintf(f, "%d\n", static_cast<int>(child));
+      std::fclose(f);
+    }
   }
-  const nlohmann::json params = nlohmann::json::parse(params_json ? params_json : "{}");
-  const std::string fault = fault_for(params);
-  int call = 0;
-  {
-    std::lock_guard<std::mutex> lock(g_mutex);
-    call = ++g_calls;
+  for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
+// `setsid sleep S` (S: $ATTNCHECK_FAKE_SLEEP, default 3600), a process in a session of its own;
+// detach_and_hang starts it through a double fork (`setsid -f`: its parent exits at once) and
+// hangs, detach returns normally.
+void start_detached_sleep(const std::string& fault) {
+  const std::string seconds =
+      env("ATTNCHECK_FAKE_SLEEP").empty() ? "3600" : env("ATTNCHECK_FAKE_SLEEP");
+  if (const pid_t child = ::fork(); child == 0) {
+    if (fault == "detach")
+      ::execlp("setsid", "setsid", "sleep", seconds.c_str(), static_cast<char*>(nullptr));
+    else
+      ::execlp("setsid", "setsid", "-f", "sleep", seconds.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  } else if (fault == "detach_and_hang") {
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   }
+}
+
+// The faults on the process itself, before the launch runs: a crash, a hang, a fork, a child
+// process, forged protocol lines.
+void apply_process_fault(const std::string& fault) {
   if (fault == "abort") std::abort();
   if (fault == "segfault") ::raise(SIGSEGV);
   if (fault == "hang")
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   if (fault == "fork") ::fork();
-  if (fault == "spawn_and_hang") {
-    if (const pid_t child = ::fork(); child == 0) {
-      ::execlp("sleep", "sleep", "300", static_cast<char*>(nullptr));
-      ::_exit(127);
-    } else if (const std::string file = env("ATTNCHECK_FAKE_PID_FILE"); !file.empty()) {
-      if (FILE* f = std::fopen(file.c_str(), "a")) {
-        std::fprintf(f, "%d\n", static_cast<int>(child));
-        std::fclose(f);
-      }
-    }
-    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
-  }
-  // `setsid sleep S` (S: $ATTNCHECK_FAKE_SLEEP, default 3600), a process in a session of its own;
-  // detach_and_hang starts it through a double fork (`setsid -f`: its parent exits at once) and
-  // hangs, detach returns normally.
-  if (fault == "detach" || fault == "detach_and_hang") {
-    const std::string seconds =
-        env("ATTNCHECK_FAKE_SLEEP").empty() ? "3600" : env("ATTNCHECK_FAKE_SLEEP");
-    if (const pid_t child = ::fork(); child == 0) {
-      if (fault == "detach")
-        ::execlp("setsid", "setsid", "sleep", seconds.c_str(), static_cast<char*>(nullptr));
-      else
-        ::execlp("setsid", "setsid", "-f", "sleep", seconds.c_str(), static_cast<char*>(nullptr));
-      ::_exit(127);
-    } else if (fault == "detach_and_hang") {
-      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
-    }
-  }
+  if (fault == "spawn_and_hang") spawn_and_hang();
+  if (fault == "detach" || fault == "detach_and_hang") start_detached_sleep(fault);
   if (fault == "forge") forge_protocol_lines();
+}
+
+// The answer of a launch that does not run: an injected error or refusal, or a context an earlier
+// error broke; nullopt for a launch that runs.
+std::optional<int> injected_answer(const std::string& fault, char* msg, size_t msg_len) {
   // A real device fault breaks the process's GPU context: with $ATTNCHECK_FAKE_STICKY_ERROR every
   // later launch of the process fails too, as other threads' launches do on a GPU.
   static std::atomic<bool> context_broken{false};
@@ -384,38 +388,94 @@ int run_impl(const char* op_name, const char* params_json, const attncheck_arg* 
     put(msg, msg_len, "fake kernel refuses (injected)");
     return ATTNCHECK_REFUSED;
   }
-  // $ATTNCHECK_FAKE_SLOW_WHEN (a JSON object, as $ATTNCHECK_FAKE_FAULT_WHEN): launches whose kernel
-  // parameters contain it take 200 ms and then say so on stderr.
+  return std::nullopt;
+}
+
+// $ATTNCHECK_FAKE_SLOW_WHEN (a JSON object, as $ATTNCHECK_FAKE_FAULT_WHEN): launches whose kernel
+// parameters contain it take 200 ms and then say so on stderr.
+void slow_launch(const nlohmann::json& params) {
   if (const std::string slow = env("ATTNCHECK_FAKE_SLOW_WHEN");
       !slow.empty() && params_match(params, slow)) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     std::fprintf(stderr, "fake library: a slow launch of %d ends\n", static_cast<int>(::getpid()));
     std::fflush(stderr);
   }
+}
 
-  const std::string fp8 = params.value("fp8_format", std::string());
-  const Problem& tmpl = template_problem(*op);
-  std::vector<Mirror> mirrors;
+// The launch's Problem before its arguments: the kernel, its parameters, and the typed parameters
+// of the last case context.
+Problem launch_problem(const Op& op, const char* op_name, const nlohmann::json& params) {
   Problem p;
   p.kernel_params = params;
   p.kernel = op_name;
-  {
-    std::lock_guard<std::mutex> lock(g_mutex);
-    Params typed = g_case_params;
-    // The launch's kernel block size wins over the case's: an invariance relation re-views the
-    // MLA cache at block size 1 (ops/mla_inputs.h at_block_size_one) within the same case.
-    if (params.contains("kernel_block_size") && typed.contains("block_size"))
-      typed["block_size"] = params["kernel_block_size"];
-    p.params = case_typed_params(*op, typed);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  Params typed = g_case_params;
+  // The launch's kernel block size wins over the case's: an invariance relation re-views the
+  // MLA cache at block size 1 (ops/mla_inputs.h at_block_size_one) within the same case.
+  if (params.contains("kernel_block_size") && typed.contains("block_size"))
+    typed["block_size"] = params["kernel_block_size"];
+  p.params = case_typed_params(op, typed);
+  return p;
+}
+
+// The dtype of argument `name`: DLPack's, where uint8 is fp8 ($fp8_format, or the template's
+// argument's fp8 format) unless the template's argument is a raw uint8 buffer.
+std::optional<DType> arg_dtype(const Problem& tmpl, const char* name, const DLDataType& t,
+                               const std::string& fp8) {
+  const bool raw_bytes = tmpl.has_arg(name) && tmpl.arg(name).dtype() == DType::u8;
+  auto dt = dtype_of(t, raw_bytes ? "" : fp8);
+  if (dt == DType::u8 && !raw_bytes && tmpl.has_arg(name) && is_fp8(tmpl.arg(name).dtype()))
+    dt = tmpl.arg(name).dtype();
+  return dt;
+}
+
+// The role of argument `name`: the template's, else input.
+Role arg_role(const Problem& tmpl, const std::string& name) {
+  return tmpl.has_arg(name) ? std::find_if(tmpl.args.begin(), tmpl.args.end(),
+                                           [&](const Arg& x) { return x.name == name; })
+                                  ->role
+                            : Role::input;
+}
+
+// The host mirror of the allocation at `base`, made on its first argument.
+const Mirror& mirror_at(std::vector<Mirror>& mirrors, std::byte* base, size_t bytes) {
+  auto m =
+      std::find_if(mirrors.begin(), mirrors.end(), [&](const Mirror& x) { return x.base == base; });
+  if (m == mirrors.end()) {
+    Mirror nm{base, bytes, std::make_shared<Storage>()};
+    nm.host->bytes.assign(base, base + bytes);
+    mirrors.push_back(nm);
+    m = mirrors.end() - 1;
   }
+  return *m;
+}
+
+// Tensor `t` of dtype `dt`, a view of the mirror `m` of its allocation (`base`, `bytes`).
+Tensor mirrored_view(const DLTensor& t, DType dt, std::byte* base, size_t bytes, const Mirror& m) {
+  const size_t es = dtype_size(dt);
+  const auto first_byte =
+      static_cast<size_t>(static_cast<const std::byte*>(t.data) - base) + t.byte_offset;
+  Tensor whole = Tensor::empty(dt, {static_cast<int64_t>(bytes / es)});
+  auto shared = m.host;
+  if (whole.storage()->bytes.size() != shared->bytes.size()) {
+    // Allocation not a multiple of the element size: widen a private mirror (never written back
+    // past `bytes`).
+    shared = std::make_shared<Storage>(*m.host);
+    shared->bytes.resize(whole.storage()->bytes.size());
+  }
+  whole = whole.rebased(shared);
+  Shape shape(t.shape, t.shape + t.ndim), strides(t.strides, t.strides + t.ndim);
+  return whole.as_strided(shape, strides, static_cast<int64_t>(first_byte / es));
+}
+
+// The launch's arguments as p's args, views of host mirrors of their allocations; the answer for
+// an argument the library cannot take, or nullopt.
+std::optional<int> mirror_args(const Problem& tmpl, const std::string& fp8,
+                               const attncheck_arg* args, int n_args, Problem& p,
+                               std::vector<Mirror>& mirrors, char* msg, size_t msg_len) {
   for (int i = 0; i < n_args; ++i) {
     const DLTensor& t = args[i].tensor;
-    const bool raw_bytes =
-        tmpl.has_arg(args[i].name) && tmpl.arg(args[i].name).dtype() == DType::u8;
-    auto dt = dtype_of(t.dtype, raw_bytes ? "" : fp8);
-    if (dt == DType::u8 && !raw_bytes && tmpl.has_arg(args[i].name) &&
-        is_fp8(tmpl.arg(args[i].name).dtype()))
-      dt = tmpl.arg(args[i].name).dtype();
+    const auto dt = arg_dtype(tmpl, args[i].name, t.dtype, fp8);
     if (!dt) {
       put(msg, msg_len, std::string("fake library: unsupported dtype of '") + args[i].name + "'");
       return ATTNCHECK_REFUSED;
@@ -425,56 +485,36 @@ int run_impl(const char* op_name, const char* params_json, const attncheck_arg* 
       put(msg, msg_len, std::string("fake library: '") + args[i].name + "' is not device memory");
       return ATTNCHECK_ERROR;
     }
-    auto m = std::find_if(mirrors.begin(), mirrors.end(),
-                          [&](const Mirror& x) { return x.base == base; });
-    if (m == mirrors.end()) {
-      Mirror nm{base, bytes, std::make_shared<Storage>()};
-      nm.host->bytes.assign(base, base + bytes);
-      mirrors.push_back(nm);
-      m = mirrors.end() - 1;
-    }
-    const size_t es = dtype_size(*dt);
-    const auto first_byte =
-        static_cast<size_t>(static_cast<const std::byte*>(t.data) - base) + t.byte_offset;
-    Tensor whole = Tensor::empty(*dt, {static_cast<int64_t>(bytes / es)});
-    auto shared = m->host;
-    if (whole.storage()->bytes.size() != shared->bytes.size()) {
-      // Allocation not a multiple of the element size: widen a private mirror (never written back
-      // past `bytes`).
-      shared = std::make_shared<Storage>(*m->host);
-      shared->bytes.resize(whole.storage()->bytes.size());
-    }
-    whole = whole.rebased(shared);
-    Shape shape(t.shape, t.shape + t.ndim), strides(t.strides, t.strides + t.ndim);
-    const Role role = tmpl.has_arg(args[i].name)
-                          ? std::find_if(tmpl.args.begin(), tmpl.args.end(),
-                                         [&](const Arg& x) { return x.name == args[i].name; })
-                                ->role
-                          : Role::input;
-    p.args.push_back({args[i].name,
-                      whole.as_strided(shape, strides, static_cast<int64_t>(first_byte / es)),
-                      role});
+    const Mirror& m = mirror_at(mirrors, base, bytes);
+    p.args.push_back(
+        {args[i].name, mirrored_view(t, *dt, base, bytes, m), arg_role(tmpl, args[i].name)});
   }
-  // Initial bytes, for "unwritten".
-  std::vector<std::vector<std::byte>> initial;
-  for (const auto& m : mirrors) initial.push_back(m.host->bytes);
+  return std::nullopt;
+}
 
-  // The op decides validity (the case context's "invalid"), as a wrapped kernel that checks
-  // nothing itself would ask it (docs/bridge.md "Validity").
+// The op decides validity (the case context's "invalid"), as a wrapped kernel that checks
+// nothing itself would ask it (docs/bridge.md "Validity"): the answer for an invalid case, or
+// nullopt.
+std::optional<int> refusal(const std::string& fault, const Problem& p,
+                           const std::vector<Mirror>& mirrors, char* msg, size_t msg_len) {
   std::string invalid;
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     invalid = g_case_invalid;
   }
-  if (!invalid.empty()) {
-    if (fault == "run_invalid") return ATTNCHECK_OK;
-    if (fault == "write_then_refuse") write_first_input(p, mirrors);
-    put(msg, msg_len, "fake kernel refuses: " + invalid);
-    return ATTNCHECK_REFUSED;
-  }
-  TensorMap expected;
+  if (invalid.empty()) return std::nullopt;
+  if (fault == "run_invalid") return ATTNCHECK_OK;
+  if (fault == "write_then_refuse") write_first_input(p, mirrors);
+  put(msg, msg_len, "fake kernel refuses: " + invalid);
+  return ATTNCHECK_REFUSED;
+}
+
+// The op's reference outputs for p into `expected`; the answer when the reference rejects the
+// arguments or fails, or nullopt.
+std::optional<int> reference_outputs(const Op& op, const Problem& p, const std::string& fault,
+                                     TensorMap& expected, char* msg, size_t msg_len) {
   try {
-    expected = op->reference(p);
+    expected = op.reference(p);
   } catch (const std::invalid_argument& e) {  // InvalidConfig, or arguments the reference rejects
     if (fault == "run_invalid") return ATTNCHECK_OK;
     put(msg, msg_len, std::string("fake kernel refuses: ") + e.what());
@@ -483,123 +523,208 @@ int run_impl(const char* op_name, const char* params_json, const attncheck_arg* 
     put(msg, msg_len, std::string("fake kernel: reference failed: ") + e.what());
     return ATTNCHECK_ERROR;
   }
+  return std::nullopt;
+}
+
+// The unspecified region of output `name` the kernel leaves unwritten (the declared partial
+// contract `keeps`, kept), or "".
+std::string unwritten_region(const nlohmann::json& keeps, const std::string& name) {
+  std::string region;
+  if (keeps.contains("unspecified") && keeps["unspecified"].contains(name) &&
+      keeps["unspecified"][name].is_string() && env("ATTNCHECK_FAKE_PARTIAL_WRITES") != "1")
+    region = keeps["unspecified"][name].get<std::string>();
+  return region;
+}
+
+// Output `name` of p written with `value`, less the elements of `region` ("": none).
+void write_output(const Op& op, const Problem& p, const std::string& name, const Tensor& value,
+                  const std::string& region) {
+  const Tensor& out = p.arg(name);
+  // Same dtype, or same-size integer/fp8 codes (uint8 vs fp8): copy bits; else round the value.
+  auto wide_float = [](DType t) { return is_floating(t) && !is_fp8(t); };
+  const bool bitwise =
+      value.dtype() == out.dtype() || (value.element_size() == out.element_size() &&
+                                       !wide_float(value.dtype()) && !wide_float(out.dtype()));
+  out.for_each_index([&](const Index& idx, int64_t) {
+    if (!region.empty() && op.in_region(name, region, p, idx)) return;
+    if (bitwise)
+      out.set_bits(idx, value.get_bits(idx));
+    else
+      out.set(idx, value.get(idx));
+  });
+}
+
+// The expected outputs written into p's, less what the declared partial contract leaves
+// unwritten; the first output written, or nullptr.
+const Tensor* write_expected(const Op& op, const Problem& p, const TensorMap& expected) {
   const Tensor* first_out = nullptr;
-  std::string first_out_name;
   const nlohmann::json keeps = declared_partial();
   for (const auto& [name, value] : expected) {
     if (!p.has_arg(name) || leaves_unwritten(keeps, name)) continue;
-    const Tensor& out = p.arg(name);
-    std::string region;  // the unspecified region of this output it leaves unwritten
-    if (keeps.contains("unspecified") && keeps["unspecified"].contains(name) &&
-        keeps["unspecified"][name].is_string() && env("ATTNCHECK_FAKE_PARTIAL_WRITES") != "1")
-      region = keeps["unspecified"][name].get<std::string>();
-    // Same dtype, or same-size integer/fp8 codes (uint8 vs fp8): copy bits; else round the value.
-    auto wide_float = [](DType t) { return is_floating(t) && !is_fp8(t); };
-    const bool bitwise =
-        value.dtype() == out.dtype() || (value.element_size() == out.element_size() &&
-                                         !wide_float(value.dtype()) && !wide_float(out.dtype()));
-    out.for_each_index([&](const Index& idx, int64_t) {
-      if (!region.empty() && op->in_region(name, region, p, idx)) return;
-      if (bitwise)
-        out.set_bits(idx, value.get_bits(idx));
-      else
-        out.set(idx, value.get(idx));
-    });
-    if (!first_out) {
-      first_out = &out;
-      first_out_name = name;
-    }
+    write_output(op, p, name, value, unwritten_region(keeps, name));
+    if (!first_out) first_out = &p.arg(name);
   }
+  return first_out;
+}
 
-  auto mirror_of = [&](const Tensor& t) -> Mirror& {
-    for (auto& m : mirrors)
-      if (m.host == t.storage() || m.host->bytes.data() == t.storage()->bytes.data()) return m;
-    return mirrors.front();
-  };
+// The mirror tensor `t` views (the first one if none).
+Mirror& mirror_of(std::vector<Mirror>& mirrors, const Tensor& t) {
+  for (auto& m : mirrors)
+    if (m.host == t.storage() || m.host->bytes.data() == t.storage()->bytes.data()) return m;
+  return mirrors.front();
+}
+
+// The faults in the first output's elements (unwritten, nondeterministic, batch_of_one, nan).
+void apply_element_fault(const std::string& fault, int call, const Tensor& out,
+                         std::vector<Mirror>& mirrors,
+                         const std::vector<std::vector<std::byte>>& initial) {
+  if (fault == "unwritten") {
+    Mirror& m = mirror_of(mirrors, out);
+    const auto es = static_cast<int64_t>(out.element_size());
+    Index last;
+    for (auto d : out.shape()) last.push_back(d - 1);
+    const auto off = static_cast<size_t>(out.element_offset(last) * es);
+    const size_t mi = static_cast<size_t>(&m - mirrors.data());
+    std::memcpy(m.host->bytes.data() + off, initial[mi].data() + off, static_cast<size_t>(es));
+  } else if (fault == "nondeterministic" && call % 2 == 0) {
+    Index zero(out.shape().size(), 0);
+    out.set_bits(zero, out.get_bits(zero) ^ 1u);
+  } else if (fault == "batch_of_one" && out.size(0) == 1) {
+    Index zero(out.shape().size(), 0);
+    out.set_bits(zero, out.get_bits(zero) ^ 1u);
+  } else if (fault == "nan" && is_floating(out.dtype())) {
+    Index zero(out.shape().size(), 0);
+    out.set_bits(zero, nan_bits(out.dtype()));
+  }
+}
+
+// The faults in the bytes of the first output's mirror outside its elements (past_view, the
+// guards, gap_in_view).
+void apply_byte_fault(const std::string& fault, const Tensor& out, std::vector<Mirror>& mirrors) {
+  Mirror& m = mirror_of(mirrors, out);
+  const auto es = static_cast<int64_t>(out.element_size());
   const size_t G = DeviceRunner::kGuardBytes;
-  if (first_out && first_out->numel() > 0) {
-    Mirror& m = mirror_of(*first_out);
-    const auto es = static_cast<int64_t>(first_out->element_size());
-    if (fault == "unwritten") {
-      Index last;
-      for (auto d : first_out->shape()) last.push_back(d - 1);
-      const auto off = static_cast<size_t>(first_out->element_offset(last) * es);
-      const size_t mi = static_cast<size_t>(&m - mirrors.data());
-      std::memcpy(m.host->bytes.data() + off, initial[mi].data() + off, static_cast<size_t>(es));
-    } else if (fault == "nondeterministic" && call % 2 == 0) {
+  if (fault == "past_view") {
+    const auto hi = static_cast<size_t>(out.extent().second * es);
+    if (hi < m.bytes) m.host->bytes[hi] ^= std::byte{0x5A};
+  } else if (fault == "guard_after") {
+    m.host->bytes[m.bytes - G] ^= std::byte{0x5A};
+  } else if (fault == "guard_before") {
+    m.host->bytes[G - 1] ^= std::byte{0x5A};
+  } else if (fault == "guard_before_at") {
+    const size_t back = std::strtoul(env("ATTNCHECK_FAKE_GUARD_BYTE").c_str(), nullptr, 10);
+    if (back >= 1 && back <= G) m.host->bytes[G - back] ^= std::byte{0x5A};
+  } else if (fault == "gap_in_view") {
+    write_first_gap(out, m.host->bytes);
+  }
+}
+
+// beyond_default, beyond_contract: element 0 of the first output with a numeric budget moved
+// between the default budget's limit and the contract's, or past both; the answer for an op or
+// contract these faults cannot use, or nullopt.
+std::optional<int> apply_contract_fault(const Op& op, const Problem& p, const TensorMap& expected,
+                                        const std::string& fault, char* msg, size_t msg_len) {
+  std::string name = env("ATTNCHECK_FAKE_FAULT_CONTRACT");
+  if (name.empty()) name = env("ATTNCHECK_FAKE_CONTRACT");
+  const auto contract = parse_contract(name);
+  if (!op.contract_dependent() || !contract || contract->is_default()) {
+    put(msg, msg_len,
+        "fake library: " + fault +
+            " needs an op with contract-dependent budgets "
+            "and a non-default contract, got '" +
+            name + "'");
+    return ATTNCHECK_HOST_ERROR;
+  }
+  const auto base = op.checks(p, expected);
+  const auto wide = op.contract_checks(p, expected, *contract);
+  for (size_t i = 0; i < base.size() && i < wide.size(); ++i) {
+    const Budget &bd = base[i].budget, &bc = wide[i].budget;
+    if (bd.kind != Budget::Kind::numeric || !p.has_arg(base[i].name)) continue;
+    const Tensor& out = p.arg(base[i].name);
+    const Index zero(out.shape().size(), 0);
+    const double e = expected.at(base[i].name).get(zero);
+    const double lim_default = bd.atol + bd.rtol * std::fabs(e);
+    const double lim_contract = bc.atol + bc.rtol * std::fabs(e);
+    out.set(zero,
+            e + (fault == "beyond_default" ? (lim_default + lim_contract) / 2 : 2 * lim_contract));
+    break;
+  }
+  return std::nullopt;
+}
+
+// modify_input: a bit of the first input's first element flipped.
+void modify_first_input(const Problem& p, const TensorMap& expected) {
+  for (const auto& a : p.args) {
+    if (a.role != Role::input || expected.count(a.name) || a.tensor.numel() == 0) continue;
+    Index zero(a.tensor.shape().size(), 0);
+    a.tensor.set_bits(zero, a.tensor.get_bits(zero) ^ 1u);
+    break;
+  }
+}
+
+// write_before_input, read_before_input: the element just before the first input's first one (a
+// sparse storage's poison): zeroed, or added to the first output's first element.
+void touch_before_input(const std::string& fault, const Problem& p, const Tensor* first_out) {
+  for (const auto& a : p.args) {
+    if (a.role != Role::input || a.tensor.numel() == 0 || a.tensor.offset() == 0) continue;
+    const Tensor before = a.tensor.as_strided({1}, {1}, a.tensor.offset() - 1);
+    if (fault == "write_before_input") {
+      before.set_bits({0}, 0);
+    } else if (first_out && first_out->numel() > 0) {
       Index zero(first_out->shape().size(), 0);
-      first_out->set_bits(zero, first_out->get_bits(zero) ^ 1u);
-    } else if (fault == "batch_of_one" && first_out->size(0) == 1) {
-      Index zero(first_out->shape().size(), 0);
-      first_out->set_bits(zero, first_out->get_bits(zero) ^ 1u);
-    } else if (fault == "nan" && is_floating(first_out->dtype())) {
-      Index zero(first_out->shape().size(), 0);
-      first_out->set_bits(zero, nan_bits(first_out->dtype()));
-    } else if (fault == "past_view") {
-      const auto hi = static_cast<size_t>(first_out->extent().second * es);
-      if (hi < m.bytes) m.host->bytes[hi] ^= std::byte{0x5A};
-    } else if (fault == "guard_after") {
-      m.host->bytes[m.bytes - G] ^= std::byte{0x5A};
-    } else if (fault == "guard_before") {
-      m.host->bytes[G - 1] ^= std::byte{0x5A};
-    } else if (fault == "guard_before_at") {
-      const size_t back = std::strtoul(env("ATTNCHECK_FAKE_GUARD_BYTE").c_str(), nullptr, 10);
-      if (back >= 1 && back <= G) m.host->bytes[G - back] ^= std::byte{0x5A};
-    } else if (fault == "gap_in_view") {
-      write_first_gap(*first_out, m.host->bytes);
+      first_out->set(zero, first_out->get(zero) + before.get({0}));
     }
+    break;
+  }
+}
+
+// A launch of kernel entry `op_name`: the op's reference run on the bytes it is handed, with the
+// launch's fault injected.
+int run_impl(const char* op_name, const char* params_json, const attncheck_arg* args, int n_args,
+             char* msg, size_t msg_len) {
+  const Op* op = op_for_kernel(op_name ? op_name : "");
+  if (!op) {
+    put(msg, msg_len, std::string("fake library: no op '") + (op_name ? op_name : "") + "'");
+    return ATTNCHECK_UNKNOWN_OP;
+  }
+  const nlohmann::json params = nlohmann::json::parse(params_json ? params_json : "{}");
+  const std::string fault = fault_for(params);
+  int call = 0;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    call = ++g_calls;
+  }
+  apply_process_fault(fault);
+  if (const auto answer = injected_answer(fault, msg, msg_len)) return *answer;
+  slow_launch(params);
+
+  const std::string fp8 = params.value("fp8_format", std::string());
+  const Problem& tmpl = template_problem(*op);
+  std::vector<Mirror> mirrors;
+  Problem p = launch_problem(*op, op_name, params);
+  if (const auto answer = mirror_args(tmpl, fp8, args, n_args, p, mirrors, msg, msg_len))
+    return *answer;
+  // Initial bytes, for "unwritten".
+  std::vector<std::vector<std::byte>> initial;
+  for (const auto& m : mirrors) initial.push_back(m.host->bytes);
+
+  if (const auto answer = refusal(fault, p, mirrors, msg, msg_len)) return *answer;
+  TensorMap expected;
+  if (const auto answer = reference_outputs(*op, p, fault, expected, msg, msg_len)) return *answer;
+  const Tensor* first_out = write_expected(*op, p, expected);
+
+  if (first_out && first_out->numel() > 0) {
+    apply_element_fault(fault, call, *first_out, mirrors, initial);
+    apply_byte_fault(fault, *first_out, mirrors);
   }
   if (fault == "beyond_default" || fault == "beyond_contract") {
-    std::string name = env("ATTNCHECK_FAKE_FAULT_CONTRACT");
-    if (name.empty()) name = env("ATTNCHECK_FAKE_CONTRACT");
-    const auto contract = parse_contract(name);
-    if (!op->contract_dependent() || !contract || contract->is_default()) {
-      put(msg, msg_len,
-          "fake library: " + fault +
-              " needs an op with contract-dependent budgets "
-              "and a non-default contract, got '" +
-              name + "'");
-      return ATTNCHECK_HOST_ERROR;
-    }
-    const auto base = op->checks(p, expected);
-    const auto wide = op->contract_checks(p, expected, *contract);
-    for (size_t i = 0; i < base.size() && i < wide.size(); ++i) {
-      const Budget &bd = base[i].budget, &bc = wide[i].budget;
-      if (bd.kind != Budget::Kind::numeric || !p.has_arg(base[i].name)) continue;
-      const Tensor& out = p.arg(base[i].name);
-      const Index zero(out.shape().size(), 0);
-      const double e = expected.at(base[i].name).get(zero);
-      const double lim_default = bd.atol + bd.rtol * std::fabs(e);
-      const double lim_contract = bc.atol + bc.rtol * std::fabs(e);
-      out.set(zero, e + (fault == "beyond_default" ? (lim_default + lim_contract) / 2
-                                                   : 2 * lim_contract));
-      break;
-    }
+    if (const auto answer = apply_contract_fault(*op, p, expected, fault, msg, msg_len))
+      return *answer;
   }
-  if (fault == "modify_input") {
-    for (const auto& a : p.args) {
-      if (a.role != Role::input || expected.count(a.name) || a.tensor.numel() == 0) continue;
-      Index zero(a.tensor.shape().size(), 0);
-      a.tensor.set_bits(zero, a.tensor.get_bits(zero) ^ 1u);
-      break;
-    }
-  }
-  if (fault == "write_before_input" || fault == "read_before_input") {
-    // The element just before the first input's first one (a sparse storage's poison): zeroed,
-    // or added to the first output's first element.
-    for (const auto& a : p.args) {
-      if (a.role != Role::input || a.tensor.numel() == 0 || a.tensor.offset() == 0) continue;
-      const Tensor before = a.tensor.as_strided({1}, {1}, a.tensor.offset() - 1);
-      if (fault == "write_before_input") {
-        before.set_bits({0}, 0);
-      } else if (first_out && first_out->numel() > 0) {
-        Index zero(first_out->shape().size(), 0);
-        first_out->set(zero, first_out->get(zero) + before.get({0}));
-      }
-      break;
-    }
-  }
-  for (auto& m : mirrors) std::memcpy(m.base, m.host->bytes.data(), m.bytes);
+  if (fault == "modify_input") modify_first_input(p, expected);
+  if (fault == "write_before_input" || fault == "read_before_input")
+    touch_before_input(fault, p, first_out);
+  write_back(mirrors);
   return ATTNCHECK_OK;
 }
 
