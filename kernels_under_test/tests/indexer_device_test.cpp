@@ -164,8 +164,8 @@ TEST(IndexerDevice, MutantsAreKilledByTheirCases) {
   // indexer_shuffle_at_bs1, indexer_preshuffle_only_bs64, indexer_chunkq_unclamped,
   // indexer_fp8_ordinary_only, indexer_page_offset_int32 (which may fault the device: give it a
   // process of its own through ATTNCHECK_INDEXER_MUTANT), indexer_weights_ftz,
-  // indexer_gather_contiguous_out, indexer_decode_batch8.
-  ASSERT_EQ(list.size(), 8u);
+  // indexer_gather_contiguous_out, indexer_decode_batch8, indexer_k_offset_int32 (may fault too).
+  ASSERT_EQ(list.size(), 9u);
   const char* only = std::getenv("ATTNCHECK_INDEXER_MUTANT");  // one mutant per process
   int tested = 0;
   for (const auto& [name, re] : list) {
