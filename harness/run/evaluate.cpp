@@ -6,7 +6,6 @@
 #include <deque>
 #include <map>
 #include <optional>
-#include <regex>
 #include <sstream>
 
 #include "run/cases.h"
@@ -658,12 +657,21 @@ std::vector<CheckResult> check_outputs(const std::vector<OutputCheck>& checks,
 }
 
 std::vector<std::string> sanitizer_findings(const std::string& report) {
-  static const std::regex finding(
-      R"(^========= (Invalid |Error|Uninitialized |Barrier error|Program hit |Race reported|Malformed |Misaligned |Out-of-range |Address ))");
+  static constexpr std::string_view kTool = "========= ";
+  static constexpr std::string_view kFindings[] = {
+      "Invalid ",      "Error",      "Uninitialized ", "Barrier error", "Program hit ",
+      "Race reported", "Malformed ", "Misaligned ",    "Out-of-range ", "Address "};
   std::vector<std::string> out;
   std::istringstream in(report);
-  for (std::string line; std::getline(in, line);)
-    if (std::regex_search(line, finding)) out.push_back(line.substr(10));
+  for (std::string line; std::getline(in, line);) {
+    const std::string_view l(line);
+    if (!l.starts_with(kTool)) continue;
+    for (const auto f : kFindings)
+      if (l.substr(kTool.size()).starts_with(f)) {
+        out.push_back(line.substr(kTool.size()));
+        break;
+      }
+  }
   return out;
 }
 
