@@ -156,10 +156,10 @@ def test_gpu_job_runs_one_process_with_a_pool_per_visible_gpu(fake_machine):
     assert "kernel mode, tier quick, arch gfx942, backend hip, GPUs 3,5" in p.stdout
     # the report's heatmaps were drawn from the merged tier beside the mutants, then read back
     assert "heatmap(s) drawn into" in p.stdout and not (f["out"] / ".heatmaps").exists()
-    # every mutant in one `attncheck mutants` run over both GPUs, killed by its first failures
+    # every mutant in one `attncheck mutants` run over both GPUs, killed by its first failure
     margv = json.loads((f["out"] / "mutants" / "argv.json").read_text())
     assert margv[0] == "mutants" and margv[margv.index("--gpus") + 1] == "3,5"
-    assert margv[margv.index("--max-failures") + 1] == "5"  # the kill, not every failure
+    assert margv[margv.index("--max-failures") + 1] == "1"  # the kill, not every failure
     assert [margv[k + 1].split("=")[0] for k in range(len(margv) - 1) if margv[k] == "--library"] \
         == [str(f["build"] / "kernels_under_test" / "libattncheck_kernels_mutant_demo.so")]
 
