@@ -3,8 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <stdexcept>
 #include <string>
+
+#include <unistd.h>
 
 namespace attncheck::testing_util {
 
@@ -33,6 +36,17 @@ inline ::testing::AssertionResult SameValue(double expected, double actual) {
   if (expected == actual && std::signbit(expected) == std::signbit(actual))
     return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << "expected " << expected << ", got " << actual;
+}
+
+// An empty directory of the running test's own: <tmp>/attncheck_<what>_<pid>_<test name>, removed
+// first when an earlier run left it.
+inline std::filesystem::path fresh_test_dir(const std::string& what) {
+  const std::filesystem::path d = std::filesystem::temp_directory_path() /
+                                  ("attncheck_" + what + "_" + std::to_string(::getpid()) + "_" +
+                                   ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d;
 }
 
 }  // namespace attncheck::testing_util

@@ -11,6 +11,7 @@
 #include "run/cases.h"
 #include "run/covering.h"
 #include "run/provenance.h"
+#include "core/tests/test_util.h"
 
 namespace attncheck {
 namespace {
@@ -19,13 +20,7 @@ namespace fs = std::filesystem;
 
 class CaseFiles : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("attncheck_cases_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
+  void SetUp() override { dir_ = testing_util::fresh_test_dir("cases"); }
   void TearDown() override { fs::remove_all(dir_); }
   std::string write(const std::string& name, const std::string& text) {
     const auto p = (dir_ / name).string();

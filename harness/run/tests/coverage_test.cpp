@@ -12,6 +12,7 @@
 #include "ops/typed_op.h"
 #include "run/cases.h"
 #include "run/coverage.h"
+#include "core/tests/test_util.h"
 
 namespace attncheck {
 namespace {
@@ -147,13 +148,7 @@ CoverageReport audit_file(const CaseFile& f) {
 
 class CoverageFiles : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("attncheck_coverage_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
+  void SetUp() override { dir_ = testing_util::fresh_test_dir("coverage"); }
   void TearDown() override { fs::remove_all(dir_); }
   std::string write(const std::string& text) {
     const auto p = (dir_ / "selftest_axpy.toml").string();

@@ -12,6 +12,7 @@
 #include "run/evaluate.h"
 #include "run/golden.h"
 #include "run/sha256.h"
+#include "core/tests/test_util.h"
 
 namespace attncheck {
 namespace {
@@ -64,10 +65,7 @@ TEST(Sha256, IsOpenSslsAndAgreesWithSha256sum) {
 class Goldens : public ::testing::Test {
  protected:
   void SetUp() override {
-    root_ = fs::temp_directory_path() /
-            ("attncheck_golden_" + std::to_string(::getpid()) + "_" +
-             ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(root_);
+    root_ = testing_util::fresh_test_dir("golden");
     fs::create_directories(root_ / "cases");
     write_cases(kCases);
     opt_.dir = (root_ / "golden").string();

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "run/pool.h"
+#include "core/tests/test_util.h"
 
 namespace {
 
@@ -61,11 +62,7 @@ done
 class WorkerPool : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("attncheck_pool_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = attncheck::testing_util::fresh_test_dir("pool");
     spec_.exe = "/bin/bash";
     spec_.log_path = (dir_ / "worker.log").string();
     spec_.case_timeout_s = 20;

@@ -16,6 +16,7 @@
 #include "run/golden.h"
 #include "run/results.h"
 #include "run/sha256.h"
+#include "core/tests/test_util.h"
 
 namespace attncheck {
 namespace {
@@ -23,12 +24,7 @@ namespace {
 namespace fs = std::filesystem;
 
 fs::path scratch() {
-  const fs::path d =
-      fs::temp_directory_path() / ("attncheck_results_io_" + std::to_string(::getpid()) + "_" +
-                                   ::testing::UnitTest::GetInstance()->current_test_info()->name());
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
+  return testing_util::fresh_test_dir("results_io");
 }
 
 // Regression: '/' was the only byte rewritten, so an id could name "..", hold a newline, or be
