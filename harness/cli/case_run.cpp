@@ -135,6 +135,11 @@ int CaseRun::prepare() {
   for (auto& l : libs) {
     for (size_t i : order)
       if (l.ops.empty() || l.ops.count(cases[i].op)) l.cases.push_back(i);
+    // A mutant's expected killers first: with --max-failures it stops after them instead of
+    // after its longest cases. The verdict is the same, since a survivor still runs them all.
+    if (l.first)
+      std::stable_partition(l.cases.begin(), l.cases.end(),
+                            [&](size_t i) { return l.first->search(cases[i].id); });
     l.results.resize(cases.size());
   }
   if (int status = open_outputs()) return status;

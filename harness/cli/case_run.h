@@ -22,6 +22,7 @@
 #include "cli/run_parts.h"
 #include "core/safe_output.h"
 #include "run/amend.h"
+#include "run/cases.h"
 #include "run/results.h"
 #include "run/shrink.h"
 #include "run/worker.h"
@@ -33,6 +34,7 @@ struct LibraryRun {
   std::string name;                // mutants: its results directory's name under --out
   std::string path;                // absolute, py:<module>, or "" (reference mode)
   std::set<std::string> ops;       // empty: every op of the selection
+  std::optional<IdRegex> first;    // its cases whose ids match are sent before the others
   std::vector<size_t> cases;       // indices into the selection, in the order they are sent
   std::vector<Result> results;     // by the selection's index (only `cases` are filled)
   std::vector<size_t> completion;  // indices in the order results.jsonl got them

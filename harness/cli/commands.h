@@ -59,6 +59,7 @@ struct RunArgs {
 struct MutantsArgs {
   RunArgs run;
   std::vector<std::string> libraries;
+  std::vector<std::string> first;  // --first NAME=REGEX: library NAME's matching cases go first
 };
 
 struct ReproArgs {

@@ -232,6 +232,10 @@ void add_mutants(CLI::App& app, Commands& c) {
                   "a kernel library, LIB or LIB=op,op (only those ops' cases); repeatable, "
                   "costliest first")
       ->required();
+  cmd->add_option("--first", c.mutants.first,
+                  "NAME=REGEX: library NAME's cases whose ids match REGEX are sent before its "
+                  "others (a mutant's expected killers: with --max-failures it stops sooner); "
+                  "repeatable");
   add_tier(cmd, r.tier);
   add_filter(cmd, r.filter);
   add_repeat(cmd, r.repeat, "launches per case");

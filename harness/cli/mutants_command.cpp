@@ -64,6 +64,29 @@ LibraryRun parse_library(const std::string& spec) {
 
 namespace {
 
+// --first NAME=REGEX: the cases of library NAME (its results directory's name) to send first.
+bool parse_first(const MutantsArgs& m, std::vector<LibraryRun>& libs) {
+  try {
+    for (const auto& spec : m.first) {
+      const auto eq = spec.find('=');
+      if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size())
+        throw std::invalid_argument("--first '" + spec + "': expected NAME=REGEX");
+      const std::string name = spec.substr(0, eq);
+      const auto lib = std::find_if(libs.begin(), libs.end(),
+                                    [&](const LibraryRun& l) { return l.name == name; });
+      if (lib == libs.end())
+        throw std::invalid_argument("--first '" + spec + "': no --library named '" + name + "'");
+      if (lib->first)
+        throw std::invalid_argument("--first '" + spec + "': a second --first for '" + name + "'");
+      lib->first.emplace(spec.substr(eq + 1), "--first " + name);
+    }
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "attncheck: " << e.what() << "\n";
+    return false;
+  }
+  return true;
+}
+
 // The libraries of --library, each once by name (their results directories would clash).
 bool parse_libraries(const MutantsArgs& m, std::vector<LibraryRun>& libs) {
   try {
@@ -82,6 +105,7 @@ bool parse_libraries(const MutantsArgs& m, std::vector<LibraryRun>& libs) {
     std::cerr << "attncheck: mutants: no --library given\n";
     return false;
   }
+  if (!parse_first(m, libs)) return false;
   if (m.run.out.empty()) {
     std::cerr << "attncheck: mutants: --out is required (a results directory per library)\n";
     return false;

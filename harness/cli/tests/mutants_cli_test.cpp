@@ -4,6 +4,7 @@
 // library does (failures, a crash, a library that cannot load) touches no other's results.
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -138,6 +139,59 @@ TEST_F(MutantsCli, AFirstLibraryThatCannotLoadHidesNoOther) {
   EXPECT_EQ(counts(broken)["error"], 6) << o.text;
   EXPECT_TRUE(has(read(out / "broken" / "results.jsonl"), "the workers could not start")) << o.text;
   EXPECT_EQ(counts(verdicts(out / "libclean")).at("passed"), 5) << o.text;
+}
+
+// --first puts a library's matching cases ahead of its others: with --max-failures 1 the one
+// case a failing library runs is the one --first names, not its first in the usual order.
+TEST_F(MutantsCli, FirstSendsALibrarysMatchingCasesFirst) {
+  const fs::path all = dir("all");
+  sh(at() + " mutants --tier smoke --library " + mutant("unwritten") + " --jobs 1 --out " +
+     all.string());
+  std::vector<std::string> failed;
+  for (const auto& [id, verdict] : verdicts(all / "unwritten"))
+    if (verdict == "failed") failed.push_back(id);
+  ASSERT_GE(failed.size(), 2u);
+  const fs::path usual = dir("usual");
+  sh(at() + " mutants --tier smoke --library " + mutant("unwritten") +
+     " --max-failures 1 --jobs 1 --out " + usual.string());
+  std::string usual_failed;
+  for (const auto& [id, verdict] : verdicts(usual / "unwritten"))
+    if (verdict == "failed") usual_failed = id;
+  // A failing case other than the one the usual order reaches first, matched exactly.
+  const std::string chosen = failed.front() == usual_failed ? failed.back() : failed.front();
+  std::string exact = "^";
+  for (char ch : chosen) {
+    if (!std::isalnum(static_cast<unsigned char>(ch))) exact += '\\';
+    exact += ch;
+  }
+  exact += "$";
+  const fs::path out = dir("out");
+  const Output o = sh(at() + " mutants --tier smoke --library " + mutant("unwritten") +
+                      " --library " + library("libclean") + " --first 'unwritten=" + exact +
+                      "' --max-failures 1 --jobs 1 --out " + out.string());
+  EXPECT_EQ(o.status, 0) << o.text;
+  const auto mine = verdicts(out / "unwritten");
+  EXPECT_EQ(counts(mine)["failed"], 1) << o.text;
+  EXPECT_EQ(mine.at(chosen), "failed") << o.text;
+  EXPECT_EQ(counts(verdicts(out / "libclean"))["skipped"], 0) << o.text;
+}
+
+TEST_F(MutantsCli, ABadFirstIsRefusedBeforeAnyCase) {
+  const fs::path out = dir("out");
+  const std::string lib = " --library " + mutant("unwritten") + " --out " + out.string();
+  Output o = sh(at() + " mutants" + lib + " --first 'nosuch=^a'");
+  EXPECT_EQ(o.status, 2) << o.text;
+  EXPECT_TRUE(has(o.text, "no --library named 'nosuch'")) << o.text;
+  o = sh(at() + " mutants" + lib + " --first 'unwritten=(unclosed'");
+  EXPECT_EQ(o.status, 2) << o.text;
+  EXPECT_TRUE(has(o.text, "--first unwritten regex '(unclosed'")) << o.text;
+  o = sh(at() + " mutants" + lib + " --first unwritten");
+  EXPECT_EQ(o.status, 2) << o.text;
+  EXPECT_TRUE(has(o.text, "expected NAME=REGEX")) << o.text;
+  o = sh(at() + " mutants" + lib + " --first 'unwritten=a' --first 'unwritten=b'");
+  EXPECT_EQ(o.status, 2) << o.text;
+  EXPECT_TRUE(has(o.text, "a second --first for 'unwritten'")) << o.text;
+  EXPECT_FALSE(fs::exists(out / "unwritten" / "results.jsonl"));
 }
 
 TEST_F(MutantsCli, BadLibrariesAreRefusedBeforeAnyCase) {
