@@ -310,7 +310,9 @@ TEST(IndexerOps, CaseFilesExpandAndStaySmall) {
   std::printf(
       "indexer smoke+quick: %zu cases, %.2f s generate+reference, %.2f MB of expected outputs\n",
       ids.size(), seconds, golden_bytes / 1e6);
-  EXPECT_LT(golden_bytes, 4e6);
+  // The indexer's share of golden/ (whose whole budget golden/MANIFEST's check enforces):
+  // 3.98 MB before the two far-row K writer cases of issue 37 (15 KB each).
+  EXPECT_LT(golden_bytes, 4.1e6);
   for (const char* must :
        {"indexer_k_cache/bs1-", "indexer_gather/bs1-", "indexer_logits_decode/h8-",
         "indexer_logits_decode/h16-", "indexer_logits_decode/h32-nn1-bs16-"})
