@@ -82,11 +82,14 @@ expect(all(props.get((r["id"], "contract")) == r["contract"] for r in valid), "r
 
 # 1b. Invariance through the bridge: numpy_reference's decode entry declares batch-, split- and
 # page-order invariance (attncheck_bridge -> the extension table's `properties`), so the op's
-# relations run bitwise, and hold.
+# relations run bitwise, and hold; the same cache at page size 1 has no property that names it,
+# so it holds within the case's budgets.
 rels = [(r["id"], o) for r in valid for o in r.get("invariance", [])]
-expect(rels and all(o["mode"] == "bitwise" and o["passed"] for _, o in rels), f"reference: relations not all bitwise and passed: {rels[:4]}")
+expect(rels and all(o["passed"] for _, o in rels), f"reference: a relation failed: {[x for x in rels if not x[1]['passed']][:4]}")
+modes_wrong = [(i, o) for i, o in rels if o["mode"] != ("budget" if "page size 1" in o["relation"] else "bitwise")]
+expect(not modes_wrong, f"reference: relations not bitwise where declared (budget at page size 1): {modes_wrong[:4]}")
 names = {o["relation"].split(" [")[0].split(" (")[0] for _, o in rels}
-expect({"batch permutation", "shuffled physical page order"} <= names and any("alone vs in the batch" in n for n in names) and any(n.startswith("split count") for n in names), f"reference: relations missing: {sorted(names)}")
+expect({"batch permutation", "shuffled physical page order", "the same cache at page size 1"} <= names and any("alone vs in the batch" in n for n in names) and any(n.startswith("split count") for n in names), f"reference: relations missing: {sorted(names)}")
 
 # 2. The same arithmetic declared as the default: caught, with the contract it would fit.
 results, p, _ = run("undeclared_rounding", "py:numpy_broken", "undeclared_rounding")

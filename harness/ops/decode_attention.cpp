@@ -480,7 +480,8 @@ class DecodeAttentionOp final : public ContractDependentTypedOp<DecodeAttentionP
   }
 
   // Invariance (docs/verification.md "Invariance"): the requests in another order, the longest
-  // alone, another split count (budgets of that count), the pages shuffled.
+  // alone, another split count (budgets of that count), the pages shuffled, the same cache at
+  // page size 1 (the 3-D cache [pages * P, Hkv, D] and its token table).
   std::vector<Relation> relations(const Problem& prob) const override {
     const P& p = typed(prob);
     const BatchArgs batch{{"req_to_token", "b_seq_len", "q", "o", "lse"}, {}, ""};
@@ -499,6 +500,14 @@ class DecodeAttentionOp final : public ContractDependentTypedOp<DecodeAttentionP
     if (auto shuffled = shuffled_pages(prob, {"k_buffer", "v_buffer"}, "req_to_token",
                                        static_cast<uint64_t>(p.seed)))
       out.push_back(std::move(*shuffled));
+    if (auto repaged =
+            at_page_size_one(prob, {"k_buffer", "v_buffer"}, "req_to_token", p.page_size, false)) {
+      P one = p;
+      one.page_size = 1;
+      repaged->problem.params = one;
+      repaged->problem.kernel_params["page_size"] = 1;
+      out.push_back(std::move(*repaged));
+    }
     return out;
   }
 

@@ -474,41 +474,19 @@ inline std::vector<OutputCheck> problem_checks(const Problem& p, const CommonPar
                  abs_score_max);
 }
 
-// Invariance (docs/verification.md "Invariance"): the same logical cache at block size 1. A
-// cache of contiguous blocks ([nb, P, Lk], block stride P times the token stride) is the same
-// storage viewed as [nb * P, 1, Lk], where block b's token t is block b * P + t: each block table
-// entry becomes P entries, the kernel's block size 1. Same slots, same keys in the same order, so
-// the case's budgets hold. nullopt at block size 1, for blocks that are not contiguous, a cache on
-// a sparse storage, or ids past int32.
+// Invariance (docs/verification.md "Invariance"): the same logical cache at block size 1
+// (ops/relation.h at_page_size_one): [nb, P, Lk] viewed as [nb * P, 1, Lk], the kernel's block
+// size 1, the block table expanded.
 template <class P>
 std::optional<Relation> at_block_size_one(const Problem& prob, const P& p) {
-  const Tensor& cache = prob.arg("kv_cache");
-  const int64_t K = p.block_size;
-  if (K <= 1 || cache.storage()->sparse() || cache.stride(0) != K * cache.stride(1))
-    return std::nullopt;
-  const Tensor& table = prob.arg("block_table");
-  const int64_t rows = table.size(0), W = table.size(1);
-  Tensor expanded = Tensor::empty(DType::i32, {rows, W * K});
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j = 0; j < W; ++j) {
-      const int64_t id = table.at<int32_t>({r, j});
-      if (id >= 0 && (id + 1) * K > std::numeric_limits<int32_t>::max()) return std::nullopt;
-      for (int64_t t = 0; t < K; ++t)
-        expanded.at<int32_t>({r, j * K + t}) = static_cast<int32_t>(id < 0 ? id : id * K + t);
-    }
-  Relation rel;
-  rel.name = "the same cache at block size 1 (" + std::to_string(K) +
-             " tokens per block -> 1, block_table expanded)";
-  rel.problem = prob;
-  rel.problem.arg("kv_cache") =
-      cache.as_strided({cache.size(0) * K, 1, cache.size(2)},
-                       {cache.stride(1), cache.stride(1), cache.stride(2)}, cache.offset());
-  rel.problem.arg("block_table") = expanded;
+  auto rel = at_page_size_one(prob, {"kv_cache"}, "block_table", p.block_size, true);
+  if (!rel) return std::nullopt;
   P one = p;
   one.block_size = 1;
-  rel.problem.params = one;
-  rel.problem.kernel_params["kernel_block_size"] = 1;
-  rel.back = [](const TensorMap& got, const TensorMap&) { return got; };
+  rel->problem.params = one;
+  rel->problem.kernel_params["kernel_block_size"] = 1;
+  rel->name = "the same cache at block size 1 (" + std::to_string(p.block_size) +
+              " tokens per block -> 1, block_table expanded)";
   return rel;
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -289,6 +290,44 @@ std::optional<Relation> shuffled_pages(const Problem& p, const std::vector<std::
   rel.name =
       "shuffled physical page order (" + std::to_string(pages) + " pages, " + table + " rewritten)";
   rel.bitwise_under = {kPageOrderInvariant};
+  rel.back = [](const TensorMap& got, const TensorMap&) { return got; };
+  return rel;
+}
+
+std::optional<Relation> at_page_size_one(const Problem& p, const std::vector<std::string>& caches,
+                                         const std::string& table, int64_t P, bool keep_token_dim) {
+  if (P <= 1) return std::nullopt;
+  Relation rel;
+  rel.problem = p;
+  for (const auto& name : caches) {
+    const Tensor& cache = p.arg(name);
+    if (cache.storage()->sparse() || cache.ndim() < 3 || cache.size(1) != P ||
+        cache.stride(0) != P * cache.stride(1))
+      return std::nullopt;
+    Shape shape{cache.size(0) * P}, strides{cache.stride(1)};
+    if (keep_token_dim) {
+      shape.push_back(1);
+      strides.push_back(cache.stride(1));
+    }
+    for (int64_t d = 2; d < cache.ndim(); ++d) {
+      shape.push_back(cache.size(d));
+      strides.push_back(cache.stride(d));
+    }
+    rel.problem.arg(name) = cache.as_strided(shape, strides, cache.offset());
+  }
+  const Tensor& ids = p.arg(table);
+  const int64_t rows = ids.size(0), W = ids.size(1);
+  Tensor expanded = Tensor::empty(DType::i32, {rows, W * P});
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < W; ++j) {
+      const int64_t id = ids.at<int32_t>({r, j});
+      if (id >= 0 && (id + 1) * P > std::numeric_limits<int32_t>::max()) return std::nullopt;
+      for (int64_t t = 0; t < P; ++t)
+        expanded.at<int32_t>({r, j * P + t}) = static_cast<int32_t>(id < 0 ? id : id * P + t);
+    }
+  rel.problem.arg(table) = expanded;
+  rel.name = "the same cache at page size 1 (" + std::to_string(P) + " tokens per page -> 1, " +
+             table + " expanded)";
   rel.back = [](const TensorMap& got, const TensorMap&) { return got; };
   return rel;
 }

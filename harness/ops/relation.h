@@ -84,6 +84,16 @@ std::vector<int64_t> derangement(int64_t n, uint64_t seed);
 std::optional<Relation> shuffled_pages(const Problem& p, const std::vector<std::string>& caches,
                                        const std::string& table, uint64_t seed);
 
+// The same logical cache at one token per page: each `caches` arg [n, P, ...] whose page stride is
+// P times its token stride is the same storage viewed as [n * P, ...] ([n * P, 1, ...] with
+// `keep_token_dim`), where page b's token t is page b * P + t; each non-negative id of `table`
+// (int32 [rows, W]) becomes the P ids of its tokens. Same slots, same keys in the same order, so
+// the case's budgets hold. The caller sets its op's page size in the problem's parameters and
+// kernel parameters. nullopt at P <= 1, for pages that are not contiguous, a sparse storage, or
+// ids past int32.
+std::optional<Relation> at_page_size_one(const Problem& p, const std::vector<std::string>& caches,
+                                         const std::string& table, int64_t P, bool keep_token_dim);
+
 // The problem with one kernel parameter changed (and the typed parameters `params`, so the op's
 // budgets follow); outputs map back unchanged.
 Relation with_kernel_param(const Problem& p, std::string name, const std::string& key,

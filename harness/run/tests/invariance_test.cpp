@@ -49,11 +49,24 @@ TEST(Relations, DecodeDeclaresPermutationAloneSplitsAndPages) {
   const auto rels = find_op("decode_attention")->relations(p);
   std::vector<std::string> names;
   for (const auto& r : rels) names.push_back(r.name);
-  ASSERT_EQ(rels.size(), 4u);
+  ASSERT_EQ(rels.size(), 5u);
   EXPECT_TRUE(contains(names[0], "batch permutation [")) << names[0];
   EXPECT_TRUE(contains(names[1], "alone vs in the batch of 4")) << names[1];
   EXPECT_EQ(names[2], "split count 4 -> 1");
   EXPECT_TRUE(contains(names[3], "shuffled physical page order")) << names[3];
+  EXPECT_TRUE(contains(names[4], "the same cache at page size 1")) << names[4];
+  // Page size 1: the same storages as 3-D caches, one table entry per token.
+  const Problem& ones = rels[4].problem;
+  const int64_t P = p.arg("k_buffer").size(1);
+  ASSERT_GT(P, 1);
+  EXPECT_EQ(ones.kernel_params["page_size"], 1);
+  EXPECT_EQ(ones.arg("k_buffer").ndim(), 3);
+  EXPECT_EQ(ones.arg("k_buffer").size(0), p.arg("k_buffer").size(0) * P);
+  EXPECT_EQ(ones.arg("k_buffer").storage(), p.arg("k_buffer").storage());
+  EXPECT_EQ(ones.arg("req_to_token").size(1), p.arg("req_to_token").size(1) * P);
+  const int32_t first_page = p.arg("req_to_token").at<int32_t>({0, 0});
+  EXPECT_EQ(ones.arg("req_to_token").at<int32_t>({0, 1}), first_page * P + 1);
+  EXPECT_TRUE(rels[4].bitwise_under.empty());
   EXPECT_EQ(rels[2].problem.kernel_params["num_kv_splits"], 1);
   EXPECT_TRUE(rels[2].own_budgets);
   // The longest request alone: a batch of one with its block-table row and length.
@@ -229,14 +242,16 @@ class FakeInvariance : public ::testing::Test {
 TEST_F(FakeInvariance, CorrectKernelPassesEveryRelationBitwise) {
   const Result r = run(nullptr, "batch-invariant, split-invariant,page-order-invariant");
   EXPECT_EQ(r.verdict, Verdict::passed) << r.message;
-  ASSERT_EQ(r.invariance.size(), 4u);
+  ASSERT_EQ(r.invariance.size(), 5u);
   for (const auto& o : r.invariance) {
     EXPECT_TRUE(o.passed) << o.relation << ": " << o.message;
-    EXPECT_EQ(o.mode, "bitwise") << o.relation;
+    // No property names the page size: that relation holds within the case's budgets.
+    const bool page_size = contains(o.relation, "page size 1");
+    EXPECT_EQ(o.mode, page_size ? "budget" : "bitwise") << o.relation;
   }
   // The record carries the outcomes through results.jsonl.
   const Result back = Result::from_json(r.to_json());
-  ASSERT_EQ(back.invariance.size(), 4u);
+  ASSERT_EQ(back.invariance.size(), 5u);
   EXPECT_EQ(back.invariance[1].relation, r.invariance[1].relation);
   EXPECT_EQ(back.invariance[1].mode, "bitwise");
 }
@@ -244,7 +259,7 @@ TEST_F(FakeInvariance, CorrectKernelPassesEveryRelationBitwise) {
 TEST_F(FakeInvariance, WithoutPropertiesRelationsHoldWithinBudget) {
   const Result r = run(nullptr, nullptr);
   EXPECT_EQ(r.verdict, Verdict::passed) << r.message;
-  ASSERT_EQ(r.invariance.size(), 4u);
+  ASSERT_EQ(r.invariance.size(), 5u);
   for (const auto& o : r.invariance) {
     EXPECT_TRUE(o.passed) << o.relation << ": " << o.message;
     EXPECT_EQ(o.mode, "budget") << o.relation;
