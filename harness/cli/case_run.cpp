@@ -292,14 +292,11 @@ int CaseRun::make_spec() {
       return 2;
     }
   }
-  config = worker_config(paths, libs.front().path, args.arch, args.repeat);
+  config = base_config();
   config.golden_dir = fs::absolute(paths.golden).string();
-  config.repro_dir = repro_dir_;
-  config.allow_missing_goldens = args.allow_missing_goldens;
-  config.stress = args.stress;
   config.threads = std::max(1, plan.threads);
   config.golden_checked = golden_check.verdicts.checked;
-  config.import_timeout_s = args.import_timeout_s * (args.sanitizer.empty() ? 1.0 : 5.0);
+  config.import_timeout_s *= args.sanitizer.empty() ? 1.0 : 5.0;
   spec.start_timeout_s =
       config.import_timeout_s > 0 ? config.import_timeout_s + 60 : 7 * 24 * 3600.0;
   return 0;
@@ -418,25 +415,26 @@ int CaseRun::execute() {
   return status;
 }
 
-int CaseRun::run_in_process() {
+WorkerConfig CaseRun::base_config() const {
   WorkerConfig cfg = worker_config(paths, libs.front().path, args.arch, args.repeat);
   cfg.repro_dir = repro_dir_;
   cfg.allow_missing_goldens = args.allow_missing_goldens;
   cfg.stress = args.stress;
   cfg.import_timeout_s = args.import_timeout_s;
+  return cfg;
+}
+
+int CaseRun::run_in_process() {
   try {
-    ctx_ = make_context_within_limit(
-        cfg, [](const std::string& why) { std::cerr << "attncheck: " << why << std::endl; });
+    ctx_ = make_context_within_limit(base_config(), [](const std::string& why) {
+      std::cerr << "attncheck: " << why << std::endl;
+    });
   } catch (const std::exception& e) {
     std::cerr << "attncheck: " << e.what() << "\n";
     return 2;
   }
   announce(context_hello(*ctx_));
-  shrink_eval = [ctx = ctx_.get()](const std::vector<Case>& batch) {
-    std::vector<Result> out;
-    for (const auto& c : batch) out.push_back(evaluate(c, ctx->eval));
-    return out;
-  };
+  shrink_eval = in_process_evaluator(ctx_->eval);
   try {
     for (size_t i = 0; i < golden_check.verdicts.runnable; ++i)
       record(0, i,

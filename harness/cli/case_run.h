@@ -88,7 +88,12 @@ class CaseRun {
   WorkerSpec spec;            // the pool's
   CaseEvaluator shrink_eval;  // --shrink: candidates, in the run's workers or in process
 
+  // The RunOptions of library k's records (its path, the workers' arch, the path flags).
+  RunOptions options_for(size_t k) const;
+
  private:
+  // The worker config both ways of running start from (the pool adds its own fields).
+  WorkerConfig base_config() const;
   int select();
   int check_inputs();
   int check_goldens();
@@ -103,7 +108,6 @@ class CaseRun {
   int run_in_process();
   int run_pool();
   WorkerSpec shrink_spec() const;
-  RunOptions options_for(size_t k) const;
   std::string not_run_reason() const;
   double elapsed_s() const;
   nlohmann::json run_json(size_t k, const Summary* done, double wall) const;

@@ -158,9 +158,8 @@ int cmd_shrink(const Paths& p, const ShrinkArgs& a);
 // " --cases X --golden Y" when they differ from the defaults, for repro lines.
 std::string path_flags(const Paths& p);
 
-// Shrinking (shrink_command.cpp): the worker processes that evaluate candidates, as `run` starts
-// them; and the outcome in words (original, check, minimal case, case-file entry, repro line).
-WorkerSpec shrink_worker_spec(const Paths& paths, const ShrinkArgs& a, const std::string& kernels);
+// Shrinking (shrink_command.cpp): the outcome in words (original, check, minimal case, case-file
+// entry, repro line).
 void print_shrink_outcome(std::ostream& out, const Op& op, const ShrinkOutcome& s,
                           const RunOptions& opt, const Params& file_defaults,
                           const std::string& indent);

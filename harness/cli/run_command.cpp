@@ -547,10 +547,7 @@ int finish_run(CaseRun& run) {
   const LibraryRun& l = run.libs.front();
   std::map<size_t, nlohmann::json> shrunk;  // result index -> results.jsonl's "shrunk"
   if (a.shrink > 0 && run.kernel_mode() && run.shrink_eval) {
-    RunOptions opt;
-    opt.arch = run.hello ? run.hello->arch : a.arch;
-    opt.kernels_path = l.path;
-    opt.repro_extra = path_flags(run.paths);
+    const RunOptions opt = run.options_for(0);
     try {
       shrunk = shrink_failures(run.cases, l.results, run.shrink_eval, a, opt, run.files);
     } catch (const std::exception& e) {  // workers that cannot start

@@ -13,21 +13,17 @@ namespace attncheck::cli {
 namespace fs = std::filesystem;
 
 namespace {
-// The worker config of `attncheck shrink`'s candidates.
-WorkerConfig shrink_config(const Paths& paths, const ShrinkArgs& a, const std::string& kernels) {
-  WorkerConfig cfg = worker_config(paths, kernels, a.arch, a.repeat);
-  cfg.golden_dir = fs::absolute(paths.golden).string();
-  return cfg;
-}
-}  // namespace
-
+// The worker processes that evaluate `attncheck shrink`'s candidates.
 WorkerSpec shrink_worker_spec(const Paths& paths, const ShrinkArgs& a, const std::string& kernels) {
+  WorkerConfig cfg = worker_config(paths, kernels, a.arch, a.repeat);
+  cfg.golden_dir = fs::absolute(paths.golden).string();  // workers may start elsewhere
   WorkerSpec spec;
   spec.jobs = std::max(a.jobs, 1);
   spec.case_timeout_s = a.timeout_s;
-  spec.args = worker_command(shrink_config(paths, a, kernels));
+  spec.args = worker_command(cfg);
   return spec;
 }
+}  // namespace
 
 Params file_defaults_of(const std::vector<CaseFile>& files, const std::string& op) {
   for (const auto& f : files)
@@ -94,19 +90,13 @@ bool candidate_evaluator(const Paths& paths, const ShrinkArgs& a, const std::str
     evaluate_cases = worker_evaluator(shrink_worker_spec(paths, a, kernels), opt);
     return true;
   }
-  WorkerConfig cfg = shrink_config(paths, a, kernels);
-  cfg.golden_dir = paths.golden;
   try {
-    ctx = make_context(cfg);
+    ctx = make_context(worker_config(paths, kernels, a.arch, a.repeat));
   } catch (const std::exception& e) {
     std::cerr << "attncheck: " << e.what() << "\n";
     return false;
   }
-  evaluate_cases = [c = ctx.get()](const std::vector<Case>& cases) {
-    std::vector<Result> out;
-    for (const auto& one : cases) out.push_back(evaluate(one, c->eval));
-    return out;
-  };
+  evaluate_cases = in_process_evaluator(ctx->eval);
   return true;
 }
 

@@ -18,6 +18,7 @@
 
 #include "core/numeric.h"
 #include "run/partial.h"
+#include "run/scheduling.h"
 
 namespace attncheck {
 
@@ -203,7 +204,7 @@ class DeviceBlockCache {
 // ATTNCHECK_DEVICE_BLOCK_CACHE=0 keeps none.
 class SparseBlockCache {
  public:
-  static constexpr size_t kKept = size_t{24} << 30;  // unless told otherwise (below)
+  static constexpr size_t kKept = kSparseBlockCacheMax;  // unless told otherwise (below)
   static constexpr size_t kGranule = size_t{64} << 20;
 
   static SparseBlockCache& process() {

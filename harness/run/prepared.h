@@ -26,9 +26,10 @@ class PreparedCases {
 
   // Case `c`'s problem: `make()`'s the first time, the kept one after.
   Problem problem(const Case& c, const std::function<Problem()>& make);
-  // The default contract's checks of case `id` over its kept problem and expected outputs taken
-  // from `expected_from` ("golden" or "reference": the same within a process): `derive()`'s the
-  // first time, the kept ones after; derived anew each time when the problem is not kept.
+  // The default contract's checks of case `id` over its kept problem and expected outputs made
+  // as `expected_from` says (the Result's expected_from, plus the entry's partial contract when it
+  // declares one, run/evaluate.cpp): `derive()`'s the first time, the kept ones after; derived
+  // anew each time when the problem is not kept.
   std::vector<OutputCheck> default_checks(const std::string& id, const std::string& expected_from,
                                           const std::function<std::vector<OutputCheck>()>& derive);
   size_t kept_bytes() const;

@@ -388,6 +388,14 @@ nlohmann::json shrunk_json(const Op& op, const ShrinkOutcome& s, const RunOption
           {"stopped", s.stopped}};
 }
 
+CaseEvaluator in_process_evaluator(const EvalContext& eval) {
+  return [&eval](const std::vector<Case>& cases) {
+    std::vector<Result> out;
+    for (const auto& c : cases) out.push_back(evaluate(c, eval));
+    return out;
+  };
+}
+
 CaseEvaluator worker_evaluator(const WorkerSpec& spec, const RunOptions& opt) {
   return [spec, opt](const std::vector<Case>& cases) {
     std::vector<Result> out(cases.size());

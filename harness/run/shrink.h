@@ -111,5 +111,7 @@ nlohmann::json shrunk_json(const Op& op, const ShrinkOutcome& s, const RunOption
 // Evaluates cases in worker processes (run/pool.h) as `run` does: a case whose worker dies or
 // hangs comes back as lost_case_result in kernel mode. `opt` makes those results' repro lines.
 CaseEvaluator worker_evaluator(const WorkerSpec& spec, const RunOptions& opt);
+// Cases evaluated one after another in this process (`--in-process`); `eval` must outlive it.
+CaseEvaluator in_process_evaluator(const EvalContext& eval);
 
 }  // namespace attncheck

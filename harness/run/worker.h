@@ -72,7 +72,8 @@ struct WorkerConfig {
 };
 
 // A worker's first line, {"hello": ...}: what it loaded and how it runs cases. The parent parses it
-// once (from_json) and reads these fields; the repro bundles keep it as metadata (to_json).
+// once (from_json) and reads these fields (the pool, which runs any worker, reads only its
+// `threads`); the repro bundles keep it as metadata (to_json).
 struct WorkerHello {
   int64_t pid = 0;
   std::string kernels;               // the config's kernels
