@@ -9,6 +9,7 @@
 #include "core/policy.h"
 #include "core/rng.h"
 #include "ops/indexer_inputs.h"
+#include "ops/storage_offset.h"
 #include "ops/values.h"
 #include "reference/page_indices.h"
 
@@ -199,10 +200,9 @@ PrefillWindows prefill_windows(const std::string& case_id, const WindowParams& p
 double key_factor(const Tensor& k_fp8, const Tensor& k_scale) {
   // The key rows the host holds: all of them, or a far_rows case's far one (the rest is device
   // poison no window reaches).
-  const Tensor held = k_fp8.held_rows();
-  const int64_t first = held.size(0) == 0 ? 0 : (held.offset() - k_fp8.offset()) / k_fp8.stride(0);
+  const int64_t first = first_held_row(k_fp8), held = k_fp8.held_rows().size(0);
   double best = 0;
-  for (int64_t j = first; j < first + held.size(0); ++j) {
+  for (int64_t j = first; j < first + held; ++j) {
     double m = 0;
     for (int64_t d = 0; d < ix::kHeadDim; ++d) m = std::max(m, std::fabs(k_fp8.get({j, d})));
     best = std::max(best, m * k_scale.get({j}));

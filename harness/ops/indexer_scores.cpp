@@ -8,6 +8,7 @@
 #include "core/rng.h"
 #include "core/policy.h"
 #include "ops/indexer_inputs.h"
+#include "ops/storage_offset.h"
 #include "ops/values.h"
 
 namespace attncheck::indexer_ops {
@@ -184,7 +185,7 @@ class IndexerLogitsPrefillOp final : public TypedOp<LogitsPrefillParams> {
     if (held.size(0) == k.size(0))
       return {{"logits", ix::mqa_logits(prob.arg("q"), k, prob.arg("k_scale"), prob.arg("weights"),
                                         prob.arg("cu_seqlen_ks"), prob.arg("cu_seqlen_ke"))}};
-    const int64_t first = (held.offset() - k.offset()) / k.stride(0), n = held.size(0);
+    const int64_t first = first_held_row(k), n = held.size(0);
     const Tensor ks = prob.arg("cu_seqlen_ks").clone(), ke = prob.arg("cu_seqlen_ke").clone();
     for (int64_t i = 0; i < ks.numel(); ++i) {
       const int64_t lo = ks.at<int32_t>({i}), hi = ke.at<int32_t>({i});

@@ -173,7 +173,7 @@ class SparseMlaFp4KCacheOp final : public TypedOp<Fp4KCacheParams> {
     const Tensor& k = prob.arg("kv");
     const Tensor& slots = prob.arg("slot_mapping");
     const int64_t Pg = full.size(1), num_slots = full.size(0) * Pg;
-    const int64_t first = (held.offset() - full.offset()) / full.stride(0);
+    const int64_t first = first_held_row(full);
     std::vector<double> row(static_cast<size_t>(rec::kDims));
     for (int64_t i = 0; i < slots.size(0); ++i) {
       const int64_t s = slots.at<int64_t>({i});

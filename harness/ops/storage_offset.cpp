@@ -183,11 +183,17 @@ void place_far_token(Problem& prob, const std::vector<std::string>& names, int64
   }
 }
 
+int64_t first_held_row(const Tensor& t) {
+  const Tensor held = t.held_rows();
+  if (held.size(0) == 0 || held.size(0) == t.size(0)) return 0;
+  return (held.offset() - t.offset()) / t.stride(0);
+}
+
 Tensor held_rows_of(const Tensor& expected, const Tensor& out) {
-  const Tensor held = out.held_rows();
-  if (held.size(0) == out.size(0)) return expected;
-  const int64_t first = (held.offset() - out.offset()) / out.stride(0);
-  return expected.slice(0, first, first + held.size(0)).contiguous();
+  const int64_t held = out.held_rows().size(0);
+  if (held == out.size(0)) return expected;
+  const int64_t first = first_held_row(out);
+  return expected.slice(0, first, first + held).contiguous();
 }
 
 }  // namespace attncheck

@@ -42,6 +42,9 @@ void place_far_token(Problem& prob, const std::vector<std::string>& names, int64
 // The rows of a reference output that the kernel's output `out` holds: all of them unless it
 // lies on a sparse storage.
 Tensor held_rows_of(const Tensor& expected, const Tensor& out);
+// The dim-0 index of the first row of `t` the host holds (Tensor::held_rows): 0 when it holds
+// every row or none.
+int64_t first_held_row(const Tensor& t);
 
 // The pad_strides axis (issue 37): each named argument moves to a storage of its own whose
 // dim-0 stride is 16 bytes (at least one element) longer, its other strides and its values kept,
