@@ -94,9 +94,7 @@ Tensor paged_cache(const std::string& case_id, const PagedLayout& layout, int64_
                    DType fp8, int64_t seed, RowMix mix, int64_t first, CacheCodes codes) {
   const int64_t stride = bs * ix::kTokenBytes + pad, blocks = layout.num_blocks;
   const int64_t total = first + blocks;
-  Tensor storage =
-      first > 0 ? Tensor::sparse(DType::u8, {total * stride}, first * stride, blocks * stride)
-                : Tensor::empty(DType::u8, {total * stride});
+  Tensor storage = paged_storage(first, blocks, stride);
   fill_uniform_int(storage.slice(0, first * stride, total * stride),
                    Rng(case_id, "kv_cache/stale", static_cast<uint64_t>(seed)), 0, 255);
   Tensor cache = storage.as_strided({total, bs, ix::kTokenBytes}, {stride, ix::kTokenBytes, 1}, 0);
@@ -345,9 +343,7 @@ class IndexerKCacheOp final : public TypedOp<KCacheParams> {
     fill_quant_rows(k, c.id, "k", p.seed, quant_max_of(p.fp8, p.quant_max), RowMix::edges);
     shape_quant_rows(p.values, k);
     const int64_t total = first + blocks;
-    Tensor storage =
-        first > 0 ? Tensor::sparse(DType::u8, {total * stride}, first * stride, blocks * stride)
-                  : Tensor::empty(DType::u8, {total * stride});
+    Tensor storage = paged_storage(first, blocks, stride);
     std::fill(storage.storage()->bytes.begin(), storage.storage()->bytes.end(), std::byte{0xFF});
     Tensor cache =
         storage.as_strided({total, bs, ix::kTokenBytes}, {stride, ix::kTokenBytes, 1}, 0);

@@ -119,9 +119,7 @@ std::optional<std::string> geometry_problem(const mx::CacheGeometry& g) {
 Tensor make_cache(const mx::CacheGeometry& g, int64_t pages, int64_t pad, std::byte fill,
                   const Rng* random = nullptr, int64_t first = 0) {
   const int64_t stride = g.page_bytes() + pad, total = first + pages;
-  Tensor storage = first > 0
-                       ? Tensor::sparse(DType::u8, {total * stride}, first * stride, pages * stride)
-                       : Tensor::filled_bytes(DType::u8, {pages * stride}, fill);
+  Tensor storage = paged_storage(first, pages, stride);
   std::fill(storage.storage()->bytes.begin(), storage.storage()->bytes.end(), fill);
   if (random) fill_uniform_int(storage.slice(0, first * stride, total * stride), *random, 0, 255);
   return storage.as_strided({total, g.page_size, g.entry_bytes()}, {stride, g.entry_bytes(), 1}, 0);

@@ -74,6 +74,12 @@ int64_t first_block_past(int64_t offset_log2, int64_t block_bytes) {
   return (int64_t{1} << offset_log2) / block_bytes + 1;
 }
 
+Tensor paged_storage(int64_t first, int64_t pages, int64_t stride, int64_t offset) {
+  const int64_t bytes = (first + pages) * stride + offset;
+  return first > 0 ? Tensor::sparse(DType::u8, {bytes}, first * stride + offset, pages * stride)
+                   : Tensor::empty(DType::u8, {bytes});
+}
+
 void shift_block_ids(const PagedLayout& layout, int64_t first) {
   if (first == 0) return;
   const Tensor& t = layout.block_table;

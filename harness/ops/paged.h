@@ -61,6 +61,10 @@ Axis offset_log2_axis(const std::string& help);
 // The first block id whose byte offset (id * block_bytes) lies past 2^offset_log2: block ids from
 // there on make every cache offset exceed 2^31 (2^32). 0 for offset_log2 = 0.
 int64_t first_block_past(int64_t offset_log2, int64_t block_bytes);
+// The u8 storage of a byte-paged cache: `offset` bytes, then `first` pages no case reads, then
+// `pages` pages of `stride` bytes. Dense (zeroed) when first is 0; else sparse (large offsets),
+// the host holding the `pages` pages only.
+Tensor paged_storage(int64_t first, int64_t pages, int64_t stride, int64_t offset = 0);
 // Adds `first` (which may be negative) to every block id the table holds (the -7 fillers stay):
 // the pool becomes ids [first, first + num_blocks), the blocks a sparse cache storage holds on the
 // host. Throws when a moved id is not a non-negative int32.

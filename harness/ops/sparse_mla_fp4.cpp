@@ -226,9 +226,7 @@ class SparseMlaFp4Op final : public TypedOp<SparseMlaFp4Params> {
     const int64_t first = first_block_past(p.offset_log2, stride);
     shift_block_ids(pages, first);
     const int64_t total = first + pages.num_blocks;
-    Tensor storage = first > 0 ? Tensor::sparse(DType::u8, {total * stride + offset},
-                                                first * stride + offset, pages.num_blocks * stride)
-                               : Tensor::empty(DType::u8, {total * stride + offset});
+    Tensor storage = paged_storage(first, pages.num_blocks, stride, offset);
     std::fill(storage.storage()->bytes.begin(), storage.storage()->bytes.end(), std::byte{0xFF});
     Tensor cache = storage.as_strided({total, Pg, rec_bytes}, {stride, rec_bytes, 1}, offset);
     const Rng values(c.id, "kv_cache", static_cast<uint64_t>(p.seed));

@@ -138,10 +138,7 @@ class SparseMlaFp4KCacheOp final : public TypedOp<Fp4KCacheParams> {
       slots.at<int64_t>({i}) = padding ? -1 : first * Pg + order[static_cast<size_t>(i)];
     }
     const int64_t total = first + pages;
-    Tensor storage =
-        first > 0 ? Tensor::sparse(DType::u8, {total * stride + c_offset},
-                                   first * stride + c_offset, pages * stride)
-                  : Tensor::filled_bytes(DType::u8, {pages * stride + c_offset}, std::byte{0});
+    Tensor storage = paged_storage(first, pages, stride, c_offset);
     // Random old bytes, or 0xA5 with far_rows: one record is written, and a constant keeps the
     // compared pages of the largest token count within the golden budget (docs/goldens.md).
     const Tensor held =
