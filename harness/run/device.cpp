@@ -932,6 +932,16 @@ std::vector<std::span<const std::byte>> read_back_all(DeviceBuffers& bufs, Launc
   return images;
 }
 
+// After read_back_all, still under the launch lock: `release_first` (a graph's release), then the
+// device blocks given back, counted as download.
+template <class Release>
+void give_back_timed(DeviceBuffers& bufs, Release release_first, LaunchTimings& timings) {
+  const auto start = std::chrono::steady_clock::now();
+  release_first();
+  bufs.give_back_all();
+  timings.download_ms += ms_between(start, std::chrono::steady_clock::now());
+}
+
 // The first byte where `a` and `b` differ, or n: large equal runs compared by memcmp.
 size_t first_difference(const std::byte* a, const std::byte* b, size_t n) {
   constexpr size_t kRun = 4096;
@@ -1096,7 +1106,6 @@ DeviceOutcome DeviceRunner::run_unguarded(const Problem& p, const LaunchConditio
     bufs.send();
     Marshalled m = marshal(p, bufs, arch_.rfind("gfx", 0) == 0);
     prepare_launch(when);
-    timings_.upload_ms += ms_between(upload_start, std::chrono::steady_clock::now());
     if (!send_case_context(lib_, p, msg)) {
       out.status = ATTNCHECK_HOST_ERROR;
       out.message =
@@ -1104,6 +1113,9 @@ DeviceOutcome DeviceRunner::run_unguarded(const Problem& p, const LaunchConditio
       return out;
     }
     const SmemPoisonFor poison(when.smem_poison);
+    // Every locked step counts in a device phase (upload until the call, download after it), so
+    // that the lock's hold (`locked_ms`) stays within the device phases.
+    timings_.upload_ms += ms_between(upload_start, std::chrono::steady_clock::now());
     const auto t0 = std::chrono::steady_clock::now();
     out.status = api.run(kernel.c_str(), params.c_str(), m.args.data(),
                          static_cast<int>(m.args.size()), msg, kMsg);
@@ -1117,7 +1129,8 @@ DeviceOutcome DeviceRunner::run_unguarded(const Problem& p, const LaunchConditio
         out.status != ATTNCHECK_UNSUPPORTED)
       return out;
     images = read_back_all(bufs, timings_);
-    bufs.give_back_all();
+    give_back_timed(
+        bufs, [] {}, timings_);
   }
   check_read_back(p, bufs, images, out, timings_);
   settle_launch(lib_, p, out);  // the entry's partial contract (run/partial.h)
@@ -1140,6 +1153,7 @@ DeviceOutcome DeviceRunner::replay(const Problem& captured, const Problem& repla
   }
   try {
     const auto* ext = lib_.extension();
+    const auto upload_start = std::chrono::steady_clock::now();
     DeviceBuffers bufs(lib_, *blocks_, *pinned_);
     bufs.plan(captured);
     LaunchSection section(lib_, &timings_.locked_ms);
@@ -1154,6 +1168,7 @@ DeviceOutcome DeviceRunner::replay(const Problem& captured, const Problem& repla
       return out;
     }
     void* graph = nullptr;
+    timings_.upload_ms += ms_between(upload_start, std::chrono::steady_clock::now());
     const auto t0 = std::chrono::steady_clock::now();
     out.status = ext->graph_capture(captured.kernel.c_str(), params.c_str(), m.args.data(),
                                     static_cast<int>(m.args.size()), &graph, msg, kMsg);
@@ -1176,8 +1191,9 @@ DeviceOutcome DeviceRunner::replay(const Problem& captured, const Problem& repla
       return out;
     }
     const auto images = read_back_all(bufs, timings_);
-    owned.reset();  // graph_release is a library call too: under the lock
-    bufs.give_back_all();
+    // graph_release is a library call too: under the lock.
+    give_back_timed(
+        bufs, [&owned] { owned.reset(); }, timings_);
     section.release();
     check_read_back(replayed, bufs, images, out, timings_);
     settle_launch(lib_, replayed, out);
