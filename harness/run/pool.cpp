@@ -52,15 +52,22 @@ struct Worker {
   Clock::time_point deadline;  // of its start, or of its exit once retiring with nothing in flight
   Clock::time_point spawned_at;  // its fork (on_worker_started: the start's length)
   size_t slot = 0;               // its place in the pool (WorkerSpec::slot_env)
+  bool solo = false;             // runs only cases that must run alone (kSoloSlots)
   int serial = -1;               // spawn number ("{worker}" in the wrapper's arguments)
   long pending = -1;             // one_case_per_worker: task whose result waits for the exit
   nlohmann::json pending_result;
 };
 
+// Slots from here on hold solo workers: each runs the cases that must run alone, one at a time,
+// beside the pool's workers, so that a case run alone does not leave the other threads of a
+// pool's worker idle while it runs. Their environments continue slot_env's cycle (slot % size).
+constexpr size_t kSoloSlots = size_t{1} << 20;
+
 // A slot whose worker is gone: the next one spawned there gets the slot's environment.
 Worker vacant(size_t slot) {
   Worker w;
   w.slot = slot;
+  w.solo = slot >= kSoloSlots;
   return w;
 }
 
@@ -272,6 +279,7 @@ Worker spawn(const WorkerSpec& spec, int serial, size_t slot) {
   w.pid = pid;
   w.serial = serial;
   w.slot = slot;
+  w.solo = slot >= kSoloSlots;
   w.in = pin[1];
   w.out = pout[0];
   w.err = perr[0];
@@ -364,6 +372,9 @@ std::string answer_mismatch(const nlohmann::json& j, uint64_t seq, const std::st
     return "its seq is not " + std::to_string(seq) + " (the request's)";
   if (!j.contains("id") || !j["id"].is_string() || j["id"].get<std::string>() != id)
     return "it answers for another case";
+  for (const char* flag : {"isolate", "blameless", "retire"})
+    if (j.contains(flag) && !j[flag].is_boolean())
+      return std::string("its \"") + flag + "\" is not true or false";
   if (!requeue && (!j["result"].contains("id") || j["result"]["id"] != id))
     return "its result is another case's";
   return "";
@@ -573,6 +584,10 @@ class WorkerPool {
 
  private:
   bool work_left() const { return next_ < tasks_.size() || !again_.empty() || !isolated_.empty(); }
+  // Work for the pool's own workers: all of it, unless solo workers take the cases run alone.
+  bool pool_work_left() const {
+    return next_ < tasks_.size() || !again_.empty() || (solo_max_ == 0 && !isolated_.empty());
+  }
   Worker start(size_t slot) { return spawn(spec_, spawned_++, slot); }
   void start_before_dispatch();
   void settle_stopped();
@@ -580,6 +595,7 @@ class WorkerPool {
   void not_run(size_t idx);
   void refill_slots();
   void dispatch();
+  void start_solo_workers();
   void send(Worker& w, size_t idx);
   void poll();
   GroupRss sample_memory();
@@ -606,14 +622,19 @@ class WorkerPool {
   const std::vector<PoolTask>& tasks_;
   const PoolCallbacks& cb_;
   std::ofstream log_;
-  const int threads_;        // cases a worker is asked to run at once
-  const size_t target_;      // cases at once the pool aims at (jobs x threads)
+  const int threads_;    // cases a worker is asked to run at once
+  const size_t target_;  // cases at once the pool aims at (jobs x threads)
+  // Solo workers at most (kSoloSlots): as many as the pool's worker processes when these run
+  // several cases at once; none when they run one (a case alone is then any worker's case).
+  const size_t solo_max_;
+  size_t solo_spawned_ = 0;
   std::string worker_name_;  // in the errors of a pool whose workers cannot start
   std::vector<Worker> workers_;
   size_t next_ = 0, done_ = 0;   // the next task never sent; tasks ended (any outcome)
   std::deque<size_t> again_;     // requeued: any worker
   std::deque<size_t> isolated_;  // each alone in a worker
-  std::vector<int> requeues_;    // requeue answers per task
+  std::vector<int> requeues_;    // requeue answers per task, of cases that ran
+  std::vector<int> blameless_;   // requeue answers per task that said nothing of the case
   // Tasks from next_ on that stop_dispatching or before_dispatch took out of the run.
   std::vector<char> not_started_;
   // done_ when stop_dispatching was last asked: only an outcome can change its answer.
@@ -635,7 +656,9 @@ WorkerPool::WorkerPool(const WorkerSpec& spec, const std::vector<PoolTask>& task
       cb_(cb),
       threads_(spec.one_case_per_worker ? 1 : std::max(1, spec.threads)),
       target_(static_cast<size_t>(pool_jobs(spec, tasks.size())) * static_cast<size_t>(threads_)),
+      solo_max_(threads_ > 1 ? static_cast<size_t>(pool_jobs(spec, tasks.size())) : 0),
       requeues_(tasks.size(), 0),
+      blameless_(tasks.size(), 0),
       not_started_(tasks.size(), 0),
       grow_wanted_(threads_) {
   if (!spec.log_path.empty()) log_.open(spec.log_path, std::ios::app);
@@ -665,6 +688,7 @@ void WorkerPool::run() {
     }
     refill_slots();
     dispatch();
+    start_solo_workers();
     poll();
     const GroupRss rss = sample_memory();
     for (auto& w : workers_)
@@ -715,14 +739,15 @@ void WorkerPool::not_run(size_t idx) {
 // so that dispatch refills each slot once at most.
 void WorkerPool::refill_slots() {
   for (size_t slot : std::exchange(replace_now_, {}))
-    if (work_left()) workers_.push_back(start(slot));
+    if (pool_work_left()) workers_.push_back(start(slot));
   std::vector<size_t> held;
   for (const auto& w : workers_)
     if (w.pid >= 0) held.push_back(w.slot);
   std::vector<size_t> dropped;  // indices, ascending
   for (size_t k = 0; k < workers_.size(); ++k) {
     if (workers_[k].pid >= 0) continue;
-    if (std::find(held.begin(), held.end(), workers_[k].slot) != held.end())
+    // A solo worker is started when a case waits for one (start_solo_workers), not refilled.
+    if (workers_[k].solo || std::find(held.begin(), held.end(), workers_[k].slot) != held.end())
       dropped.push_back(k);
     else
       held.push_back(workers_[k].slot);
@@ -732,18 +757,19 @@ void WorkerPool::refill_slots() {
 }
 
 // Starts a worker in each empty slot while work is left, and fills each ready worker's capacity:
-// a case that runs alone first, into a worker with nothing in flight, then requeued cases, then
-// new ones.
+// a case that runs alone into a solo worker (or, without solo workers, first, into a worker with
+// nothing in flight), then requeued cases, then new ones.
 void WorkerPool::dispatch() {
   for (auto& w : workers_) {
-    if (w.pid < 0 && work_left()) w = start(w.slot);
+    if (w.pid < 0 && pool_work_left()) w = start(w.slot);
     if (w.pid < 0 || !w.ready || w.retiring || w.isolating) continue;
-    if (w.flight.empty() && !isolated_.empty()) {
+    if ((w.solo || solo_max_ == 0) && w.flight.empty() && !isolated_.empty()) {
       w.isolating = true;
       send(w, isolated_.front());
       isolated_.pop_front();
       continue;
     }
+    if (w.solo) continue;
     const int in_flight = w.capacity + (w.capacity > 1 ? spec_.queued_per_worker : 0);
     while (static_cast<int>(w.flight.size()) < in_flight) {
       if (!again_.empty()) {
@@ -757,6 +783,19 @@ void WorkerPool::dispatch() {
       }
     }
   }
+}
+
+// A solo worker for each case waiting to run alone that no solo worker (idle or starting) will
+// take, up to solo_max_ live ones.
+void WorkerPool::start_solo_workers() {
+  size_t live = 0, free = 0;
+  for (const auto& w : workers_) {
+    if (!w.solo || w.pid < 0 || w.retiring) continue;
+    ++live;
+    if (!w.ready || w.flight.empty()) ++free;
+  }
+  for (; free < isolated_.size() && live < solo_max_; ++free, ++live)
+    workers_.push_back(start(kSoloSlots + solo_spawned_++));
 }
 
 void WorkerPool::send(Worker& w, size_t idx) {
@@ -915,7 +954,7 @@ bool WorkerPool::on_hello(Worker& w, const nlohmann::json& j, const std::string&
           ? std::clamp(hello["threads"].get<int>(), 1, threads_)
           : 1;
   // Not here: workers_ is being iterated.
-  if (w.capacity < threads_) grow_wanted_ = std::min(grow_wanted_, w.capacity);
+  if (!w.solo && w.capacity < threads_) grow_wanted_ = std::min(grow_wanted_, w.capacity);
   if (cb_.on_worker_started)
     cb_.on_worker_started(w.slot,
                           std::chrono::duration<double>(Clock::now() - w.spawned_at).count());
@@ -1011,6 +1050,13 @@ void WorkerPool::end_worker(Worker& w, const std::string& what, bool fatal_at_st
 // so, forged or not, cannot keep a run going). From its second requeue on it runs alone in a
 // worker, where a legitimate worker answers with a result: only a misbehaving one reaches this.
 constexpr int kMaxRequeues = 3;
+// Requeues that say nothing of the case ("blameless": the worker had decided to retire before the
+// case started, or its launch failed only after another case's device error) count apart: the
+// case runs alone only from the kBlamelessAlone-th on (a run whose kernels fault often, such as a
+// mutants run, hits the same long case again and again), and only a misbehaving worker gives
+// kMaxBlameless (alone, a case starts at once and its launch fails only by its own fault).
+constexpr int kBlamelessAlone = 3;
+constexpr int kMaxBlameless = 6;
 
 // The rules for cases a worker did not answer, in one place (pool.h, docs/verification.md
 // "Worker isolation"):
@@ -1021,7 +1067,9 @@ constexpr int kMaxRequeues = 3;
 //   (`fatal_at_start`), or the third failure in a row, ends the run.
 // - requeue: the worker answered "run it again"; it retires. The case runs again in any worker
 //   the first time, alone when the worker said "isolate" and from its second requeue on (so that
-//   other cases' device errors never exhaust its requeues), and is lost after kMaxRequeues.
+//   other cases' device errors never exhaust its requeues), and is lost after kMaxRequeues. A
+//   "blameless" answer runs the case again in any worker, alone from the kBlamelessAlone-th, and
+//   it is lost after kMaxBlameless. Alone means in a solo worker when the pool has them.
 // - A one-case worker's answer counts once the worker has exited; killed after it (its memory, a
 //   late exit) the answer still counts (end_worker), after a rejected line it does not (reject).
 void WorkerPool::lose(Worker& w, const std::string& what, bool fatal_at_start) {
@@ -1049,14 +1097,20 @@ void WorkerPool::lose(Worker& w, const std::string& what, bool fatal_at_start) {
 void WorkerPool::requeue(Worker& w, size_t idx, const nlohmann::json& j) {
   retire(w);
   const std::string why = j["requeue"].get<std::string>();
-  if (++requeues_[idx] > kMaxRequeues) {
+  const bool blameless = j.value("blameless", false);
+  const int limit = blameless ? kMaxBlameless : kMaxRequeues;
+  if (++(blameless ? blameless_ : requeues_)[idx] > limit) {
     ++done_;
-    cb_.on_lost(idx, "answered 'run it again' " + std::to_string(kMaxRequeues) +
-                         " times; the last: " + why);
+    cb_.on_lost(idx, std::string(blameless ? "answered 'run it again, not its doing' "
+                                           : "answered 'run it again' ") +
+                         std::to_string(limit) + " times; the last: " + why);
     return;
   }
-  note("worker " + std::to_string(w.pid) + ": " + tasks_[idx].id + " runs again: " + why);
-  (j.value("isolate", false) || requeues_[idx] >= 2 ? isolated_ : again_).push_back(idx);
+  const bool alone = blameless ? blameless_[idx] >= kBlamelessAlone
+                               : j.value("isolate", false) || requeues_[idx] >= 2;
+  note("worker " + std::to_string(w.pid) + ": " + tasks_[idx].id + " runs again" +
+       (alone ? " alone" : "") + ": " + why);
+  (alone ? isolated_ : again_).push_back(idx);
 }
 
 // A line the parent did not ask for, or an answer that is not the request's: the channel of this
@@ -1087,7 +1141,7 @@ void WorkerPool::retire(Worker& w) {
   w.retiring = true;
   w.deadline = Clock::now() + std::chrono::seconds(30);  // to exit
   close_fd(w.in);
-  replace_now_.push_back(w.slot);
+  if (!w.solo) replace_now_.push_back(w.slot);
 }
 
 // After a hello said `capacity` < threads: while the workers (those yet to say hello counted at
@@ -1095,10 +1149,11 @@ void WorkerPool::retire(Worker& w) {
 void WorkerPool::grow(int capacity) {
   size_t can = 0;
   for (const auto& w : workers_)
-    can += w.ready ? static_cast<size_t>(w.capacity) : static_cast<size_t>(threads_);
+    if (!w.solo) can += w.ready ? static_cast<size_t>(w.capacity) : static_cast<size_t>(threads_);
   // Slots, not entries: a retiring worker and its replacement share one.
   size_t slots = 0;
-  for (const auto& w : workers_) slots = std::max(slots, w.slot + 1);
+  for (const auto& w : workers_)
+    if (!w.solo) slots = std::max(slots, w.slot + 1);
   const size_t before = slots;
   while (can < target_ && slots < target_) {
     workers_.push_back(vacant(slots++));

@@ -9,7 +9,9 @@
 // Protocol (docs/verification.md "Worker isolation"): the parent writes one request per line,
 // {"seq": n, "id": "<case id>", "case": <Case JSON>}, and reads one answer per line,
 // {"seq": n, "id": "<case id>", "result": <Result JSON>, "retire": bool}, or, from a worker that
-// runs several cases at once, {"seq", "id", "requeue": why, "isolate": bool}; before any request
+// runs several cases at once, {"seq", "id", "requeue": why, "isolate": bool, "blameless": bool}
+// (blameless: it says nothing of the case: never started, or its launch failed only after another
+// case's device error); before any request
 // the worker says {"hello": {...}} once, or {"fatal": "..."} when it cannot start. The channel
 // reaches the worker on its stdin/stdout, and the worker moves it at once to private close-on-exec
 // descriptors that a forked child loses too (WorkerChannel): what adapters print, on stdout or
@@ -56,8 +58,9 @@ struct WorkerSpec {
   // this; run/worker.h). A worker that runs fewer than asked leaves room for more workers: the
   // pool spawns further slots (their environments continue slot_env's cycle) until jobs x
   // threads cases can run at once. A worker lost with several cases in flight (a crash, a hang,
-  // a memory overrun, a rejected line) pins nothing on any of them: each runs again alone in a
-  // worker (nothing else in flight there), where what happens is its own.
+  // a memory overrun, a rejected line) pins nothing on any of them: each runs again alone, where
+  // what happens is its own, in a solo worker (one of up to `jobs` further processes, started
+  // when such a case waits, that run those cases one at a time beside the pool's workers).
   int threads = 1;
   // Requests a worker running several cases at once is sent beyond its threads: they wait in its
   // queue, where a thread takes the oldest for its own library first (run/worker.h, several

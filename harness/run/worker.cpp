@@ -474,21 +474,27 @@ class Answering {
     // Several cases at once: a device error is this case's only when its launch was the first to
     // fail (KernelLibrary::first_device_error_was_mine); processes left running are this case's
     // only when no other case ran beside it.
-    auto requeue = [&](const std::string& why, bool isolate) {
+    // blameless: the launch lock orders the launches, so one that failed after another case's
+    // device error failed by it (the pool counts such answers apart, pool.cpp).
+    auto requeue = [&](const std::string& why, bool isolate, bool blameless) {
       retire_because(retire_why);
-      emit({{"seq", seq}, {"id", id}, {"requeue", why}, {"isolate", isolate}});
+      emit({{"seq", seq},
+            {"id", id},
+            {"requeue", why},
+            {"isolate", isolate},
+            {"blameless", blameless}});
       return true;
     };
     if (r.device_error && !ctx_.lib->first_device_error_was_mine())
       return requeue(
           "its launch failed after another case's device error in the same worker (the GPU "
           "context is shared): it runs again in a fresh worker",
-          false);
+          false, true);
     if (!leftovers.empty() && others_running)
       return requeue(
           "processes were left running while it and other cases ran: it runs again alone in a "
           "fresh worker, where they can be pinned on one case",
-          true);
+          true, false);
     const bool retire = !retire_why.empty();
     if (retire) retire_because(retire_why);
     emit({{"seq", seq}, {"id", id}, {"result", r.to_json()}, {"retire", retire}});
@@ -506,7 +512,11 @@ class Answering {
       // Decided to retire before this case started: the context may be broken; the parent runs
       // it in a fresh worker.
       if (ctx_.threads > 1 && retiring()) {
-        emit({{"seq", seq}, {"id", id}, {"requeue", retire_reason()}, {"isolate", false}});
+        emit({{"seq", seq},
+              {"id", id},
+              {"requeue", retire_reason()},
+              {"isolate", false},
+              {"blameless", true}});
         return false;
       }
       const Case c = case_from_json(request.at("case"));

@@ -49,6 +49,8 @@ answer() {
     hog*) { head -c 48M /dev/zero; sleep 100; } | tail -c 48M >/dev/null ;;
     forge*) echo "{\"seq\":$((seq + 100)),\"id\":\"$id\",\"result\":{\"id\":\"$id\"}}"; return ;;
     requeue*) echo "{\"seq\":$seq,\"id\":\"$id\",\"requeue\":\"context broken\"}"; return ;;
+    unstarted*) echo "{\"seq\":$seq,\"id\":\"$id\",\"requeue\":\"retiring\",\"blameless\":true}"; return ;;
+    badflag*) echo "{\"seq\":$seq,\"id\":\"$id\",\"requeue\":\"x\",\"isolate\":\"yes\"}"; return ;;
   esac
   echo "{\"seq\":$seq,\"id\":\"$id\",\"result\":{\"id\":\"$id\",\"pid\":$$}}"
 }
@@ -102,6 +104,11 @@ class WorkerPool : public ::testing::Test {
   }
   static bool has(const std::string& text, const std::string& part) {
     return text.find(part) != std::string::npos;
+  }
+  static size_t occurrences(const std::string& text, const std::string& part) {
+    size_t n = 0;
+    for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+    return n;
   }
   // The message of what `f` throws ("" when nothing).
   template <class F>
@@ -166,6 +173,22 @@ TEST_F(WorkerPool, CasesInFlightWithACrashRunAgainEachAlone) {
       << log();
 }
 
+// A case run alone runs in a solo worker beside the pool: the pool's worker goes on with the
+// other cases meanwhile (before, it took the case alone and its other threads waited).
+TEST_F(WorkerPool, CasesRunAloneRunInSoloWorkersBesideThePool) {
+  spec_.threads = 2;
+  worker(2);
+  std::vector<std::string> ids = {"crash", "slow-alone"};
+  for (int k = 0; k < 8; ++k) ids.push_back("a" + std::to_string(k));
+  run(tasks(ids));
+  ASSERT_EQ(lost_.size(), 1u);
+  EXPECT_TRUE(has(lost_[0], "SIGSEGV")) << lost_[0];
+  ASSERT_EQ(results_.size(), ids.size() - 1);
+  const auto slow_pid = results_[1]["pid"];
+  for (size_t k = 2; k < ids.size(); ++k)
+    EXPECT_NE(results_[k]["pid"], slow_pid) << ids[k] << " ran in the worker of the case alone";
+}
+
 TEST_F(WorkerPool, ARequeuedCaseRunsAgainAndIsLostAfterThreeRequeues) {
   spec_.threads = 2;
   worker(2);
@@ -175,13 +198,35 @@ TEST_F(WorkerPool, ARequeuedCaseRunsAgainAndIsLostAfterThreeRequeues) {
   ASSERT_EQ(lost_.count(0), 1u);
   EXPECT_EQ(lost_[0], "answered 'run it again' 3 times; the last: context broken");
   EXPECT_EQ(results_.count(1), 1u);
+  // Again beside others once, then alone (from its second requeue on).
   const std::string text = log();
-  size_t again = 0;
-  for (size_t at = 0;
-       (at = text.find("requeue runs again: context broken", at)) != std::string::npos; ++at)
-    ++again;
-  EXPECT_EQ(again, 3u) << text;
+  EXPECT_EQ(occurrences(text, "requeue runs again: context broken"), 1u) << text;
+  EXPECT_EQ(occurrences(text, "requeue runs again alone: context broken"), 2u) << text;
   EXPECT_GE(started, 4) << "each requeue retires its worker";
+}
+
+// A requeue that says nothing of the case (never started, or hit by another case's fault): it
+// runs again beside others, alone only from its third such answer, lost after the sixth (a
+// forging worker).
+TEST_F(WorkerPool, ABlamelessRequeueRunsAgainBesideOthersUntilItsThird) {
+  spec_.threads = 2;
+  worker(2);
+  run(tasks({"unstarted", "a"}));
+  ASSERT_EQ(lost_.count(0), 1u);
+  EXPECT_EQ(lost_[0], "answered 'run it again, not its doing' 6 times; the last: retiring");
+  EXPECT_EQ(results_.count(1), 1u);
+  const std::string text = log();
+  EXPECT_EQ(occurrences(text, "unstarted runs again: retiring"), 2u) << text;
+  EXPECT_EQ(occurrences(text, "unstarted runs again alone: retiring"), 4u) << text;
+}
+
+TEST_F(WorkerPool, ARequeueWhoseFlagIsNotABooleanIsRejected) {
+  spec_.threads = 2;
+  worker(2);
+  run(tasks({"badflag", "a"}));
+  ASSERT_EQ(lost_.count(0), 1u);
+  EXPECT_TRUE(has(lost_[0], "its \"isolate\" is not true or false")) << lost_[0];
+  EXPECT_EQ(results_.count(1), 1u);
 }
 
 TEST_F(WorkerPool, AForgedAnswerIsRejectedAndFailsOnlyItsCase) {
