@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "core/case_json.h"
+#include "run/device.h"
 #include "run/golden.h"
 #include "run/provenance.h"
 
@@ -190,6 +191,12 @@ int CaseRun::select() {
 
 int CaseRun::check_inputs() {
   const std::string& kernels = args.kernels;
+  try {  // read by the workers: a bad setting is refused here, once
+    (void)device_memory_wait_s();
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "attncheck: " << e.what() << "\n";
+    return 2;
+  }
   if (!several_ && !kernels.empty() && kernels.rfind("py:", 0) != 0 && !fs::exists(kernels)) {
     std::cerr << "attncheck: kernel library '" << kernels << "' does not exist\n";
     return 2;

@@ -3,10 +3,13 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cmath>
 #include <chrono>
 #include <cstddef>
 #include <cstdlib>
 #include <filesystem>
+#include <iomanip>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -14,6 +17,7 @@
 #include <span>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 #include <utility>
 
 #include "core/numeric.h"
@@ -127,6 +131,53 @@ struct DeviceStorage {
   DType dtype = DType::u8;  // of its first argument (a sparse storage's poison)
   std::vector<std::string> arg_names;
 };
+
+// An allocation or a fill that failed is tried again, with pauses growing to 1 s, for
+// $ATTNCHECK_DEVICE_MEMORY_WAIT_S seconds (default 10, 0: never): the other worker processes on
+// the GPU (each with a case's buffers and its kept blocks) may hold the memory for a moment, and
+// a kernel loaded lazily needs some too. With one case per process, 16 processes on an H200
+// failed 7 large-offset cases of the quick tier (8 GiB allocations, fills: out of memory) when
+// each tried once. Only when the library's message says "out of memory", and not after a device
+// error of the process: a broken context fails every call at once, and waiting on those cost a
+// mutants run (about 20 faults) 6 to 10 s on an H200.
+
+bool says_out_of_memory(const char* msg) {
+  std::string text = abi_text(msg, kMsg);
+  std::transform(text.begin(), text.end(), text.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return text.find("out of memory") != std::string::npos;
+}
+
+// `attempt` (which writes its failure into `msg`) until it succeeds, or fails otherwise than for
+// memory, or the wait is over; `waited` says how long was waited, if at all.
+template <class Attempt>
+bool with_memory_waits(const KernelLibrary& lib, const char* msg, Attempt attempt,
+                       std::string& waited) {
+  if (attempt()) return true;
+  const auto start = std::chrono::steady_clock::now();
+  double wait_s = 10;
+  try {
+    wait_s = device_memory_wait_s();
+  } catch (const std::invalid_argument&) {  // refused at the run's start (cli/case_run.cpp)
+  }
+  const auto until = start + std::chrono::duration<double>(wait_s);
+  auto pause = std::chrono::milliseconds(50);
+  while (says_out_of_memory(msg) && !lib.device_error_seen() &&
+         std::chrono::steady_clock::now() + pause < until) {
+    std::this_thread::sleep_for(pause);
+    if (attempt()) return true;
+    pause = std::min(pause * 2, std::chrono::milliseconds(1000));
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (s > 0.01) {
+    std::ostringstream os;
+    os << std::fixed << std::setprecision(1) << " (still failing after " << s
+       << " s of tries; other processes on the GPU may hold its memory: "
+          "$ATTNCHECK_DEVICE_MEMORY_WAIT_S)";
+    waited = os.str();
+  }
+  return false;
+}
 }  // namespace
 
 // Device blocks kept between launches. A case makes a handful of allocations and every launch
@@ -401,10 +452,13 @@ class DeviceBuffers {
         upload_sparse(s);
         continue;
       }
-      if (!blocks_.acquire(s.capacity, &s.device, &s.cached, msg, kMsg))
+      std::string waited;
+      if (!with_memory_waits(
+              lib_, msg,
+              [&] { return blocks_.acquire(s.capacity, &s.device, &s.cached, msg, kMsg); }, waited))
         throw std::runtime_error("device allocation of " + std::to_string(s.bytes + 2 * G) +
                                  " bytes for '" + s.arg_names.front() +
-                                 "' failed: " + abi_text(msg, kMsg));
+                                 "' failed: " + abi_text(msg, kMsg) + waited);
       dense.push_back(i);
     }
     const size_t total = image_size_;
@@ -415,9 +469,16 @@ class DeviceBuffers {
     };
     if (dense.size() > 1 && ATTNCHECK_EXT_HAS(ext_, copy_within_device)) {
       staging_.capacity = blocks_.capacity_for(total);
-      if (!blocks_.acquire(staging_.capacity, &staging_.device, &staging_.cached, msg, kMsg))
+      std::string waited;
+      if (!with_memory_waits(
+              lib_, msg,
+              [&] {
+                return blocks_.acquire(staging_.capacity, &staging_.device, &staging_.cached, msg,
+                                       kMsg);
+              },
+              waited))
         throw std::runtime_error("device allocation of " + std::to_string(total) +
-                                 " staging bytes failed: " + abi_text(msg, kMsg));
+                                 " staging bytes failed: " + abi_text(msg, kMsg) + waited);
       if (api_.copy_to_device(staging_.device, image_, total, msg, kMsg) != ATTNCHECK_OK)
         throw std::runtime_error(std::string("copy to device (staging) failed: ") +
                                  abi_text(msg, kMsg));
@@ -515,10 +576,18 @@ class DeviceBuffers {
     s.cached = false;  // gigabytes of extent: kept by the process's SparseBlockCache instead
     char msg[kMsg] = {0};
     const std::string& arg = s.arg_names.front();
-    if (!SparseBlockCache::process().acquire(lib_, total, &s.device, &s.capacity, msg, kMsg)) {
+    std::string waited;
+    if (!with_memory_waits(
+            lib_, msg,
+            [&] {
+              return SparseBlockCache::process().acquire(lib_, total, &s.device, &s.capacity, msg,
+                                                         kMsg);
+            },
+            waited)) {
       s.device = nullptr;
       throw std::runtime_error("device allocation of " + std::to_string(total) +
-                               " bytes for sparse '" + arg + "' failed: " + abi_text(msg, kMsg));
+                               " bytes for sparse '" + arg + "' failed: " + abi_text(msg, kMsg) +
+                               waited);
     }
     auto* dev = static_cast<std::byte*>(s.device);
     auto upload = [&](std::byte* dst, const void* src, size_t n) {
@@ -529,8 +598,12 @@ class DeviceBuffers {
     auto poison = [&](std::byte* dst, size_t n) {
       if (n == 0) return;
       if (ATTNCHECK_EXT_HAS(ext_, fill)) {
-        if (ext_->fill(dst, n, pattern, msg, kMsg) != ATTNCHECK_OK)
-          throw std::runtime_error("device fill for '" + arg + "' failed: " + abi_text(msg, kMsg));
+        std::string fill_waited;
+        if (!with_memory_waits(
+                lib_, msg, [&] { return ext_->fill(dst, n, pattern, msg, kMsg) == ATTNCHECK_OK; },
+                fill_waited))
+          throw std::runtime_error("device fill for '" + arg + "' failed: " + abi_text(msg, kMsg) +
+                                   fill_waited);
         return;
       }
       std::vector<std::byte> chunk(std::min<size_t>(n, size_t{64} << 20));
@@ -763,6 +836,22 @@ void KernelLibrary::note_device_error() const {
 bool KernelLibrary::first_device_error_was_mine() const {
   const auto lock = exclusive();
   return first_device_error_ == std::this_thread::get_id();
+}
+
+double device_memory_wait_s() {
+  const char* env = std::getenv("ATTNCHECK_DEVICE_MEMORY_WAIT_S");
+  if (!env || !*env) return 10;
+  char* end = nullptr;
+  const double s = std::strtod(env, &end);
+  if (*end != '\0' || !std::isfinite(s) || s < 0 || s > 3600)
+    throw std::invalid_argument(std::string("ATTNCHECK_DEVICE_MEMORY_WAIT_S='") + env +
+                                "': expected seconds, >= 0 and <= 3600");
+  return s;
+}
+
+bool KernelLibrary::device_error_seen() const {
+  const auto lock = exclusive();
+  return first_device_error_.has_value();
 }
 
 std::optional<DeviceInfo> KernelLibrary::device(std::string* why) const {

@@ -91,6 +91,8 @@ class KernelLibrary {
   // Whether the calling thread's launch was the process's first to end in a device error (of any
   // library: the context is the process's).
   bool first_device_error_was_mine() const;
+  // Whether any launch of this process ended in a device error (its context may be broken).
+  bool device_error_seen() const;
 
  private:
   KernelLibrary() = default;
@@ -178,6 +180,11 @@ class DeviceRunner {
   // The page-locked host buffer uploads and read-backs are staged through (device.cpp).
   std::unique_ptr<PinnedStaging> pinned_;
 };
+
+// How long a device allocation or fill that failed for lack of memory is tried again
+// ($ATTNCHECK_DEVICE_MEMORY_WAIT_S, default 10 s; device.cpp). Throws std::invalid_argument naming
+// the variable for a value that is not seconds from 0 to 3600.
+double device_memory_wait_s();
 
 // The byte the guard region holds at position i (a pattern no plausible kernel write reproduces).
 std::byte guard_byte(size_t i);

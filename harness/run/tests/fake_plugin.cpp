@@ -59,8 +59,10 @@
 // in $ATTNCHECK_FAKE_FAULT_WHEN. $ATTNCHECK_FAKE_ARCH sets the reported arch (default "fake-cpu");
 // $ATTNCHECK_FAKE_NO_DEVICE=1 makes the library report no device; $ATTNCHECK_FAKE_OMIT (comma-
 // separated entries) leaves entries out of its list; $ATTNCHECK_FAKE_STICKY_ERROR=1 makes an
-// injected "error" break the process's context (every later launch fails, as on a GPU). It lists
-// entries as a real library does.
+// injected "error" break the process's context (every later launch fails, as on a GPU);
+// $ATTNCHECK_FAKE_ALLOC_FAILS=N fails the process's first N allocations with "out of memory" (a
+// GPU whose memory other processes hold for a moment), or with $ATTNCHECK_FAKE_ALLOC_MESSAGE. It
+// lists entries as a real library does.
 //
 // The kernel rebuilds the op's Problem from the arguments it is handed: dtypes from DLPack, where
 // uint8 is an fp8 format ("fp8_format" parameter, else the op's default case) unless the op's
@@ -755,7 +757,14 @@ int device_info(char* name, size_t name_len, char* arch, size_t arch_len, char* 
   return ATTNCHECK_OK;
 }
 
-int alloc(size_t bytes, void** ptr, char*, size_t) {
+int alloc(size_t bytes, void** ptr, char* msg, size_t msg_len) {
+  static std::atomic<long> failed{0};
+  if (const std::string n = env("ATTNCHECK_FAKE_ALLOC_FAILS");
+      !n.empty() && failed.fetch_add(1) < std::atol(n.c_str())) {
+    const std::string why = env("ATTNCHECK_FAKE_ALLOC_MESSAGE");
+    put(msg, msg_len, why.empty() ? "alloc: out of memory ($ATTNCHECK_FAKE_ALLOC_FAILS)" : why);
+    return ATTNCHECK_ERROR;
+  }
   auto* p = static_cast<std::byte*>(std::malloc(bytes ? bytes : 1));
   if (!p) return ATTNCHECK_ERROR;
   std::lock_guard<std::mutex> lock(g_mutex);
