@@ -105,8 +105,6 @@ TEST_F(WorkerIsolation, AnAllocationThatFailsForAMomentIsTriedAgain) {
   EXPECT_TRUE(has(bad.text, "ATTNCHECK_DEVICE_MEMORY_WAIT_S='forever'")) << bad.text;
 }
 
-// Regression: only the worker's pid was killed at the timeout; `sleep` the library started lived
-// on.
 // Regression: the pool closed the workers' stderr as soon as the last answer came, so what a
 // worker printed on its way out never reached worker.log.
 TEST_F(WorkerIsolation, AWorkersLastWordsReachTheLog) {
@@ -122,6 +120,8 @@ TEST_F(WorkerIsolation, AWorkersLastWordsReachTheLog) {
   }
 }
 
+// Regression: only the worker's pid was killed at the timeout; `sleep` the library started lived
+// on.
 TEST_F(WorkerIsolation, ATimeoutKillsEveryProcessTheWorkerStarted) {
   const fs::path out = dir("out");
   const fs::path pids = dir("pids");
