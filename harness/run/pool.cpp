@@ -632,7 +632,7 @@ class WorkerPool {
   std::vector<Worker> workers_;
   size_t next_ = 0, done_ = 0;   // the next task never sent; tasks ended (any outcome)
   std::deque<size_t> again_;     // requeued: any worker
-  std::deque<size_t> isolated_;  // each alone in a worker
+  std::deque<size_t> isolated_;  // each alone in a (solo) worker
   std::vector<int> requeues_;    // requeue answers per task, of cases that ran
   std::vector<int> blameless_;   // requeue answers per task that said nothing of the case
   // Tasks from next_ on that stop_dispatching or before_dispatch took out of the run.
