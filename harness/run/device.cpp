@@ -149,11 +149,12 @@ bool says_out_of_memory(const char* msg) {
 }
 
 // `attempt` (which writes its failure into `msg`) until it succeeds, or fails otherwise than for
-// memory, or the wait is over; `waited` says how long was waited, if at all.
+// memory, or the wait is over. Nothing on success, else the last failure's message (which may be
+// empty) and how long it was waited for.
 template <class Attempt>
-bool with_memory_waits(const KernelLibrary& lib, const char* msg, Attempt attempt,
-                       std::string& waited) {
-  if (attempt()) return true;
+std::optional<std::string> failure_after_memory_waits(const KernelLibrary& lib, const char* msg,
+                                                      Attempt attempt) {
+  if (attempt()) return std::nullopt;
   const auto start = std::chrono::steady_clock::now();
   double wait_s = 10;
   try {
@@ -165,18 +166,17 @@ bool with_memory_waits(const KernelLibrary& lib, const char* msg, Attempt attemp
   while (says_out_of_memory(msg) && !lib.device_error_seen() &&
          std::chrono::steady_clock::now() + pause < until) {
     std::this_thread::sleep_for(pause);
-    if (attempt()) return true;
+    if (attempt()) return std::nullopt;
     pause = std::min(pause * 2, std::chrono::milliseconds(1000));
   }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (s > 0.01) {
-    std::ostringstream os;
+  std::ostringstream os;
+  os << abi_text(msg, kMsg);
+  if (s > 0.01)
     os << std::fixed << std::setprecision(1) << " (still failing after " << s
        << " s of tries; other processes on the GPU may hold its memory: "
           "$ATTNCHECK_DEVICE_MEMORY_WAIT_S)";
-    waited = os.str();
-  }
-  return false;
+  return os.str();
 }
 }  // namespace
 
@@ -452,13 +452,12 @@ class DeviceBuffers {
         upload_sparse(s);
         continue;
       }
-      std::string waited;
-      if (!with_memory_waits(
+      if (const auto why = failure_after_memory_waits(
               lib_, msg,
-              [&] { return blocks_.acquire(s.capacity, &s.device, &s.cached, msg, kMsg); }, waited))
+              [&] { return blocks_.acquire(s.capacity, &s.device, &s.cached, msg, kMsg); });
+          why)
         throw std::runtime_error("device allocation of " + std::to_string(s.bytes + 2 * G) +
-                                 " bytes for '" + s.arg_names.front() +
-                                 "' failed: " + abi_text(msg, kMsg) + waited);
+                                 " bytes for '" + s.arg_names.front() + "' failed: " + *why);
       dense.push_back(i);
     }
     const size_t total = image_size_;
@@ -469,16 +468,15 @@ class DeviceBuffers {
     };
     if (dense.size() > 1 && ATTNCHECK_EXT_HAS(ext_, copy_within_device)) {
       staging_.capacity = blocks_.capacity_for(total);
-      std::string waited;
-      if (!with_memory_waits(
-              lib_, msg,
-              [&] {
-                return blocks_.acquire(staging_.capacity, &staging_.device, &staging_.cached, msg,
-                                       kMsg);
-              },
-              waited))
+      if (const auto why = failure_after_memory_waits(lib_, msg,
+                                                      [&] {
+                                                        return blocks_.acquire(
+                                                            staging_.capacity, &staging_.device,
+                                                            &staging_.cached, msg, kMsg);
+                                                      });
+          why)
         throw std::runtime_error("device allocation of " + std::to_string(total) +
-                                 " staging bytes failed: " + abi_text(msg, kMsg) + waited);
+                                 " staging bytes failed: " + *why);
       if (api_.copy_to_device(staging_.device, image_, total, msg, kMsg) != ATTNCHECK_OK)
         throw std::runtime_error(std::string("copy to device (staging) failed: ") +
                                  abi_text(msg, kMsg));
@@ -576,18 +574,16 @@ class DeviceBuffers {
     s.cached = false;  // gigabytes of extent: kept by the process's SparseBlockCache instead
     char msg[kMsg] = {0};
     const std::string& arg = s.arg_names.front();
-    std::string waited;
-    if (!with_memory_waits(
-            lib_, msg,
-            [&] {
-              return SparseBlockCache::process().acquire(lib_, total, &s.device, &s.capacity, msg,
-                                                         kMsg);
-            },
-            waited)) {
+    if (const auto why = failure_after_memory_waits(lib_, msg,
+                                                    [&] {
+                                                      return SparseBlockCache::process().acquire(
+                                                          lib_, total, &s.device, &s.capacity, msg,
+                                                          kMsg);
+                                                    });
+        why) {
       s.device = nullptr;
       throw std::runtime_error("device allocation of " + std::to_string(total) +
-                               " bytes for sparse '" + arg + "' failed: " + abi_text(msg, kMsg) +
-                               waited);
+                               " bytes for sparse '" + arg + "' failed: " + *why);
     }
     auto* dev = static_cast<std::byte*>(s.device);
     auto upload = [&](std::byte* dst, const void* src, size_t n) {
@@ -598,12 +594,10 @@ class DeviceBuffers {
     auto poison = [&](std::byte* dst, size_t n) {
       if (n == 0) return;
       if (ATTNCHECK_EXT_HAS(ext_, fill)) {
-        std::string fill_waited;
-        if (!with_memory_waits(
-                lib_, msg, [&] { return ext_->fill(dst, n, pattern, msg, kMsg) == ATTNCHECK_OK; },
-                fill_waited))
-          throw std::runtime_error("device fill for '" + arg + "' failed: " + abi_text(msg, kMsg) +
-                                   fill_waited);
+        if (const auto why = failure_after_memory_waits(
+                lib_, msg, [&] { return ext_->fill(dst, n, pattern, msg, kMsg) == ATTNCHECK_OK; });
+            why)
+          throw std::runtime_error("device fill for '" + arg + "' failed: " + *why);
         return;
       }
       std::vector<std::byte> chunk(std::min<size_t>(n, size_t{64} << 20));

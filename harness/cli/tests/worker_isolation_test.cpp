@@ -72,8 +72,8 @@ TEST_F(WorkerIsolation, AForkingLibraryEvaluatesEachCaseOnce) {
 
 // A device allocation that fails for a moment (other processes on the GPU hold the memory) is
 // tried again and the case passes; one that keeps failing fails its case naming the wait
-// (run/device.cpp with_memory_waits). Regression: with one case per process, 16 processes on an
-// H200 failed 7 large-offset quick cases with "out of memory".
+// (run/device.cpp failure_after_memory_waits). Regression: with one case per process, 16 processes
+// on an H200 failed 7 large-offset quick cases with "out of memory".
 TEST_F(WorkerIsolation, AnAllocationThatFailsForAMomentIsTriedAgain) {
   const fs::path out = dir("out");
   const Output o = sh("ATTNCHECK_FAKE_ALLOC_FAILS=3 " + at() + " run --kernels " + kFake +
